@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install the Debian packages kvserde's build, tests and tools need, only
+# those that are missing. Safe to run again; needs root (or sudo) only when
+# something is missing.
+set -euo pipefail
+
+packages=(
+  build-essential   # gcc, make
+  cmake
+  pkg-config
+  libjansson-dev    # JSON: serde and adapter configs
+  clang             # fuzz targets (libFuzzer) and the TSan build
+  valgrind
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "kvserde setup: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

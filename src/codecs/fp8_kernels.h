@@ -1,0 +1,52 @@
+/* fp8_kernels.h - internal: the table of fp8 array kernels one ISA variant
+ * provides, and the dispatcher that picks a variant.
+ *
+ * Indexes: fp8 format 0 = float8_e4m3fn, 1 = float8_e5m2; wide type
+ * 0 = float32, 1 = float16, 2 = bfloat16. Every variant must produce exactly
+ * the bytes of the scalar variant for every input (see include/kvserde/fp8.h
+ * for the semantics). Kernels accept any n (including 0) and any alignment.
+ */
+#ifndef KVSERDE_FP8_KERNELS_H
+#define KVSERDE_FP8_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvserde/dtype.h"
+
+enum { KVS_FP8_FMT_E4M3FN = 0, KVS_FP8_FMT_E5M2 = 1, KVS_FP8_NFMT = 2 };
+enum { KVS_WIDE_F32 = 0, KVS_WIDE_F16 = 1, KVS_WIDE_BF16 = 2, KVS_NWIDE = 3 };
+
+typedef void (*kvs_fp8_encode_fn)(const void *src, uint8_t *dst, size_t n,
+                                  int saturate);
+typedef void (*kvs_fp8_decode_fn)(const uint8_t *src, void *dst, size_t n);
+
+typedef struct kvs_fp8_kernels {
+    const char *isa; /* "scalar", "avx2", "avx512" */
+    kvs_fp8_encode_fn encode[KVS_FP8_NFMT][KVS_NWIDE];
+    kvs_fp8_decode_fn decode[KVS_FP8_NFMT][KVS_NWIDE];
+} kvs_fp8_kernels;
+
+/* The variants. The scalar one always exists; the others return NULL when
+ * not compiled in (non-x86 build). They do not check the CPU. */
+const kvs_fp8_kernels *kvs_fp8_kernels_scalar(void);
+const kvs_fp8_kernels *kvs_fp8_kernels_avx2(void);
+const kvs_fp8_kernels *kvs_fp8_kernels_avx512(void);
+
+/* The variant in use (chosen once: KVSERDE_ISA, else the best available).
+ * Fails (KVS_EINVAL / KVS_EUNSUPPORTED, message set) when KVSERDE_ISA names
+ * a variant that is unknown or cannot run on this CPU. */
+int kvs_fp8_kernels_get(const kvs_fp8_kernels **out);
+
+/* Map dtypes to table indexes; -1 if not an fp8 / wide dtype. */
+int kvs_fp8_fmt_index(kvs_dtype dtype);
+int kvs_fp8_wide_index(kvs_dtype dtype);
+
+/* Scalar element conversions (the reference), used by the scalar kernels and
+ * by SIMD kernels for their tails if they wish. */
+uint8_t kvs_fp8_e4m3fn_from_f32(float x, int saturate);
+uint8_t kvs_fp8_e5m2_from_f32(float x, int saturate);
+float kvs_fp8_e4m3fn_to_f32(uint8_t code);
+float kvs_fp8_e5m2_to_f32(uint8_t code);
+
+#endif /* KVSERDE_FP8_KERNELS_H */

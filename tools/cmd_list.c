@@ -1,0 +1,37 @@
+/* kvserde list - what this build offers: serde types and fp8 kernels. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "kvserde/kvserde.h"
+
+int kvs_cmd_list(int argc, char **argv)
+{
+    if (argc > 1) {
+        int help = strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0;
+        fprintf(help ? stdout : stderr,
+                "usage: kvserde list\n\nLists the registered serde types and the fp8 "
+                "kernel variants.\n");
+        return help ? 0 : 2;
+    }
+    const char *names[64];
+    size_t n = kvs_serde_types(names, 64);
+    printf("kvserde %s\n\nserde types:\n", kvs_version());
+    for (size_t i = 0; i < n && i < 64; i++) printf("  %s\n", names[i]);
+    printf("\nfp8 kernels:\n");
+    static const char *const isas[] = {"scalar", "avx2", "avx512"};
+    const char *active = kvs_fp8_isa();
+    for (size_t i = 0; i < 3; i++)
+        printf("  %-7s %s%s\n", isas[i],
+               kvs_fp8_isa_available(isas[i]) ? "available" : "not available",
+               strcmp(active, isas[i]) == 0 ? " (in use)" : "");
+    if (strcmp(active, "none") == 0) {
+        /* KVSERDE_ISA asked for a variant that cannot run: say why. */
+        uint8_t code;
+        float one = 1.0f;
+        kvs_fp8_encode(&one, KVS_DTYPE_FLOAT32, &code, KVS_DTYPE_FLOAT8_E4M3FN, 1, 1);
+        fprintf(stderr, "kvserde: %s\n", kvs_last_error());
+        return 1;
+    }
+    return 0;
+}
