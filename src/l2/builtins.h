@@ -1,0 +1,21 @@
+/* builtins.h - internal: the factories of the L2 adapters built into
+ * kvserde. The L2 registry (registry.c) registers them, in this order, once
+ * before its first use. Each has the kvs_l2_factory_fn signature: `spec` is
+ * the adapter's JSON object without "type", "serde" and "serde_pool_bytes";
+ * on failure it returns a KVS_E* code with a message and allocates nothing. */
+#ifndef KVS_L2_BUILTINS_H
+#define KVS_L2_BUILTINS_H
+
+#include <jansson.h>
+
+#include "kvserde/l2.h"
+
+/* "fs": one file per key under a directory (src/l2/fs_adapter.c). */
+int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out);
+
+/* "memory": an in-process hash map (src/l2/memory_adapter.c); see
+ * kvserde/l2_memory.h for the accepted keys. */
+int kvs_memory_adapter_factory(const json_t *spec, void *userdata,
+                               kvs_l2_adapter **out);
+
+#endif /* KVS_L2_BUILTINS_H */

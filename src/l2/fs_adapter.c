@@ -1,0 +1,1135 @@
+/* fs_adapter.c - the "fs" L2 adapter (kvserde/l2_fs.h): one file per key
+ * under a directory, written through a temporary file and rename(2).
+ *
+ * Threads and locks:
+ *   - The completion plumbing (ids, eventfds, unread results, closed flag)
+ *     is the shared task queue (task_queue.h).
+ *   - A task's keys are cut into up to `workers` contiguous slices, one pool
+ *     job each, so one big batch uses every worker (parallel reads, and
+ *     parallel fsyncs, which is where a store spends its time). Each slice
+ *     records its own hits, bytes and first error in memory of its own; the
+ *     last slice to finish (an atomic countdown) merges them in key order
+ *     and completes the task.
+ *   - `mu` guards the usage counters and the lock counts, and is held
+ *     across the few metadata calls that must be atomic with them: a
+ *     store's stat-of-the-old-file + capacity check + rename, a lookup's
+ *     stat + lock, a delete's lock check + unlink. Data is written and read
+ *     outside it.
+ *   - `dir_lock` protects the directory fd for the synchronous calls
+ *     (delete, object sizes, status): they hold it for reading, close takes
+ *     it for writing to release the fd. Workers need no lock: close joins
+ *     them before it releases the fd.
+ *   - `close_mu` serializes close() callers, so a second close returns once
+ *     the first has finished.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvserde/error.h"
+#include "kvserde/export.h"
+#include "kvserde/l2.h"
+#include "kvserde/l2_fs.h"
+#include "kvserde/registry.h"
+#include "l2/builtins.h"
+#include "l2/fs_adapter.h"
+#include "l2/fs_names.h"
+#include "l2/task_queue.h"
+#include "util/thread_pool.h"
+
+#define TMP_PREFIX ".tmp-"
+#define SCAN_MAX_DEPTH 12 /* the scheme nests at most 8 levels */
+#define MSG_PATH_MAX 200  /* longer paths are shortened in messages */
+
+/* One locked key: its path (the key, injectively) and lock count. */
+typedef struct lock_entry {
+    struct lock_entry *next;
+    uint64_t hash;
+    uint64_t count;
+    char path[];
+} lock_entry;
+
+typedef struct fs_adapter {
+    kvs_l2_adapter base;
+    kvs_l2_task_queue q;
+    kvs_thread_pool *pool;
+    char *root;          /* the directory as given, without trailing '/' */
+    int dirfd;           /* -1 once closed */
+    int fsync;
+    uint64_t capacity;
+    unsigned workers;
+    uint64_t nonce;      /* random: names this adapter's temporary files */
+    atomic_uint_fast64_t tmp_seq;
+
+    pthread_mutex_t mu;  /* guards the group below */
+    uint64_t bytes_used;
+    uint64_t nkeys;
+    lock_entry **locks;
+    size_t nbuckets;     /* a power of two */
+    size_t nlocked;
+
+    pthread_rwlock_t dir_lock;
+    pthread_mutex_t close_mu;
+    int closed;          /* written holding close_mu and dir_lock */
+
+    kvs_fs_read_hook read_hook;
+    void *read_hook_arg;
+} fs_adapter;
+
+struct fs_task;
+
+/* A contiguous run of a task's keys, run as one pool job. */
+typedef struct fs_slice {
+    kvs_job job;
+    struct fs_task *task;
+    size_t begin, end;
+    uint64_t bytes;  /* stored by this slice */
+    int status;      /* this slice's first error */
+    char message[KVS_ERROR_MSG_MAX];
+} fs_slice;
+
+/* One submitted task: the queue's record, copies of the caller's arrays,
+ * per-key hits, and the slices. */
+typedef struct fs_task {
+    fs_adapter *fs;
+    kvs_l2_task *t;
+    size_t n;
+    kvs_object_key *keys;
+    kvs_memobj **objects; /* stores and loads */
+    uint8_t *hit;         /* lookups and loads */
+    atomic_uint remaining;
+    unsigned nslices;
+    fs_slice slices[];
+} fs_task;
+
+static const struct kvs_l2_adapter_ops fs_ops;
+
+static fs_adapter *fs_of(kvs_l2_adapter *a) { return KVS_CONTAINER_OF(a, fs_adapter, base); }
+
+/* ---------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------ */
+
+/* "<root>/<rel>" for a message, with the middle of a long one replaced by
+ * "..." so the message keeps both ends. */
+static void msg_path(const fs_adapter *fs, const char *rel, char *out, size_t size)
+{
+    char full[8192];
+    int n = snprintf(full, sizeof full, "%s/%s", fs->root, rel);
+    size_t len = n < 0 ? 0 : (size_t)n;
+    if (len >= sizeof full) len = sizeof full - 1;
+    if (len > MSG_PATH_MAX) {
+        size_t head = MSG_PATH_MAX / 2, tail = MSG_PATH_MAX - head - 3;
+        memmove(full + head, "...", 3);
+        memmove(full + head + 3, full + len - tail, tail);
+        len = MSG_PATH_MAX;
+    }
+    if (len >= size) len = size - 1; /* callers pass MSG_PATH_MAX + 1 or more */
+    memcpy(out, full, len);
+    out[len] = '\0';
+}
+
+static void slice_fail(fs_slice *s, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void slice_fail(fs_slice *s, int status, const char *fmt, ...)
+{
+    if (s->status != KVS_OK) return; /* the slice's first error wins */
+    s->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->message, sizeof s->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Key i failed in system call `call` with errno `err`. */
+static void slice_fail_sys(fs_slice *s, const char *op, size_t i, const char *call, int err,
+                           const char *rel)
+{
+    char where[MSG_PATH_MAX + 8];
+    msg_path(s->task->fs, rel, where, sizeof where);
+    slice_fail(s, KVS_EIO, "fs: %s of key %zu: %s: %s (%s)", op, i, call, strerror(err),
+               where);
+}
+
+static int write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        size_t chunk = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Read up to n bytes; returns the count (short only at end of file) or -1. */
+static ssize_t read_full(int fd, void *data, size_t n)
+{
+    char *p = data;
+    size_t got = 0;
+    while (got < n) {
+        size_t chunk = n - got > ((size_t)1 << 30) ? (size_t)1 << 30 : n - got;
+        ssize_t r = read(fd, p + got, chunk);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* fsync the directory rel[0..len) (len 0: the root). 0 or -1 with errno. */
+static int fsync_dir(fs_adapter *fs, const char *rel, size_t len)
+{
+    if (len == 0) return fsync(fs->dirfd);
+    char dir[KVS_FS_KEY_PATH_MAX];
+    memcpy(dir, rel, len);
+    dir[len] = '\0';
+    int fd = openat(fs->dirfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    errno = err;
+    return rc;
+}
+
+/* Make the directories of rel[0..dlen) that are missing (as mkdir -p below
+ * the root); with fsync on, each new one's parent is synced so the new
+ * entry is durable. 0, or -1 with errno and *call naming the call. */
+static int make_dirs(fs_adapter *fs, const char *rel, size_t dlen, const char **call)
+{
+    char dir[KVS_FS_KEY_PATH_MAX];
+    for (size_t i = 0; i <= dlen; i++) {
+        if (i < dlen && rel[i] != '/') continue;
+        memcpy(dir, rel, i);
+        dir[i] = '\0';
+        if (mkdirat(fs->dirfd, dir, 0777) == 0) {
+            if (fs->fsync && fsync_dir(fs, rel, kvs_fs_dir_len(dir, i)) != 0) {
+                *call = "fsync";
+                return -1;
+            }
+        } else if (errno != EEXIST) {
+            *call = "mkdir";
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Lock counts (callers hold mu)
+ * ------------------------------------------------------------------ */
+
+static uint64_t path_hash(const char *p)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 0x100000001b3ull; /* FNV-1a */
+    }
+    return h;
+}
+
+static lock_entry **lock_slot(fs_adapter *fs, const char *path, uint64_t h)
+{
+    lock_entry **slot = &fs->locks[h & (fs->nbuckets - 1)];
+    while (*slot && !((*slot)->hash == h && strcmp((*slot)->path, path) == 0))
+        slot = &(*slot)->next;
+    return slot;
+}
+
+static uint64_t lock_count(fs_adapter *fs, const char *path)
+{
+    lock_entry *e = *lock_slot(fs, path, path_hash(path));
+    return e ? e->count : 0;
+}
+
+/* Double the bucket array when fuller than one entry per bucket; a failed
+ * allocation only keeps the chains longer. */
+static void locks_maybe_grow(fs_adapter *fs)
+{
+    if (fs->nlocked < fs->nbuckets) return;
+    size_t nb = fs->nbuckets * 2;
+    lock_entry **nbk = calloc(nb, sizeof *nbk);
+    if (nbk == NULL) return;
+    for (size_t i = 0; i < fs->nbuckets; i++) {
+        lock_entry *e = fs->locks[i];
+        while (e) {
+            lock_entry *next = e->next;
+            e->next = nbk[e->hash & (nb - 1)];
+            nbk[e->hash & (nb - 1)] = e;
+            e = next;
+        }
+    }
+    free(fs->locks);
+    fs->locks = nbk;
+    fs->nbuckets = nb;
+}
+
+/* One more lock on path; -1 if out of memory. */
+static int lock_add(fs_adapter *fs, const char *path)
+{
+    uint64_t h = path_hash(path);
+    lock_entry **slot = lock_slot(fs, path, h);
+    if (*slot) {
+        (*slot)->count++;
+        return 0;
+    }
+    size_t len = strlen(path);
+    lock_entry *e = malloc(sizeof *e + len + 1);
+    if (e == NULL) return -1;
+    e->next = NULL;
+    e->hash = h;
+    e->count = 1;
+    memcpy(e->path, path, len + 1);
+    *slot = e;
+    fs->nlocked++;
+    locks_maybe_grow(fs);
+    return 0;
+}
+
+static void lock_release(fs_adapter *fs, const char *path)
+{
+    lock_entry **slot = lock_slot(fs, path, path_hash(path));
+    lock_entry *e = *slot;
+    if (e == NULL) return; /* not locked: ignored */
+    if (--e->count == 0) {
+        *slot = e->next;
+        free(e);
+        fs->nlocked--;
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Worker side
+ * ------------------------------------------------------------------ */
+
+/* Store key i. 0 on success; else the slice has failed. */
+static int store_one(fs_adapter *fs, fs_slice *s, size_t i)
+{
+    fs_task *ft = s->task;
+    const kvs_memobj *obj = ft->objects[i];
+    size_t size = kvs_memobj_size(obj);
+    char rel[KVS_FS_KEY_PATH_MAX];
+    size_t len = kvs_fs_encode_key(&ft->keys[i], rel);
+    size_t dlen = kvs_fs_dir_len(rel, len);
+
+    /* A new temporary file next to the final one (same directory, so the
+     * rename is atomic), created with O_EXCL under a name no one else
+     * uses. */
+    char tmp[KVS_FS_KEY_PATH_MAX + 64];
+    int fd = -1;
+    for (int attempt = 0;; attempt++) {
+        uint64_t seq = atomic_fetch_add(&fs->tmp_seq, 1);
+        snprintf(tmp, sizeof tmp, "%.*s/" TMP_PREFIX "%016" PRIx64 "-%" PRIu64, (int)dlen,
+                 rel, fs->nonce, seq);
+        fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                    0666);
+        if (fd >= 0) break;
+        int err = errno;
+        if (err == ENOENT && attempt < 4) {
+            const char *call = NULL;
+            if (make_dirs(fs, rel, dlen, &call) != 0) {
+                slice_fail_sys(s, "store", i, call, errno, rel);
+                return -1;
+            }
+            continue;
+        }
+        if ((err == EEXIST || err == EINTR) && attempt < 16) continue;
+        slice_fail_sys(s, "store", i, "open", err, rel);
+        return -1;
+    }
+    /* Held until the rename: an adapter opening the directory meanwhile
+     * sees the file is in use and leaves it alone. */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
+
+    const char *call = NULL;
+    int err = 0;
+    if (write_all(fd, obj->data, size) != 0) call = "write";
+    else if (fs->fsync && fsync(fd) != 0) call = "fsync";
+    if (call) {
+        err = errno;
+        unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        slice_fail_sys(s, "store", i, call, err, rel);
+        return -1;
+    }
+
+    pthread_mutex_lock(&fs->mu);
+    struct stat st;
+    int existed = fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                  S_ISREG(st.st_mode);
+    uint64_t old = existed ? (uint64_t)st.st_size : 0;
+    /* Another process may have changed the directory since it was counted:
+     * never let the count wrap. */
+    uint64_t base = fs->bytes_used >= old ? fs->bytes_used - old : 0;
+    uint64_t after = base + size;
+    if (fs->capacity && after > fs->capacity) {
+        pthread_mutex_unlock(&fs->mu);
+        unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        char where[MSG_PATH_MAX + 8];
+        msg_path(fs, rel, where, sizeof where);
+        slice_fail(s, KVS_ENOSPC,
+                   "fs: capacity exceeded storing key %zu: %zu bytes would make %" PRIu64
+                   " bytes used, capacity %" PRIu64 " (%s)",
+                   i, size, after, fs->capacity, where);
+        return -1;
+    }
+    if (renameat(fs->dirfd, tmp, fs->dirfd, rel) != 0) {
+        err = errno;
+        pthread_mutex_unlock(&fs->mu);
+        unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        slice_fail_sys(s, "store", i, "rename", err, rel);
+        return -1;
+    }
+    fs->bytes_used = after;
+    if (!existed) fs->nkeys++;
+    pthread_mutex_unlock(&fs->mu);
+
+    /* The object is in place (and counted); report a failure to make it
+     * durable, so the caller can retry. */
+    if (close(fd) != 0) call = "close";
+    else if (fs->fsync && fsync_dir(fs, rel, dlen) != 0) call = "fsync";
+    if (call) {
+        slice_fail_sys(s, "store", i, call, errno, rel);
+        return -1;
+    }
+    s->bytes += size;
+    return 0;
+}
+
+static void lookup_one(fs_adapter *fs, fs_slice *s, size_t i)
+{
+    fs_task *ft = s->task;
+    char rel[KVS_FS_KEY_PATH_MAX];
+    kvs_fs_encode_key(&ft->keys[i], rel);
+    struct stat st;
+    pthread_mutex_lock(&fs->mu);
+    int rc = fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW);
+    int err = errno;
+    int found = rc == 0 && S_ISREG(st.st_mode);
+    int locked = found && lock_add(fs, rel) == 0;
+    pthread_mutex_unlock(&fs->mu);
+    if (locked) {
+        ft->hit[i] = 1;
+        return;
+    }
+    char where[MSG_PATH_MAX + 8];
+    msg_path(fs, rel, where, sizeof where);
+    if (found)
+        slice_fail(s, KVS_ENOMEM, "fs: lookup of key %zu: out of memory for its lock (%s)",
+                   i, where);
+    else if (rc == 0)
+        slice_fail(s, KVS_ECORRUPT, "fs: lookup of key %zu: not a regular file (%s)", i,
+                   where);
+    else if (err != ENOENT && err != ENOTDIR)
+        slice_fail_sys(s, "lookup", i, "stat", err, rel);
+    /* else: a plain miss, not an error */
+}
+
+static void load_one(fs_adapter *fs, fs_slice *s, size_t i)
+{
+    fs_task *ft = s->task;
+    kvs_memobj *obj = ft->objects[i];
+    char rel[KVS_FS_KEY_PATH_MAX];
+    kvs_fs_encode_key(&ft->keys[i], rel);
+    char where[MSG_PATH_MAX + 8];
+
+    /* O_NONBLOCK: a FIFO planted at the path must not hang the worker
+     * (it is refused below); regular files ignore the flag. */
+    int fd = openat(fs->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENOENT || err == ENOTDIR) {
+            msg_path(fs, rel, where, sizeof where);
+            slice_fail(s, KVS_ENOTFOUND, "fs: load of key %zu: not found (%s)", i, where);
+        } else {
+            slice_fail_sys(s, "load", i, "open", err, rel);
+        }
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        slice_fail_sys(s, "load", i, "fstat", errno, rel);
+        close(fd);
+        return;
+    }
+    msg_path(fs, rel, where, sizeof where);
+    if (!S_ISREG(st.st_mode)) {
+        slice_fail(s, KVS_ECORRUPT, "fs: load of key %zu: not a regular file (%s)", i,
+                   where);
+        close(fd);
+        return;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (size > obj->capacity) {
+        slice_fail(s, KVS_ENOSPC,
+                   "fs: load of key %zu: stored object is %" PRIu64
+                   " bytes, destination holds %zu (%s)",
+                   i, size, obj->capacity, where);
+        close(fd);
+        return;
+    }
+    if (fs->read_hook) fs->read_hook(fs->read_hook_arg, fd, i);
+    ssize_t got = read_full(fd, obj->data, (size_t)size);
+    char extra;
+    ssize_t more = got == (ssize_t)size ? read_full(fd, &extra, 1) : 0;
+    if (got < 0 || more < 0)
+        slice_fail_sys(s, "load", i, "read", errno, rel);
+    else if ((uint64_t)got < size)
+        slice_fail(s, KVS_ECORRUPT,
+                   "fs: load of key %zu: file shrank while reading: %zd of %" PRIu64
+                   " bytes (%s)",
+                   i, got, size, where);
+    else if (more > 0)
+        slice_fail(s, KVS_ECORRUPT,
+                   "fs: load of key %zu: file grew while reading: more than %" PRIu64
+                   " bytes (%s)",
+                   i, size, where);
+    else {
+        (void)kvs_memobj_set_used_size(obj, (size_t)size); /* fits: checked above */
+        ft->hit[i] = 1;
+    }
+    close(fd);
+}
+
+static void free_task(fs_task *ft)
+{
+    free(ft->keys);
+    free(ft->objects);
+    free(ft->hit);
+    free(ft);
+}
+
+/* Merge the slices in key order and complete the task. */
+static void finish_task(fs_task *ft)
+{
+    kvs_l2_task *t = ft->t;
+    if (t->direction == KVS_L2_STORE) {
+        uint64_t bytes = 0;
+        for (unsigned k = 0; k < ft->nslices; k++) bytes += ft->slices[k].bytes;
+        t->store.bytes_written = bytes;
+    } else {
+        for (size_t i = 0; i < ft->n; i++)
+            if (ft->hit[i]) kvs_l2_tq_hit(t, i);
+    }
+    for (unsigned k = 0; k < ft->nslices; k++) {
+        if (ft->slices[k].status != KVS_OK) {
+            kvs_l2_tq_fail(t, ft->slices[k].status, ft->slices[k].message);
+            break;
+        }
+    }
+    fs_adapter *fs = ft->fs;
+    free_task(ft);
+    /* The queue owns the record from here; the adapter outlives this call
+     * (close joins the workers before anything is freed). */
+    kvs_l2_tq_complete(&fs->q, t);
+}
+
+static void run_slice(kvs_job *job)
+{
+    fs_slice *s = KVS_CONTAINER_OF(job, fs_slice, job);
+    fs_task *ft = s->task;
+    fs_adapter *fs = ft->fs;
+    switch (ft->t->direction) {
+    case KVS_L2_STORE:
+        for (size_t i = s->begin; i < s->end; i++)
+            if (store_one(fs, s, i) != 0) break;
+        break;
+    case KVS_L2_LOOKUP:
+        for (size_t i = s->begin; i < s->end; i++) lookup_one(fs, s, i);
+        break;
+    case KVS_L2_LOAD:
+        for (size_t i = s->begin; i < s->end; i++) load_one(fs, s, i);
+        break;
+    }
+    /* The last slice merges (acq_rel: it sees every other slice's work). */
+    if (atomic_fetch_sub(&ft->remaining, 1) == 1) finish_task(ft);
+}
+
+/* ---------------------------------------------------------------------
+ * Submit side
+ * ------------------------------------------------------------------ */
+
+static int submit(fs_adapter *fs, kvs_l2_direction d, const kvs_object_key *keys,
+                  kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    /* Everything that can fail happens before the task takes an id. */
+    unsigned nslices = n < fs->workers ? (unsigned)n : fs->workers;
+    if (n > SIZE_MAX / sizeof(kvs_object_key))
+        return kvs_set_error(KVS_ENOMEM, "fs: batch of %zu keys is too large", n);
+    fs_task *ft = calloc(1, sizeof *ft + (size_t)nslices * sizeof(fs_slice));
+    int oom = ft == NULL;
+    if (!oom && n > 0) {
+        ft->keys = malloc(n * sizeof *keys);
+        if (d != KVS_L2_LOOKUP) ft->objects = malloc(n * sizeof *objects);
+        if (d != KVS_L2_STORE) ft->hit = calloc(n, 1);
+        oom = ft->keys == NULL || (d != KVS_L2_LOOKUP && ft->objects == NULL) ||
+              (d != KVS_L2_STORE && ft->hit == NULL);
+    }
+    if (oom) {
+        if (ft) free_task(ft);
+        return kvs_set_error(KVS_ENOMEM, "fs: out of memory for a task of %zu keys", n);
+    }
+    ft->fs = fs;
+    ft->n = n;
+    ft->nslices = nslices;
+    if (n) memcpy(ft->keys, keys, n * sizeof *keys);
+    if (n && ft->objects) memcpy(ft->objects, objects, n * sizeof *objects);
+    atomic_init(&ft->remaining, nslices);
+    size_t begin = 0;
+    for (unsigned k = 0; k < nslices; k++) {
+        fs_slice *s = &ft->slices[k];
+        size_t count = n / nslices + (k < n % nslices);
+        s->job.run = run_slice;
+        s->task = ft;
+        s->begin = begin;
+        s->end = begin + count;
+        begin = s->end;
+    }
+
+    int rc = kvs_l2_tq_begin(&fs->q, d, n, &ft->t);
+    if (rc != KVS_OK) {
+        free_task(ft);
+        return rc;
+    }
+    *id = ft->t->id;
+    if (n == 0) {
+        /* Nothing to do: finish at once (before end_submit, so close cannot
+         * have closed the fd in between). */
+        finish_task(ft);
+    } else {
+        /* ft stays alive until every slice has run, hence until after the
+         * last submit below. */
+        for (unsigned k = 0; k < nslices; k++) {
+            kvs_job *job = &ft->slices[k].job;
+            /* Cannot fail: close stops the pool only after every submit in
+             * progress has ended. Run it here rather than lose the task. */
+            if (kvs_thread_pool_submit(fs->pool, job) != KVS_OK) run_slice(job);
+        }
+    }
+    kvs_l2_tq_end_submit(&fs->q);
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Ops
+ * ------------------------------------------------------------------ */
+
+static int fs_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_STORE); }
+static int fs_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_LOOKUP); }
+static int fs_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_LOAD); }
+
+static int fs_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
+                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    return submit(fs_of(a), KVS_L2_STORE, keys, objects, n, id);
+}
+
+static int fs_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
+                                   size_t *count)
+{
+    kvs_l2_tq_pop_stores(&fs_of(a)->q, out, cap, count);
+    return KVS_OK;
+}
+
+static int fs_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                            kvs_l2_task_id *id)
+{
+    return submit(fs_of(a), KVS_L2_LOOKUP, keys, NULL, n, id);
+}
+
+static int fs_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    kvs_l2_tq_query(&fs_of(a)->q, KVS_L2_LOOKUP, id, out);
+    return KVS_OK;
+}
+
+static int fs_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
+{
+    fs_adapter *fs = fs_of(a);
+    char rel[KVS_FS_KEY_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        kvs_fs_encode_key(&keys[i], rel);
+        pthread_mutex_lock(&fs->mu);
+        lock_release(fs, rel);
+        pthread_mutex_unlock(&fs->mu);
+    }
+    return KVS_OK;
+}
+
+static int fs_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
+                          kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    return submit(fs_of(a), KVS_L2_LOAD, keys, objects, n, id);
+}
+
+static int fs_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    kvs_l2_tq_query(&fs_of(a)->q, KVS_L2_LOAD, id, out);
+    return KVS_OK;
+}
+
+static int refuse_closed(void) { return kvs_set_error(KVS_ECLOSED, "fs: adapter is closed"); }
+
+static int fs_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                     uint8_t *deleted)
+{
+    fs_adapter *fs = fs_of(a);
+    pthread_rwlock_rdlock(&fs->dir_lock);
+    if (fs->closed) {
+        pthread_rwlock_unlock(&fs->dir_lock);
+        return refuse_closed();
+    }
+    int rc = KVS_OK;
+    char rel[KVS_FS_KEY_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        kvs_fs_encode_key(&keys[i], rel);
+        int gone = 0, err = 0;
+        pthread_mutex_lock(&fs->mu);
+        struct stat st;
+        if (lock_count(fs, rel) == 0 &&
+            fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+            if (unlinkat(fs->dirfd, rel, 0) == 0) {
+                gone = 1;
+                uint64_t size = (uint64_t)st.st_size;
+                fs->bytes_used = fs->bytes_used >= size ? fs->bytes_used - size : 0;
+                if (fs->nkeys) fs->nkeys--;
+            } else if (errno != ENOENT) {
+                err = errno;
+            }
+        }
+        pthread_mutex_unlock(&fs->mu);
+        if (err && rc == KVS_OK) {
+            char where[MSG_PATH_MAX + 8];
+            msg_path(fs, rel, where, sizeof where);
+            rc = kvs_set_error(KVS_EIO, "fs: delete of key %zu: unlink: %s (%s)", i,
+                               strerror(err), where);
+        }
+        if (deleted) deleted[i] = (uint8_t)gone;
+    }
+    pthread_rwlock_unlock(&fs->dir_lock);
+    return rc;
+}
+
+static int fs_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                           int64_t *sizes)
+{
+    fs_adapter *fs = fs_of(a);
+    pthread_rwlock_rdlock(&fs->dir_lock);
+    if (fs->closed) {
+        pthread_rwlock_unlock(&fs->dir_lock);
+        return refuse_closed();
+    }
+    char rel[KVS_FS_KEY_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        kvs_fs_encode_key(&keys[i], rel);
+        struct stat st;
+        int ok = fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                 S_ISREG(st.st_mode);
+        sizes[i] = ok ? (int64_t)st.st_size : -1;
+    }
+    pthread_rwlock_unlock(&fs->dir_lock);
+    return KVS_OK;
+}
+
+static int fs_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
+{
+    fs_adapter *fs = fs_of(a);
+    pthread_mutex_lock(&fs->mu);
+    out->bytes_used = fs->bytes_used;
+    out->capacity = fs->capacity;
+    pthread_mutex_unlock(&fs->mu);
+    return KVS_OK;
+}
+
+static int fs_status(kvs_l2_adapter *a, json_t **out)
+{
+    fs_adapter *fs = fs_of(a);
+    int closing = kvs_l2_tq_is_closed(&fs->q); /* closing counts as closed */
+    pthread_rwlock_rdlock(&fs->dir_lock);
+    /* A directory removed under us has no links left: stores would fail. */
+    struct stat st;
+    int dir_ok = !fs->closed && fstat(fs->dirfd, &st) == 0 && st.st_nlink > 0;
+    pthread_rwlock_unlock(&fs->dir_lock);
+    pthread_mutex_lock(&fs->mu);
+    uint64_t keys = fs->nkeys, used = fs->bytes_used, locked = fs->nlocked;
+    pthread_mutex_unlock(&fs->mu);
+    json_t *s = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:b}", "type", "fs",
+                          "path", fs->root, "is_healthy", !closing && dir_ok, "keys",
+                          (json_int_t)keys, "bytes_used", (json_int_t)used,
+                          "capacity_bytes", (json_int_t)fs->capacity, "locked_keys",
+                          (json_int_t)locked, "workers", (json_int_t)fs->workers, "fsync",
+                          fs->fsync);
+    if (s == NULL) return kvs_set_error(KVS_ENOMEM, "fs: out of memory for status");
+    *out = s;
+    return KVS_OK;
+}
+
+static int fs_close(kvs_l2_adapter *a)
+{
+    fs_adapter *fs = fs_of(a);
+    pthread_mutex_lock(&fs->close_mu);
+    if (!fs->closed) {
+        /* Refuse new tasks, let every queued one run, record and signal,
+         * then close the fds (nothing can complete any more) and release
+         * the directory. */
+        (void)kvs_l2_tq_close_begin(&fs->q);
+        int rc = kvs_thread_pool_shutdown(fs->pool);
+        if (rc != KVS_OK) { /* only from our own worker: never happens */
+            pthread_mutex_unlock(&fs->close_mu);
+            return rc;
+        }
+        kvs_l2_tq_close_fds(&fs->q);
+        pthread_rwlock_wrlock(&fs->dir_lock);
+        close(fs->dirfd);
+        fs->dirfd = -1;
+        fs->closed = 1;
+        pthread_rwlock_unlock(&fs->dir_lock);
+    }
+    pthread_mutex_unlock(&fs->close_mu);
+    return KVS_OK;
+}
+
+static void free_locks(fs_adapter *fs)
+{
+    for (size_t b = 0; fs->locks && b < fs->nbuckets; b++) {
+        lock_entry *e = fs->locks[b];
+        while (e) {
+            lock_entry *next = e->next;
+            free(e);
+            e = next;
+        }
+    }
+    free(fs->locks);
+}
+
+static void fs_destroy(kvs_l2_adapter *a)
+{
+    fs_adapter *fs = fs_of(a);
+    kvs_thread_pool_destroy(fs->pool);
+    kvs_l2_tq_destroy(&fs->q);
+    if (fs->dirfd >= 0) close(fs->dirfd);
+    free_locks(fs);
+    pthread_mutex_destroy(&fs->close_mu);
+    pthread_rwlock_destroy(&fs->dir_lock);
+    pthread_mutex_destroy(&fs->mu);
+    free(fs->root);
+    free(fs);
+}
+
+static const struct kvs_l2_adapter_ops fs_ops = {
+    .name = "fs",
+    .store_event_fd = fs_store_fd,
+    .lookup_event_fd = fs_lookup_fd,
+    .load_event_fd = fs_load_fd,
+    .submit_store = fs_submit_store,
+    .pop_completed_stores = fs_pop_completed_stores,
+    .submit_lookup_and_lock = fs_submit_lookup,
+    .query_lookup_and_lock = fs_query_lookup,
+    .unlock = fs_unlock,
+    .submit_load = fs_submit_load,
+    .query_load = fs_query_load,
+    .delete_keys = fs_delete,
+    .object_sizes = fs_object_sizes,
+    .usage = fs_usage,
+    .status = fs_status,
+    .close = fs_close,
+    .destroy = fs_destroy,
+};
+
+/* ---------------------------------------------------------------------
+ * Opening the directory
+ * ------------------------------------------------------------------ */
+
+/* mkdir -p. 0, or -1 with errno. */
+static int mkdir_p(const char *path)
+{
+    size_t len = strlen(path);
+    char *p = malloc(len + 1);
+    if (p == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    memcpy(p, path, len + 1);
+    int rc = 0;
+    for (size_t i = 1; i <= len && rc == 0; i++) {
+        if (i < len && p[i] != '/') continue;
+        char saved = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = -1;
+        p[i] = saved;
+    }
+    int err = errno;
+    free(p);
+    errno = err;
+    return rc;
+}
+
+/* A leftover temporary file: remove it unless a writer still holds it. */
+static void remove_stale_temp(int dfd, const char *name)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0)
+        unlinkat(dfd, name, 0);
+    close(fd);
+}
+
+typedef struct scan_totals {
+    uint64_t bytes, keys;
+} scan_totals;
+
+/* Walk the directory open at fd (taken over): count the object files (the
+ * regular files whose path is a key path), remove stale temporaries, skip
+ * everything else. rel holds the path of fd below the root. */
+static void scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *tot)
+{
+    DIR *d = fdopendir(fd);
+    if (d == NULL) {
+        close(fd);
+        return;
+    }
+    int dfd = dirfd(d);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        if (strncmp(name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
+            remove_stale_temp(dfd, name);
+            continue;
+        }
+        if (name[0] == '.') continue; /* ".", "..", and never an object */
+        size_t nl = strlen(name);
+        if (rel_len + 1 + nl >= KVS_FS_KEY_PATH_MAX) continue; /* never a key path */
+        struct stat st;
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        size_t len = rel_len;
+        if (len) rel[len++] = '/';
+        memcpy(rel + len, name, nl + 1);
+        len += nl;
+        if (S_ISDIR(st.st_mode) && depth < SCAN_MAX_DEPTH) {
+            int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+            if (sub >= 0) scan_dir(sub, rel, len, depth + 1, tot);
+        } else if (S_ISREG(st.st_mode)) {
+            kvs_object_key key;
+            if (kvs_fs_path_key(rel, &key) == KVS_OK) {
+                tot->bytes += (uint64_t)st.st_size;
+                tot->keys++;
+            }
+        }
+        rel[rel_len] = '\0';
+    }
+    closedir(d);
+}
+
+/* 1 if "A" and "a" name the same entry in the directory. Not knowable in a
+ * read-only directory: then 0 (nothing can be stored there anyway). */
+static int case_insensitive(int dfd, uint64_t nonce)
+{
+    char upper[64], lower[64];
+    snprintf(upper, sizeof upper, TMP_PREFIX "case-%016" PRIx64 "-A", nonce);
+    snprintf(lower, sizeof lower, TMP_PREFIX "case-%016" PRIx64 "-a", nonce);
+    int fd = openat(dfd, upper, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return 0;
+    close(fd);
+    struct stat st;
+    int same = fstatat(dfd, lower, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    unlinkat(dfd, upper, 0);
+    return same;
+}
+
+static uint64_t make_nonce(void)
+{
+    uint64_t v;
+    size_t got = 0;
+    while (got < sizeof v) {
+        ssize_t n = getrandom((char *)&v + got, sizeof v - got, GRND_NONBLOCK);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    if (got == sizeof v) return v;
+    /* No entropy yet (early boot): the names only need to differ from
+     * other live writers', and O_EXCL catches the rest. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000007u) ^ (uint64_t)ts.tv_nsec ^
+           ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&ts;
+}
+
+int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "fs: output pointer is NULL");
+    *out = NULL;
+    if (opts == NULL) return kvs_set_error(KVS_EINVAL, "fs: options are NULL");
+    if (opts->path == NULL || opts->path[0] == '\0')
+        return kvs_set_error(KVS_EINVAL, "fs: path is empty");
+    unsigned workers = opts->workers ? opts->workers : KVS_FS_DEFAULT_WORKERS;
+    if (workers > KVS_FS_MAX_WORKERS)
+        return kvs_set_error(KVS_EINVAL, "fs: workers %u out of range [1, %u]", workers,
+                             (unsigned)KVS_FS_MAX_WORKERS);
+
+    fs_adapter *fs = calloc(1, sizeof *fs);
+    char *root = strdup(opts->path);
+    lock_entry **locks = calloc(64, sizeof *locks);
+    if (fs == NULL || root == NULL || locks == NULL) {
+        free(fs);
+        free(root);
+        free(locks);
+        return kvs_set_error(KVS_ENOMEM, "fs: out of memory creating the adapter");
+    }
+    size_t rlen = strlen(root);
+    while (rlen > 1 && root[rlen - 1] == '/') root[--rlen] = '\0';
+
+    int rc = KVS_OK;
+    int dfd = -1;
+    if (!opts->no_create && mkdir_p(root) != 0) {
+        rc = kvs_set_error(KVS_EIO, "fs: cannot create directory '%s': %s", root,
+                           strerror(errno));
+        goto fail;
+    }
+    dfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        int err = errno;
+        rc = kvs_set_error(err == ENOENT ? KVS_ENOTFOUND : KVS_EIO,
+                           "fs: cannot open directory '%s': %s", root, strerror(err));
+        goto fail;
+    }
+    uint64_t nonce = make_nonce();
+    if (case_insensitive(dfd, nonce)) {
+        rc = kvs_set_error(KVS_EUNSUPPORTED,
+                           "fs: directory '%s' has case-insensitive names; keys differing "
+                           "only in case would collide",
+                           root);
+        goto fail;
+    }
+    scan_totals tot = {0, 0};
+    int scan_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (scan_fd < 0) {
+        rc = kvs_set_error(KVS_EIO, "fs: cannot read directory '%s': %s", root,
+                           strerror(errno));
+        goto fail;
+    }
+    char rel[KVS_FS_KEY_PATH_MAX] = "";
+    scan_dir(scan_fd, rel, 0, 0, &tot);
+
+    fs->base.ops = &fs_ops;
+    fs->root = root;
+    fs->dirfd = dfd;
+    fs->fsync = !opts->no_fsync;
+    fs->capacity = opts->capacity_bytes;
+    fs->workers = workers;
+    fs->nonce = nonce;
+    atomic_init(&fs->tmp_seq, 0);
+    fs->bytes_used = tot.bytes;
+    fs->nkeys = tot.keys;
+    fs->locks = locks;
+    fs->nbuckets = 64;
+    if ((rc = kvs_l2_tq_init(&fs->q, "fs")) != KVS_OK) goto fail;
+    if ((rc = kvs_thread_pool_create(workers, "kvs-fs", &fs->pool)) != KVS_OK) {
+        kvs_l2_tq_destroy(&fs->q);
+        goto fail;
+    }
+    pthread_mutex_init(&fs->mu, NULL);
+    pthread_rwlock_init(&fs->dir_lock, NULL);
+    pthread_mutex_init(&fs->close_mu, NULL);
+    *out = &fs->base;
+    return KVS_OK;
+
+fail:
+    if (dfd >= 0) close(dfd);
+    free(root);
+    free(locks);
+    free(fs);
+    return rc;
+}
+
+void kvs_fs_adapter_set_read_hook(kvs_l2_adapter *a, kvs_fs_read_hook hook, void *arg)
+{
+    if (a == NULL || a->ops != &fs_ops) return;
+    fs_adapter *fs = fs_of(a);
+    fs->read_hook = hook;
+    fs->read_hook_arg = arg;
+}
+
+/* ---------------------------------------------------------------------
+ * The registry's factory
+ * ------------------------------------------------------------------ */
+
+int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out)
+{
+    (void)userdata;
+    if (out) *out = NULL;
+    if (!json_is_object(spec))
+        return kvs_set_error(KVS_EINVAL, "fs: spec must be a JSON object, got %s",
+                             spec ? kvs_json_type_name(spec) : "NULL");
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)spec, key, value) {
+        if (strcmp(key, "path") != 0 && strcmp(key, "fsync") != 0 &&
+            strcmp(key, "capacity_bytes") != 0 && strcmp(key, "workers") != 0 &&
+            strcmp(key, "create") != 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "fs: unknown key '%s'; accepted: path, fsync, "
+                                 "capacity_bytes, workers, create",
+                                 key);
+    }
+    kvs_fs_options o = {0};
+    const json_t *path = json_object_get(spec, "path");
+    if (path == NULL) return kvs_set_error(KVS_EINVAL, "fs: missing 'path'");
+    if (!json_is_string(path))
+        return kvs_set_error(KVS_EINVAL, "fs: path must be a string, got %s",
+                             kvs_json_type_name(path));
+    o.path = json_string_value(path);
+    int do_fsync, create, rc;
+    if ((rc = kvs_kwargs_get_bool(spec, "fs", "fsync", 1, &do_fsync)) ||
+        (rc = kvs_kwargs_get_bool(spec, "fs", "create", 1, &create)))
+        return rc;
+    o.no_fsync = !do_fsync;
+    o.no_create = !create;
+    const json_t *cap = json_object_get(spec, "capacity_bytes");
+    if (cap != NULL) {
+        if (!json_is_integer(cap))
+            return kvs_set_error(KVS_EINVAL,
+                                 "fs: capacity_bytes must be an integer >= 0, got %s",
+                                 kvs_json_type_name(cap));
+        if (json_integer_value(cap) < 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "fs: capacity_bytes must be an integer >= 0, got %lld",
+                                 (long long)json_integer_value(cap));
+        o.capacity_bytes = (uint64_t)json_integer_value(cap);
+    }
+    rc = kvs_kwargs_get_positive_int(spec, "fs", "workers", KVS_FS_DEFAULT_WORKERS,
+                                     &o.workers);
+    if (rc) return rc;
+    return kvs_fs_adapter_create(&o, out);
+}

@@ -1,0 +1,931 @@
+/* serde_wrapper.c - the serde L2 wrapper (upstream SerdeL2AdapterWrapper):
+ * an L2 adapter around any inner adapter and any serde processor. Stores
+ * serialize first, loads deserialize after; lookup, unlock, delete, sizes
+ * and usage pass straight through to the inner adapter.
+ *
+ * Life of a store task (ids and results come from the shared task queue):
+ *   submit    (caller) refuse a batch of mixed layouts; take an id; take n
+ *             temps of the processor's estimate for object 0's layout from
+ *             the pool (all or nothing); under the lock, register the task
+ *             and submit_serialize(objects -> temps).
+ *   SERIALIZE (poll thread) the serialize finished: the processor narrowed
+ *             each temp to the bytes it wrote, so the inner adapter stores
+ *             only those. Submit the inner store with the caller's keys.
+ *   STORE     (poll thread) the inner store finished (popped from the inner):
+ *             release the temps, complete with the inner's result.
+ * Life of a load task:
+ *   submit    (caller) temps as for a store (sized from the destination
+ *             layout's estimate); under the lock, register and submit the
+ *             inner load into the temps.
+ *   LOAD      (poll thread) the inner load finished: it set each found
+ *             temp's used size to the stored size. No key found: complete
+ *             with the inner bitmap. Otherwise submit_deserialize of only the
+ *             found temps into their destinations.
+ *   DESER     (poll thread) ok: complete with the inner bitmap (a partial
+ *             inner load keeps its bits); failed: every bit clear, with the
+ *             processor's message. Temps are released either way.
+ * Any failure on the way (pool exhausted, a refused submit, a failed
+ * serialize or inner store) releases the temps and completes the task as
+ * failed at once: no task hangs, no temp leaks.
+ *
+ * Locking: one mutex (mu) guards the task lists, the pool and the in-flight
+ * count. Submits to the processor and the inner adapter are made while
+ * holding it, together with the registration of the task, so the poll
+ * thread (which drains under the same lock) never sees a completion before
+ * it knows the task. Neither the processor nor the inner adapter ever calls
+ * back into the wrapper, so holding mu across their submits cannot deadlock.
+ *
+ * Close (decided here; upstream abandons in-flight tasks without signalling
+ * them): refuse new submits, then let every task in flight run through all
+ * its phases to the end - the processor and the inner adapter are still
+ * open, so each one completes (ok or failed) and signals exactly as it would
+ * have - then stop the poll thread, close the processor and the inner
+ * adapter, free the pooled temps and close the fds. This is the processor's
+ * own rule ("close with tasks queued or running: they run to the end and
+ * signal"), applied to the whole pipeline. A second or racing close waits
+ * for the first to finish and returns KVS_OK. Only the first close reports
+ * an error (the processor's or the inner adapter's close failing); the
+ * wrapper is closed and released either way.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvserde/error.h"
+#include "kvserde/export.h"
+#include "kvserde/l2.h"
+#include "kvserde/memobj.h"
+#include "kvserde/processor.h"
+#include "l2/task_queue.h"
+
+#define OWNER "serde wrapper"
+#define DEFAULT_POOL_BYTES (UINT64_C(1) << 30)
+#define TEMP_ALIGN 64
+/* Idle temps kept for reuse (they also count against the pool budget). */
+#define MAX_CACHED_TEMPS 1024
+#define POP_BATCH 16
+
+/* ---------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------ */
+
+/* One temporary buffer: a flat uint8 object of exactly `size` bytes. */
+struct temp {
+    kvs_memobj obj;
+    size_t size;
+    struct temp *next; /* idle list */
+};
+
+enum phase { PH_SERIALIZE = 0, PH_STORE = 1, PH_LOAD = 2, PH_DESER = 3, NPHASES = 4 };
+
+struct wtask {
+    kvs_l2_task *t;             /* the result record (owned until completed) */
+    enum phase phase;
+    uint64_t sub_id;            /* the processor's or the inner adapter's id */
+    size_t n;
+    kvs_object_key *keys;       /* store: copied at submit, used later */
+    kvs_memobj **objs;          /* the caller's objects */
+    struct temp **temps;        /* n temps */
+    kvs_memobj **tobjs;         /* &temps[i]->obj, the arrays handed on */
+    size_t temp_size;           /* bytes per temp */
+    /* load only */
+    uint8_t *hits;              /* the inner load's bitmap */
+    int inner_status;
+    char inner_message[KVS_ERROR_MSG_MAX];
+    kvs_memobj **sel_src, **sel_dst; /* the found keys' temps / destinations */
+    struct wtask *prev, *next;  /* the phase's list */
+};
+
+struct wrapper {
+    kvs_l2_adapter base;
+    kvs_l2_adapter *inner;
+    kvs_processor *proc;
+    kvs_l2_task_queue tq;
+    int tq_ready;
+
+    /* the five fds the poll thread waits on */
+    int inner_store_fd, inner_load_fd, ser_fd, deser_fd;
+    kvs_notifier wake;
+
+    pthread_t thread;
+    int thread_started;
+
+    pthread_mutex_t mu;         /* guards everything below */
+    pthread_cond_t idle;        /* inflight dropped to 0 */
+    struct wtask *lists[NPHASES];
+    size_t inflight;
+    int stop;
+    /* the temp pool */
+    uint64_t pool_capacity;
+    uint64_t pool_in_use;       /* bytes of temps held by tasks */
+    uint64_t pool_cached;       /* bytes of idle temps kept for reuse */
+    size_t temps_in_use, temps_cached;
+    struct temp *idle_temps;
+    uint64_t peak_in_use;
+
+    pthread_mutex_t close_mu;   /* serializes close() callers */
+    int closed;                 /* guarded by close_mu */
+};
+
+static struct wrapper *wr_of(kvs_l2_adapter *a)
+{
+    return KVS_CONTAINER_OF(a, struct wrapper, base);
+}
+
+/* ---------------------------------------------------------------------
+ * The temp pool
+ * ------------------------------------------------------------------ */
+
+static void temp_free(struct temp *t)
+{
+    if (t) free(t->obj.data);
+    free(t);
+}
+
+static struct temp *temp_new(size_t size)
+{
+    if (size > SIZE_MAX - TEMP_ALIGN) return NULL;
+    size_t alloc = (size + TEMP_ALIGN - 1) / TEMP_ALIGN * TEMP_ALIGN;
+    if (alloc == 0) alloc = TEMP_ALIGN;
+    struct temp *t = calloc(1, sizeof *t);
+    if (t == NULL) return NULL;
+    /* Not zero-filled: every byte a consumer reads was written first (the
+     * serializer's output, or the inner load's stored bytes). */
+    void *data = aligned_alloc(TEMP_ALIGN, alloc);
+    kvs_layout layout;
+    if (data == NULL || kvs_layout_flat(&layout, size, KVS_DTYPE_UINT8) != KVS_OK ||
+        kvs_memobj_init(&t->obj, data, size, &layout, KVS_FMT_BINARY_BUFFER) != KVS_OK) {
+        free(data);
+        free(t);
+        return NULL;
+    }
+    t->size = size;
+    return t;
+}
+
+/* Put temps back: cache them for reuse (the budget already covers them) or
+ * free them. Called with mu held; frees happen after. */
+static void pool_release_locked(struct wrapper *w, struct temp **temps, size_t n,
+                                size_t size, struct temp **to_free)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct temp *t = temps[i];
+        if (t == NULL) continue;
+        temps[i] = NULL;
+        w->pool_in_use -= size;
+        w->temps_in_use--;
+        if (w->temps_cached < MAX_CACHED_TEMPS) {
+            t->next = w->idle_temps;
+            w->idle_temps = t;
+            w->pool_cached += size;
+            w->temps_cached++;
+        } else {
+            t->next = *to_free;
+            *to_free = t;
+        }
+    }
+}
+
+static void free_list(struct temp *t)
+{
+    while (t) {
+        struct temp *next = t->next;
+        temp_free(t);
+        t = next;
+    }
+}
+
+/* All or nothing: n temps of `size` bytes into temps[0..n), or a failure
+ * with nothing held. */
+static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **temps)
+{
+    if (n == 0) return KVS_OK;
+    uint64_t need = (uint64_t)n * size;
+    int overflow = size != 0 && need / size != n;
+    struct temp *to_free = NULL;
+
+    pthread_mutex_lock(&w->mu);
+    uint64_t free_bytes = w->pool_capacity - w->pool_in_use;
+    if (overflow || need > free_bytes) {
+        uint64_t cap = w->pool_capacity;
+        pthread_mutex_unlock(&w->mu);
+        if (overflow)
+            return kvs_set_error(KVS_ENOMEM,
+                                 "%s: temp pool exhausted: need %zu temps of %zu bytes, "
+                                 "%" PRIu64 " of %" PRIu64 " free",
+                                 OWNER, n, size, free_bytes, cap);
+        return kvs_set_error(KVS_ENOMEM,
+                             "%s: temp pool exhausted: need %" PRIu64
+                             " bytes for %zu temps, %" PRIu64 " of %" PRIu64 " free",
+                             OWNER, need, n, free_bytes, cap);
+    }
+    w->pool_in_use += need;
+    w->temps_in_use += n;
+    if (w->pool_in_use > w->peak_in_use) w->peak_in_use = w->pool_in_use;
+    /* Reuse idle temps of this size. */
+    size_t got = 0;
+    for (struct temp **pp = &w->idle_temps; *pp && got < n;) {
+        struct temp *t = *pp;
+        if (t->size == size) {
+            *pp = t->next;
+            t->next = NULL;
+            temps[got++] = t;
+            w->pool_cached -= size;
+            w->temps_cached--;
+        } else {
+            pp = &t->next;
+        }
+    }
+    /* Make room for the new ones (pool_in_use already counts them): in use
+     * plus cached stays within the budget. */
+    while (w->idle_temps && w->pool_in_use + w->pool_cached > w->pool_capacity) {
+        struct temp *t = w->idle_temps;
+        w->idle_temps = t->next;
+        w->pool_cached -= t->size;
+        w->temps_cached--;
+        t->next = to_free;
+        to_free = t;
+    }
+    pthread_mutex_unlock(&w->mu);
+    free_list(to_free);
+    to_free = NULL;
+
+    for (size_t i = got; i < n; i++) {
+        temps[i] = temp_new(size);
+        if (temps[i] == NULL) {
+            pthread_mutex_lock(&w->mu);
+            pool_release_locked(w, temps, i, size, &to_free);
+            /* the temps never allocated were counted too */
+            w->pool_in_use -= (uint64_t)(n - i) * size;
+            w->temps_in_use -= n - i;
+            pthread_mutex_unlock(&w->mu);
+            free_list(to_free);
+            return kvs_set_error(KVS_ENOMEM, "%s: cannot allocate a temp of %zu bytes",
+                                 OWNER, size);
+        }
+    }
+    for (size_t i = 0; i < got; i++)
+        (void)kvs_memobj_set_used_size(&temps[i]->obj, size); /* undo any narrowing */
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Tasks
+ * ------------------------------------------------------------------ */
+
+static void wtask_free(struct wtask *wt)
+{
+    if (wt == NULL) return;
+    free(wt->keys);
+    free(wt->objs);
+    free(wt->temps);
+    free(wt->tobjs);
+    free(wt->hits);
+    free(wt->sel_src);
+    free(wt->sel_dst);
+    free(wt);
+}
+
+static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *objs,
+                               size_t n, int is_store)
+{
+    struct wtask *wt = calloc(1, sizeof *wt);
+    if (wt == NULL) return NULL;
+    wt->n = n;
+    int ok = (wt->objs = calloc(n, sizeof *wt->objs)) != NULL &&
+             (wt->temps = calloc(n, sizeof *wt->temps)) != NULL &&
+             (wt->tobjs = calloc(n, sizeof *wt->tobjs)) != NULL;
+    if (ok && is_store) ok = (wt->keys = malloc(n * sizeof *wt->keys)) != NULL;
+    if (ok && !is_store)
+        ok = (wt->hits = calloc(n, 1)) != NULL &&
+             (wt->sel_src = calloc(n, sizeof *wt->sel_src)) != NULL &&
+             (wt->sel_dst = calloc(n, sizeof *wt->sel_dst)) != NULL;
+    if (!ok) {
+        wtask_free(wt);
+        return NULL;
+    }
+    if (is_store) memcpy(wt->keys, keys, n * sizeof *keys);
+    memcpy(wt->objs, objs, n * sizeof *objs);
+    return wt;
+}
+
+static void list_add_locked(struct wrapper *w, struct wtask *wt, enum phase ph)
+{
+    wt->phase = ph;
+    wt->prev = NULL;
+    wt->next = w->lists[ph];
+    if (wt->next) wt->next->prev = wt;
+    w->lists[ph] = wt;
+}
+
+static void list_remove_locked(struct wrapper *w, struct wtask *wt)
+{
+    if (wt->prev) wt->prev->next = wt->next;
+    else w->lists[wt->phase] = wt->next;
+    if (wt->next) wt->next->prev = wt->prev;
+    wt->prev = wt->next = NULL;
+}
+
+/* Release the temps of a task (mu held); idle buffers beyond the cache cap
+ * are chained onto *to_free for the caller to free after unlocking. */
+static void release_temps_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
+{
+    pool_release_locked(w, wt->temps, wt->n, wt->temp_size, to_free);
+}
+
+/* Finish a registered task (mu held, already off its list): temps back to
+ * the pool first, so a caller woken by the fd sees them released; then the
+ * result and the signal. */
+static void finish_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
+{
+    release_temps_locked(w, wt, to_free);
+    kvs_l2_tq_complete(&w->tq, wt->t);
+    wt->t = NULL;
+    wtask_free(wt);
+    if (--w->inflight == 0) pthread_cond_broadcast(&w->idle);
+}
+
+/* Fill a load result from the inner bitmap kept in the task. */
+static void load_result_from_inner(struct wtask *wt)
+{
+    for (size_t i = 0; i < wt->n; i++)
+        if (wt->hits[i]) kvs_l2_tq_hit(wt->t, i);
+    if (wt->inner_status != KVS_OK)
+        kvs_l2_tq_fail(wt->t, wt->inner_status, wt->inner_message);
+}
+
+/* ---------------------------------------------------------------------
+ * The poll thread's drains (mu held)
+ * ------------------------------------------------------------------ */
+
+static void drain_serialize_locked(struct wrapper *w, struct temp **to_free)
+{
+    struct wtask *wt = w->lists[PH_SERIALIZE];
+    while (wt) {
+        struct wtask *next = wt->next;
+        kvs_task_result r;
+        if (kvs_processor_query_serialize_result(w->proc, wt->sub_id, &r) != KVS_OK ||
+            r.state == KVS_TASK_PENDING) {
+            wt = next;
+            continue;
+        }
+        list_remove_locked(w, wt);
+        if (r.state == KVS_TASK_FAILED) {
+            kvs_l2_tq_fail(wt->t, r.status, r.message);
+            finish_locked(w, wt, to_free);
+        } else {
+            kvs_l2_task_id iid;
+            int rc = kvs_l2_submit_store(w->inner, wt->keys, wt->tobjs, wt->n, &iid);
+            if (rc != KVS_OK) {
+                kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+                finish_locked(w, wt, to_free);
+            } else {
+                wt->sub_id = iid;
+                list_add_locked(w, wt, PH_STORE);
+            }
+        }
+        wt = next;
+    }
+}
+
+static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
+{
+    kvs_l2_store_result res[POP_BATCH];
+    for (;;) {
+        size_t count = 0;
+        if (kvs_l2_pop_completed_stores(w->inner, res, POP_BATCH, &count) != KVS_OK)
+            return;
+        for (size_t k = 0; k < count; k++) {
+            struct wtask *wt = w->lists[PH_STORE];
+            while (wt && wt->sub_id != res[k].id) wt = wt->next;
+            if (wt == NULL) continue; /* not ours (cannot happen) */
+            list_remove_locked(w, wt);
+            if (res[k].state == KVS_TASK_OK) {
+                wt->t->store.bytes_written = res[k].bytes_written;
+            } else {
+                kvs_l2_tq_fail(wt->t, res[k].status != KVS_OK ? res[k].status : KVS_EIO,
+                               res[k].message[0] ? res[k].message
+                                                 : OWNER ": the inner store failed");
+            }
+            finish_locked(w, wt, to_free);
+        }
+        if (count < POP_BATCH) return;
+    }
+}
+
+static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
+{
+    struct wtask *wt = w->lists[PH_LOAD];
+    while (wt) {
+        struct wtask *next = wt->next;
+        kvs_l2_bitmap bm;
+        memset(&bm, 0, sizeof bm);
+        if (kvs_l2_query_load(w->inner, wt->sub_id, &bm) != KVS_OK ||
+            bm.state == KVS_TASK_PENDING) {
+            kvs_l2_bitmap_release(&bm);
+            wt = next;
+            continue;
+        }
+        list_remove_locked(w, wt);
+        size_t nsel = 0;
+        for (size_t i = 0; i < wt->n; i++) {
+            wt->hits[i] = i < bm.nkeys && bm.hits && bm.hits[i] ? 1 : 0;
+            if (wt->hits[i]) {
+                wt->sel_src[nsel] = wt->tobjs[i];
+                wt->sel_dst[nsel] = wt->objs[i];
+                nsel++;
+            }
+        }
+        wt->inner_status = bm.status;
+        snprintf(wt->inner_message, sizeof wt->inner_message, "%s", bm.message);
+        kvs_l2_bitmap_release(&bm);
+
+        if (nsel == 0) {
+            load_result_from_inner(wt);
+            finish_locked(w, wt, to_free);
+        } else {
+            kvs_task_id pid;
+            int rc = kvs_processor_submit_deserialize(w->proc, wt->sel_src, nsel,
+                                                      wt->sel_dst, nsel, &pid);
+            if (rc != KVS_OK) {
+                kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* every bit clear */
+                finish_locked(w, wt, to_free);
+            } else {
+                wt->sub_id = pid;
+                list_add_locked(w, wt, PH_DESER);
+            }
+        }
+        wt = next;
+    }
+}
+
+static void drain_deserialize_locked(struct wrapper *w, struct temp **to_free)
+{
+    struct wtask *wt = w->lists[PH_DESER];
+    while (wt) {
+        struct wtask *next = wt->next;
+        kvs_task_result r;
+        if (kvs_processor_query_deserialize_result(w->proc, wt->sub_id, &r) != KVS_OK ||
+            r.state == KVS_TASK_PENDING) {
+            wt = next;
+            continue;
+        }
+        list_remove_locked(w, wt);
+        if (r.state == KVS_TASK_OK)
+            load_result_from_inner(wt);
+        else
+            kvs_l2_tq_fail(wt->t, r.status, r.message); /* every bit clear */
+        finish_locked(w, wt, to_free);
+        wt = next;
+    }
+}
+
+static void *poll_main(void *arg)
+{
+    struct wrapper *w = arg;
+    struct pollfd pfd[5] = {
+        {w->ser_fd, POLLIN, 0},
+        {w->inner_store_fd, POLLIN, 0},
+        {w->inner_load_fd, POLLIN, 0},
+        {w->deser_fd, POLLIN, 0},
+        {kvs_notifier_fd(&w->wake), POLLIN, 0},
+    };
+    for (;;) {
+        int ready[5] = {0};
+        int r = poll(pfd, 5, -1);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            /* Cannot happen with valid fds; never spin, never stall: look at
+             * everything after a short pause. */
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            for (int i = 0; i < 5; i++) ready[i] = 1;
+        } else {
+            for (int i = 0; i < 5; i++) ready[i] = (pfd[i].revents & (POLLIN | POLLERR)) != 0;
+        }
+        /* Reset the counters before looking, so a completion landing during
+         * the drain leaves the fd readable for the next round. */
+        for (int i = 0; i < 5; i++)
+            if (ready[i]) (void)kvs_event_fd_consume(pfd[i].fd, NULL);
+
+        struct temp *to_free = NULL;
+        pthread_mutex_lock(&w->mu);
+        if (ready[0]) drain_serialize_locked(w, &to_free);
+        if (ready[1]) drain_inner_store_locked(w, &to_free);
+        if (ready[2]) drain_inner_load_locked(w, &to_free);
+        if (ready[3]) drain_deserialize_locked(w, &to_free);
+        int stop = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        free_list(to_free);
+        if (stop) break;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------
+ * Submits
+ * ------------------------------------------------------------------ */
+
+/* A batch must share one layout (it sizes every temp). */
+static int check_layouts(kvs_memobj *const *objects, size_t n)
+{
+    for (size_t i = 1; i < n; i++) {
+        if (!kvs_layout_equal(&objects[i]->layout, &objects[0]->layout)) {
+            char a[200], b[200];
+            return kvs_set_error(KVS_EINVAL, "%s: object %zu has layout %s but object 0 has %s",
+                                 OWNER, i, kvs_layout_format(&objects[i]->layout, a, sizeof a),
+                                 kvs_layout_format(&objects[0]->layout, b, sizeof b));
+        }
+    }
+    return KVS_OK;
+}
+
+/* The start every submit shares: layouts, the task record and its id. */
+static int submit_begin(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
+                        kvs_memobj *const *objects, size_t n, struct wtask **out_wt,
+                        kvs_l2_task_id *id)
+{
+    int rc = check_layouts(objects, n);
+    if (rc) return rc;
+    struct wtask *wt = NULL;
+    if (n > 0) {
+        wt = wtask_new(keys, objects, n, d == KVS_L2_STORE);
+        if (wt == NULL)
+            return kvs_set_error(KVS_ENOMEM, "%s: out of memory for a task of %zu keys",
+                                 OWNER, n);
+    }
+    kvs_l2_task *t;
+    rc = kvs_l2_tq_begin(&w->tq, d, n, &t);
+    if (rc) {
+        wtask_free(wt);
+        return rc;
+    }
+    *id = t->id;
+    if (n == 0) { /* an empty batch succeeds at once */
+        kvs_l2_tq_complete(&w->tq, t);
+        kvs_l2_tq_end_submit(&w->tq);
+        *out_wt = NULL;
+        return KVS_OK;
+    }
+    wt->t = t;
+    *out_wt = wt;
+    return KVS_OK;
+}
+
+/* Fail a task that was never registered (no temps held). */
+static void fail_now(struct wrapper *w, struct wtask *wt, int status, const char *msg)
+{
+    kvs_l2_tq_fail(wt->t, status, msg);
+    kvs_l2_tq_complete(&w->tq, wt->t);
+    wt->t = NULL;
+    wtask_free(wt);
+}
+
+/* Temps for a task, sized from object 0's layout. On failure the task is
+ * completed as failed and freed. */
+static int take_temps(struct wrapper *w, struct wtask *wt)
+{
+    size_t est;
+    int rc = kvs_processor_estimate_serialized_size(w->proc, &wt->objs[0]->layout, &est);
+    if (rc == KVS_OK) rc = pool_reserve(w, wt->n, est, wt->temps);
+    if (rc != KVS_OK) {
+        fail_now(w, wt, rc, kvs_last_error());
+        return rc;
+    }
+    wt->temp_size = est;
+    for (size_t i = 0; i < wt->n; i++) wt->tobjs[i] = &wt->temps[i]->obj;
+    return KVS_OK;
+}
+
+static int wr_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
+                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    struct wrapper *w = wr_of(a);
+    struct wtask *wt;
+    int rc = submit_begin(w, KVS_L2_STORE, keys, objects, n, &wt, id);
+    if (rc != KVS_OK || wt == NULL) return rc;
+    if (take_temps(w, wt) == KVS_OK) {
+        struct temp *to_free = NULL;
+        pthread_mutex_lock(&w->mu);
+        kvs_task_id pid;
+        rc = kvs_processor_submit_serialize(w->proc, wt->objs, wt->n, wt->tobjs, wt->n, &pid);
+        w->inflight++;
+        if (rc == KVS_OK) {
+            wt->sub_id = pid;
+            list_add_locked(w, wt, PH_SERIALIZE);
+        } else {
+            kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+            finish_locked(w, wt, &to_free);
+        }
+        pthread_mutex_unlock(&w->mu);
+        free_list(to_free);
+    }
+    kvs_l2_tq_end_submit(&w->tq);
+    return KVS_OK;
+}
+
+static int wr_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
+                          kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    struct wrapper *w = wr_of(a);
+    struct wtask *wt;
+    int rc = submit_begin(w, KVS_L2_LOAD, keys, objects, n, &wt, id);
+    if (rc != KVS_OK || wt == NULL) return rc;
+    if (take_temps(w, wt) == KVS_OK) {
+        struct temp *to_free = NULL;
+        pthread_mutex_lock(&w->mu);
+        kvs_l2_task_id iid;
+        rc = kvs_l2_submit_load(w->inner, keys, wt->tobjs, wt->n, &iid);
+        w->inflight++;
+        if (rc == KVS_OK) {
+            wt->sub_id = iid;
+            list_add_locked(w, wt, PH_LOAD);
+        } else {
+            kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* all keys missed */
+            finish_locked(w, wt, &to_free);
+        }
+        pthread_mutex_unlock(&w->mu);
+        free_list(to_free);
+    }
+    kvs_l2_tq_end_submit(&w->tq);
+    return KVS_OK;
+}
+
+static int wr_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
+                                   size_t *count)
+{
+    kvs_l2_tq_pop_stores(&wr_of(a)->tq, out, cap, count);
+    return KVS_OK;
+}
+
+static int wr_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    kvs_l2_tq_query(&wr_of(a)->tq, KVS_L2_LOAD, id, out);
+    return KVS_OK;
+}
+
+static int wr_store_event_fd(kvs_l2_adapter *a)
+{
+    return kvs_l2_tq_fd(&wr_of(a)->tq, KVS_L2_STORE);
+}
+
+static int wr_load_event_fd(kvs_l2_adapter *a)
+{
+    return kvs_l2_tq_fd(&wr_of(a)->tq, KVS_L2_LOAD);
+}
+
+/* ---------------------------------------------------------------------
+ * Pass-through to the inner adapter
+ * ------------------------------------------------------------------ */
+
+/* The lookup fd is the inner adapter's own (as upstream). */
+static int wr_lookup_event_fd(kvs_l2_adapter *a)
+{
+    struct wrapper *w = wr_of(a);
+    if (kvs_l2_tq_is_closed(&w->tq))
+        return kvs_set_error(KVS_ECLOSED, "%s: adapter is closed", OWNER);
+    return kvs_l2_lookup_event_fd(w->inner);
+}
+
+static int wr_submit_lookup_and_lock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                                     kvs_l2_task_id *id)
+{
+    struct wrapper *w = wr_of(a);
+    if (kvs_l2_tq_is_closed(&w->tq))
+        return kvs_set_error(KVS_ECLOSED, "%s: submit after close", OWNER);
+    return kvs_l2_submit_lookup_and_lock(w->inner, keys, n, id);
+}
+
+static int wr_query_lookup_and_lock(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    return kvs_l2_query_lookup_and_lock(wr_of(a)->inner, id, out);
+}
+
+static int wr_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
+{
+    return kvs_l2_unlock(wr_of(a)->inner, keys, n);
+}
+
+static int wr_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                     uint8_t *deleted)
+{
+    return kvs_l2_delete(wr_of(a)->inner, keys, n, deleted);
+}
+
+static int wr_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                           int64_t *sizes)
+{
+    return kvs_l2_object_sizes(wr_of(a)->inner, keys, n, sizes);
+}
+
+static int wr_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
+{
+    return kvs_l2_get_usage(wr_of(a)->inner, out);
+}
+
+/* The inner adapter's status plus "serde_wrapped": true and the pool. */
+static int wr_status(kvs_l2_adapter *a, json_t **out)
+{
+    struct wrapper *w = wr_of(a);
+    json_t *st = NULL;
+    int rc = kvs_l2_status(w->inner, &st);
+    if (rc) return rc;
+    pthread_mutex_lock(&w->mu);
+    json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                             "capacity_bytes", (json_int_t)w->pool_capacity,
+                             "in_use_bytes", (json_int_t)w->pool_in_use,
+                             "in_use_temps", (json_int_t)w->temps_in_use,
+                             "cached_bytes", (json_int_t)w->pool_cached,
+                             "cached_temps", (json_int_t)w->temps_cached,
+                             "peak_in_use_bytes", (json_int_t)w->peak_in_use,
+                             "tasks_in_flight", (json_int_t)w->inflight);
+    pthread_mutex_unlock(&w->mu);
+    /* json_object_set_new() takes the value's reference even when it fails. */
+    int bad = pool == NULL || !json_is_object(st);
+    if (bad) json_decref(pool);
+    if (!bad) bad = json_object_set_new(st, "serde_temp_pool", pool) != 0;
+    if (!bad) bad = json_object_set_new(st, "serde_wrapped", json_true()) != 0;
+    if (bad) {
+        json_decref(st);
+        return kvs_set_error(KVS_ENOMEM, "%s: cannot build the status", OWNER);
+    }
+    *out = st;
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Close / destroy
+ * ------------------------------------------------------------------ */
+
+static int wr_close(kvs_l2_adapter *a)
+{
+    struct wrapper *w = wr_of(a);
+    pthread_mutex_lock(&w->close_mu);
+    if (w->closed) { /* a no-op, even if the first close reported an error */
+        pthread_mutex_unlock(&w->close_mu);
+        return KVS_OK;
+    }
+    /* 1. No new tasks; wait for the submits under way to be registered. */
+    (void)kvs_l2_tq_close_begin(&w->tq);
+    /* 2. Every task in flight runs to its end and signals; the poll thread
+     *    drives them while the processor and the inner adapter stay open. */
+    pthread_mutex_lock(&w->mu);
+    while (w->inflight > 0) pthread_cond_wait(&w->idle, &w->mu);
+    w->stop = 1;
+    pthread_mutex_unlock(&w->mu);
+    /* 3. Stop the poll thread (before the fds it polls go away). */
+    if (w->thread_started) {
+        (void)kvs_notifier_notify(&w->wake);
+        pthread_join(w->thread, NULL);
+        w->thread_started = 0;
+    }
+    /* 4. The processor and the inner adapter: nothing of ours is in flight,
+     *    but the caller's pass-through lookups on the inner finish here. */
+    int rc = KVS_OK;
+    char msg[KVS_ERROR_MSG_MAX] = "";
+    int rp = kvs_processor_close(w->proc);
+    if (rp != KVS_OK) {
+        rc = rp;
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+    }
+    int ri = kvs_l2_close(w->inner);
+    if (ri != KVS_OK && rc == KVS_OK) {
+        rc = ri;
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+    }
+    /* 5. Release the pool and the fds. */
+    pthread_mutex_lock(&w->mu);
+    struct temp *idle = w->idle_temps;
+    w->idle_temps = NULL;
+    w->pool_cached = 0;
+    w->temps_cached = 0;
+    pthread_mutex_unlock(&w->mu);
+    free_list(idle);
+    kvs_l2_tq_close_fds(&w->tq);
+    kvs_notifier_close(&w->wake);
+    w->closed = 1;
+    pthread_mutex_unlock(&w->close_mu);
+    if (rc != KVS_OK) return kvs_set_error(rc, "%s", msg);
+    return KVS_OK;
+}
+
+static void wr_free(struct wrapper *w)
+{
+    kvs_l2_destroy(w->inner);
+    kvs_processor_destroy(w->proc);
+    if (w->tq_ready) kvs_l2_tq_destroy(&w->tq);
+    kvs_notifier_close(&w->wake);
+    free_list(w->idle_temps);
+    pthread_cond_destroy(&w->idle);
+    pthread_mutex_destroy(&w->mu);
+    pthread_mutex_destroy(&w->close_mu);
+    free(w);
+}
+
+static void wr_destroy(kvs_l2_adapter *a)
+{
+    struct wrapper *w = wr_of(a);
+    (void)wr_close(a);
+    wr_free(w);
+}
+
+static const struct kvs_l2_adapter_ops wrapper_ops = {
+    .name = "serde",
+    .store_event_fd = wr_store_event_fd,
+    .lookup_event_fd = wr_lookup_event_fd,
+    .load_event_fd = wr_load_event_fd,
+    .submit_store = wr_submit_store,
+    .pop_completed_stores = wr_pop_completed_stores,
+    .submit_lookup_and_lock = wr_submit_lookup_and_lock,
+    .query_lookup_and_lock = wr_query_lookup_and_lock,
+    .unlock = wr_unlock,
+    .submit_load = wr_submit_load,
+    .query_load = wr_query_load,
+    .delete_keys = wr_delete,
+    .object_sizes = wr_object_sizes,
+    .usage = wr_usage,
+    .status = wr_status,
+    .close = wr_close,
+    .destroy = wr_destroy,
+};
+
+/* ---------------------------------------------------------------------
+ * Create
+ * ------------------------------------------------------------------ */
+
+KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde,
+                                     const kvs_serde_wrapper_options *options,
+                                     kvs_l2_adapter **out)
+{
+    if (inner == NULL || serde == NULL || out == NULL) {
+        kvs_l2_destroy(inner);
+        kvs_processor_destroy(serde);
+        return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
+                             inner == NULL ? "inner adapter"
+                             : serde == NULL ? "serde processor" : "out");
+    }
+    struct wrapper *w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        kvs_l2_destroy(inner);
+        kvs_processor_destroy(serde);
+        return kvs_set_error(KVS_ENOMEM, "%s: out of memory", OWNER);
+    }
+    w->base.ops = &wrapper_ops;
+    w->inner = inner;
+    w->proc = serde;
+    w->wake.fd = -1;
+    w->pool_capacity = options && options->temp_pool_bytes ? options->temp_pool_bytes
+                                                            : DEFAULT_POOL_BYTES;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->idle, NULL);
+    pthread_mutex_init(&w->close_mu, NULL);
+
+    /* The four fds the poll thread drains; they must be distinct. */
+    int rc = KVS_OK;
+    int fds[4];
+    const char *names[4] = {"inner store", "inner load", "serialize", "deserialize"};
+    fds[0] = kvs_l2_store_event_fd(inner);
+    fds[1] = fds[0] < 0 ? fds[0] : kvs_l2_load_event_fd(inner);
+    fds[2] = fds[1] < 0 ? fds[1] : kvs_processor_serialize_event_fd(serde);
+    fds[3] = fds[2] < 0 ? fds[2] : kvs_processor_deserialize_event_fd(serde);
+    if (fds[3] < 0) rc = fds[3]; /* the message is the failing call's */
+    for (int i = 0; rc == KVS_OK && i < 4; i++)
+        for (int j = i + 1; rc == KVS_OK && j < 4; j++)
+            if (fds[i] == fds[j])
+                rc = kvs_set_error(KVS_EINVAL, "%s: the %s and %s event fds are the same (%d)",
+                                   OWNER, names[i], names[j], fds[i]);
+    if (rc == KVS_OK) {
+        w->inner_store_fd = fds[0];
+        w->inner_load_fd = fds[1];
+        w->ser_fd = fds[2];
+        w->deser_fd = fds[3];
+        rc = kvs_l2_tq_init(&w->tq, OWNER);
+        if (rc == KVS_OK) w->tq_ready = 1;
+    }
+    if (rc == KVS_OK) rc = kvs_notifier_init(&w->wake, OWNER);
+    if (rc == KVS_OK) {
+        int e = pthread_create(&w->thread, NULL, poll_main, w);
+        if (e != 0)
+            rc = kvs_set_error(KVS_EIO, "%s: cannot start the poll thread: %s", OWNER,
+                               strerror(e));
+        else
+            w->thread_started = 1;
+    }
+    if (rc != KVS_OK) {
+        /* Keep the message across the frees (they may set their own). */
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        wr_free(w);
+        return kvs_set_error(rc, "%s", msg);
+    }
+    (void)pthread_setname_np(w->thread, "kvs-serde-l2");
+    *out = &w->base;
+    return KVS_OK;
+}
