@@ -4,6 +4,10 @@
 #define KVSERDE_TOOL_COMMANDS_H
 
 int kvs_cmd_list(int argc, char **argv);
+int kvs_cmd_demo(int argc, char **argv);
 int kvs_cmd_bench(int argc, char **argv);
+int kvs_cmd_encode(int argc, char **argv);
+int kvs_cmd_decode(int argc, char **argv);
+int kvs_cmd_inspect(int argc, char **argv);
 
 #endif

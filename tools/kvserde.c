@@ -12,7 +12,11 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
+    {"demo", kvs_cmd_demo, "store synthetic KV chunks through a serde into L2 and back"},
     {"list", kvs_cmd_list, "list the registered serdes and the fp8 kernel in use"},
+    {"encode", kvs_cmd_encode, "encode the float tensors of a safetensors file with a serde"},
+    {"decode", kvs_cmd_decode, "decode a file written by `kvserde encode`"},
+    {"inspect", kvs_cmd_inspect, "list a safetensors file's tensors; --compare for accuracy"},
 };
 
 static void usage(FILE *out)
