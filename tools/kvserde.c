@@ -16,6 +16,7 @@ static const command commands[] = {
     {"list", kvs_cmd_list, "list the registered serdes and the fp8 kernel in use"},
     {"encode", kvs_cmd_encode, "encode the float tensors of a safetensors file with a serde"},
     {"decode", kvs_cmd_decode, "decode a file written by `kvserde encode`"},
+    {"bench", kvs_cmd_bench, "measure fp8 conversion speed against memcpy (--help)"},
     {"inspect", kvs_cmd_inspect, "list a safetensors file's tensors; --compare for accuracy"},
 };
 
