@@ -9,8 +9,12 @@ packages=(
   cmake
   pkg-config
   libjansson-dev    # JSON: serde and adapter configs
+  libhiredis-dev    # the Redis L2 adapter's client library
+  redis-server      # Redis L2 adapter tests and benchmark (started by them)
+  redis-tools       # redis-cli: the tests build a Redis Cluster with it
   clang             # fuzz targets (libFuzzer) and the TSan build
-  valgrind
+  libclang-rt-14-dev  # clang's libFuzzer and sanitizer runtimes (make fuzz)
+  valgrind          # make valgrind
 )
 
 missing=()

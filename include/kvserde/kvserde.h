@@ -13,6 +13,7 @@
 #include "l2.h"
 #include "l2_fs.h"
 #include "l2_memory.h"
+#include "l2_redis.h"
 #include "memobj.h"
 #include "processor.h"
 #include "registry.h"

@@ -202,7 +202,7 @@ typedef int (*kvs_l2_factory_fn)(const json_t *spec, void *userdata,
 
 /* Register an adapter type; a name already registered is refused
  * (KVS_EEXIST: "L2 adapter type already registered: 'fs'"). Built-ins
- * ("fs", "memory") are registered before first use. */
+ * ("fs", "memory", "redis") are registered before first use. */
 KVS_API int kvs_l2_register(const char *name, kvs_l2_factory_fn factory,
                             void *userdata);
 

@@ -18,4 +18,8 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
 int kvs_memory_adapter_factory(const json_t *spec, void *userdata,
                                kvs_l2_adapter **out);
 
+/* "redis": a Redis server or Redis Cluster through hiredis
+ * (src/l2/redis_adapter.c); see kvserde/l2_redis.h for the accepted keys. */
+int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out);
+
 #endif /* KVS_L2_BUILTINS_H */

@@ -4,7 +4,7 @@
  * serde wrapper when the spec has a "serde" dict.
  *
  * Like the serde registry, the table is global mutable state behind a
- * mutex, and the built-ins ("fs", "memory") are registered exactly once
+ * mutex, and the built-ins ("fs", "memory", "redis") are registered exactly once
  * before any use. */
 #include <pthread.h>
 #include <stdio.h>
@@ -50,6 +50,7 @@ static void register_builtins(void)
     pthread_mutex_lock(&table_lock);
     register_locked("fs", kvs_fs_adapter_factory, NULL);
     register_locked("memory", kvs_memory_adapter_factory, NULL);
+    register_locked("redis", kvs_redis_adapter_factory, NULL);
     pthread_mutex_unlock(&table_lock);
 }
 

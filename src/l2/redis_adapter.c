@@ -1,0 +1,2250 @@
+/* redis_adapter.c - the "redis" L2 adapter (kvserde/l2_redis.h): objects
+ * stored as Redis string values under prefix + kvs_fs_key_path(key), on one
+ * server or a Redis Cluster, through hiredis.
+ *
+ * What hiredis does and what this file does. hiredis parses replies (the
+ * redisReader of each connection's redisContext, made with redisConnectFd).
+ * This file connects and drives the sockets itself, non-blocking under
+ * poll(2), for these reasons: one deadline per task, however many round
+ * trips and nodes it takes (hiredis' blocking calls have a timeout per
+ * system call); several nodes' pipelines in flight at once; values sent
+ * from the caller's memory with sendmsg(2) (hiredis would first copy each
+ * value into its output buffer), with MSG_NOSIGNAL so a closed socket never
+ * raises SIGPIPE in the host program; and sockets created close-on-exec
+ * (hiredis 0.14 makes inheritable ones, which a host program that spawns
+ * processes would leak into them) that try every address of the host.
+ *
+ * Threads and locks:
+ *   - The completion plumbing (ids, eventfds, unread results, closed flag)
+ *     is the shared task queue (task_queue.h).
+ *   - A task's keys are cut into up to `connections` contiguous slices, one
+ *     pool job each; each job borrows a connection set (one redisContext
+ *     per node) from a free list with as many sets as workers, so a set is
+ *     only ever used by one thread at a time and needs no lock of its own.
+ *     The synchronous calls (delete, object sizes, usage) use one more set,
+ *     under sync_mu, on the caller's thread.
+ *   - state_mu guards the node table (nodes are only ever added, and a
+ *     node's host/port/addr never change, so a node pointer can be used
+ *     without the lock), each node's backoff and connection state, and the
+ *     counters reported by status.
+ *   - map_mu guards the cluster slot map.
+ *   - lock_mu guards the lock counts. del_lock (a writer-preferring rwlock)
+ *     makes a delete atomic with respect to lookups: a lookup holds it for
+ *     reading from its EXISTS to its lock, a delete for writing from its
+ *     lock check to its DEL, so a key a lookup reports found and locked is
+ *     never deleted by this adapter in between.
+ *   - close_mu serializes close() callers.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "kvserde/error.h"
+#include "kvserde/export.h"
+#include "kvserde/l2.h"
+#include "kvserde/l2_fs.h"
+#include "kvserde/l2_redis.h"
+#include "kvserde/registry.h"
+#include "l2/builtins.h"
+#include "l2/redis_cluster.h"
+#include "l2/task_queue.h"
+#include "util/thread_pool.h"
+
+#define ERR_MAX 400              /* a node-level error ("127.0.0.1:6379: ...") */
+#define ADDR_MAX (KVS_REDIS_HOST_MAX + 16)
+#define MAX_NODES 4096           /* distinct node addresses one adapter tracks */
+#define NO_NODE 0xffffu          /* slot map entry: no master serves the slot */
+#define MAX_REDIRECTS 5          /* per key and task */
+#define BACKOFF_FIRST_MS 10
+#define BACKOFF_MAX_MS 1000
+#define READ_CHUNK (256 * 1024)  /* bytes read from a socket at a time */
+#define IOV_BATCH 64             /* iovecs per sendmsg */
+#define NS_PER_MS 1000000ll
+
+/* ---------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------ */
+
+/* One Redis server (a cluster node, or the single server). */
+typedef struct rnode {
+    char host[KVS_REDIS_HOST_MAX];
+    int port;
+    char addr[ADDR_MAX];     /* "host:port" for messages and status */
+    /* guarded by the adapter's state_mu */
+    int64_t next_attempt;    /* monotonic ns before which no connect is tried */
+    unsigned backoff_ms;     /* the next failure's wait; 0 = none yet */
+    unsigned open_conns;
+    int failed;              /* the last connect failed or a connection broke */
+    char last_error[ERR_MAX];
+} rnode;
+
+/* The connections of one worker (or of the synchronous calls): at most one
+ * per node, indexed by node. */
+typedef struct connset {
+    struct connset *next_free;
+    redisContext **conns;
+    size_t cap;
+    char *rbuf;              /* READ_CHUNK bytes */
+} connset;
+
+/* A lock count, by the key's path (kvs_fs_key_path: injective). */
+typedef struct lock_entry {
+    struct lock_entry *next;
+    uint64_t hash;
+    uint64_t count;
+    char path[];
+} lock_entry;
+
+typedef struct redis_adapter {
+    kvs_l2_adapter base;
+    kvs_l2_task_queue q;
+    kvs_thread_pool *pool;
+
+    /* configuration (immutable after create) */
+    char *prefix;
+    size_t prefix_len;
+    char *username, *password;  /* NULL: no AUTH */
+    unsigned db;
+    int cluster;
+    unsigned timeout_ms;
+    unsigned connections;
+    size_t nseeds;              /* nodes[0..nseeds) are the configured URLs */
+
+    pthread_mutex_t state_mu;   /* guards the group below */
+    rnode **nodes;
+    size_t nnodes, nodes_cap;
+    uint64_t errors, moved, asked, refreshes;
+    char last_error[KVS_ERROR_MSG_MAX];
+    kvs_l2_usage last_usage;
+
+    pthread_mutex_t map_mu;     /* guards the slot map */
+    uint16_t slots[KVS_REDIS_SLOTS];
+    int map_valid, map_stale;
+
+    pthread_mutex_t sets_mu;    /* guards free_sets */
+    connset *sets;              /* [connections] */
+    connset *free_sets;
+    pthread_mutex_t sync_mu;    /* guards sync_set and sync_closed */
+    connset sync_set;
+    int sync_closed;
+
+    pthread_mutex_t lock_mu;    /* guards the lock table */
+    lock_entry **locks;
+    size_t nbuckets, nlocked;
+    pthread_rwlock_t del_lock;
+
+    pthread_mutex_t close_mu;
+    int closed;                 /* guarded by close_mu */
+} redis_adapter;
+
+/* What a run of keys does. */
+typedef enum rop { OP_STORE, OP_LOOKUP, OP_LOAD, OP_DELETE, OP_SIZES } rop;
+
+static const char *const op_name[] = {"store", "lookup", "load", "delete", "size query"};
+
+/* One run of a task's keys [begin, end): a slice on a worker, or a
+ * synchronous call. Results go to the task's arrays (indexed like keys);
+ * the lowest-index error is kept. */
+typedef struct rwork {
+    rop op;
+    const kvs_object_key *keys;
+    kvs_memobj *const *objects; /* store, load */
+    uint8_t *hit;               /* lookup, load, delete */
+    int64_t *sizes;             /* sizes */
+    const uint8_t *skip;        /* delete: keys not to touch (locked), or NULL */
+    size_t begin, end;
+    uint64_t bytes;             /* store: bytes stored */
+    int status;
+    size_t err_index;
+    char message[KVS_ERROR_MSG_MAX];
+} rwork;
+
+struct rtask;
+
+typedef struct rslice {
+    kvs_job job;
+    struct rtask *task;
+    rwork w;
+} rslice;
+
+/* One submitted task: the queue's record, copies of the caller's arrays,
+ * per-key hits, and the slices. */
+typedef struct rtask {
+    redis_adapter *r;
+    kvs_l2_task *t;
+    size_t n;
+    kvs_object_key *keys;
+    kvs_memobj **objects;
+    uint8_t *hit;
+    atomic_uint remaining;
+    unsigned nslices;
+    rslice slices[];
+} rtask;
+
+/* One command: RESP text up to the last argument's bytes (head), then the
+ * last argument sent from its own memory (a key, or a value: no copy), then
+ * "\r\n". */
+typedef struct resp_cmd {
+    char *head;
+    size_t head_len;
+    const void *last;
+    size_t last_len;
+} resp_cmd;
+
+/* The commands for one node and their replies. */
+typedef struct rpipe {
+    int node;
+    rnode *nd;
+    redisContext *c;
+    int reused;                 /* the connection was open before this pipe */
+    resp_cmd *cmds;
+    size_t ncmds;
+    redisReply **replies;
+    size_t nreplies;
+    size_t wcmd, woff;          /* write cursor: command, and offset in it */
+    int state;                  /* PIPE_* */
+    int lost;                   /* failed because the connection closed */
+    char err[ERR_MAX];          /* "<addr>: <reason>" once failed */
+} rpipe;
+
+enum { PIPE_RUNNING, PIPE_DONE, PIPE_FAILED };
+
+static const struct kvs_l2_adapter_ops redis_ops;
+
+static redis_adapter *redis_of(kvs_l2_adapter *a)
+{
+    return KVS_CONTAINER_OF(a, redis_adapter, base);
+}
+
+/* ---------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------ */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static void sleep_until(int64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ll), (long)(t % 1000000000ll)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* Milliseconds from now to t, rounded up, at least 0. */
+static int ms_until(int64_t t, int64_t now)
+{
+    if (t <= now) return 0;
+    int64_t ms = (t - now + NS_PER_MS - 1) / NS_PER_MS;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* snprintf for messages, which may be cut to fit their buffer (by design:
+ * a message holds a host name, a server's error text, ...). */
+static void msgf(char *buf, size_t size, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void msgf(char *buf, size_t size, const char *format, ...)
+{
+    va_list ap;
+    va_start(ap, format);
+    vsnprintf(buf, size, format, ap);
+    va_end(ap);
+}
+
+static void work_fail(rwork *w, size_t i, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Record key i's failure; the lowest key index wins. */
+static void work_fail(rwork *w, size_t i, int status, const char *fmt, ...)
+{
+    if (w->status != KVS_OK && w->err_index <= i) return;
+    w->status = status;
+    w->err_index = i;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->message, sizeof w->message, fmt, ap);
+    va_end(ap);
+}
+
+/* Count an error for status (errors, last_error). */
+static void count_error(redis_adapter *r, const char *msg)
+{
+    pthread_mutex_lock(&r->state_mu);
+    r->errors++;
+    msgf(r->last_error, sizeof r->last_error, "%s", msg);
+    pthread_mutex_unlock(&r->state_mu);
+}
+
+/* ---------------------------------------------------------------------
+ * Nodes
+ * ------------------------------------------------------------------ */
+
+/* The index of host:port, added if new; -1 if the table is full or out of
+ * memory. Caller holds state_mu. */
+static int node_find_or_add_locked(redis_adapter *r, const char *host, int port)
+{
+    for (size_t i = 0; i < r->nnodes; i++)
+        if (r->nodes[i]->port == port && strcmp(r->nodes[i]->host, host) == 0)
+            return (int)i;
+    if (r->nnodes == MAX_NODES || strlen(host) >= KVS_REDIS_HOST_MAX) return -1;
+    if (r->nnodes == r->nodes_cap) {
+        size_t cap = r->nodes_cap ? 2 * r->nodes_cap : 8;
+        rnode **nn = realloc(r->nodes, cap * sizeof *nn);
+        if (nn == NULL) return -1;
+        r->nodes = nn;
+        r->nodes_cap = cap;
+    }
+    rnode *nd = calloc(1, sizeof *nd);
+    if (nd == NULL) return -1;
+    msgf(nd->host, sizeof nd->host, "%s", host);
+    nd->port = port;
+    kvs_redis_format_addr(host, port, nd->addr, sizeof nd->addr);
+    r->nodes[r->nnodes] = nd;
+    return (int)r->nnodes++;
+}
+
+static int node_find_or_add(redis_adapter *r, const char *host, int port)
+{
+    pthread_mutex_lock(&r->state_mu);
+    int i = node_find_or_add_locked(r, host, port);
+    pthread_mutex_unlock(&r->state_mu);
+    return i;
+}
+
+static rnode *node_get(redis_adapter *r, int i)
+{
+    pthread_mutex_lock(&r->state_mu);
+    rnode *nd = r->nodes[i];
+    pthread_mutex_unlock(&r->state_mu);
+    return nd;
+}
+
+static size_t node_count(redis_adapter *r)
+{
+    pthread_mutex_lock(&r->state_mu);
+    size_t n = r->nnodes;
+    pthread_mutex_unlock(&r->state_mu);
+    return n;
+}
+
+/* A connection attempt failed: back off and remember why. */
+static void node_connect_failed(redis_adapter *r, rnode *nd, const char *msg)
+{
+    pthread_mutex_lock(&r->state_mu);
+    nd->failed = 1;
+    msgf(nd->last_error, sizeof nd->last_error, "%s", msg);
+    nd->backoff_ms = nd->backoff_ms ? nd->backoff_ms * 2 : BACKOFF_FIRST_MS;
+    if (nd->backoff_ms > BACKOFF_MAX_MS) nd->backoff_ms = BACKOFF_MAX_MS;
+    nd->next_attempt = now_ns() + (int64_t)nd->backoff_ms * NS_PER_MS;
+    r->errors++;
+    msgf(r->last_error, sizeof r->last_error, "%s", msg);
+    pthread_mutex_unlock(&r->state_mu);
+}
+
+static void node_connected(redis_adapter *r, rnode *nd)
+{
+    pthread_mutex_lock(&r->state_mu);
+    nd->failed = 0;
+    nd->backoff_ms = 0;
+    nd->next_attempt = 0;
+    nd->open_conns++;
+    pthread_mutex_unlock(&r->state_mu);
+}
+
+/* A connection to nd is closed; msg (may be NULL) says why it broke. */
+static void node_conn_closed(redis_adapter *r, rnode *nd, const char *msg)
+{
+    pthread_mutex_lock(&r->state_mu);
+    if (nd->open_conns) nd->open_conns--;
+    if (msg) {
+        nd->failed = 1;
+        msgf(nd->last_error, sizeof nd->last_error, "%s", msg);
+        r->errors++;
+        msgf(r->last_error, sizeof r->last_error, "%s", msg);
+    }
+    pthread_mutex_unlock(&r->state_mu);
+}
+
+/* ---------------------------------------------------------------------
+ * Lock counts (callers hold lock_mu)
+ * ------------------------------------------------------------------ */
+
+static uint64_t path_hash(const char *p)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 0x100000001b3ull; /* FNV-1a */
+    }
+    return h;
+}
+
+static lock_entry **lock_slot(redis_adapter *r, const char *path, uint64_t h)
+{
+    lock_entry **slot = &r->locks[h & (r->nbuckets - 1)];
+    while (*slot && !((*slot)->hash == h && strcmp((*slot)->path, path) == 0))
+        slot = &(*slot)->next;
+    return slot;
+}
+
+/* One more lock on path; -1 if out of memory. */
+static int lock_add(redis_adapter *r, const char *path)
+{
+    uint64_t h = path_hash(path);
+    lock_entry **slot = lock_slot(r, path, h);
+    if (*slot) {
+        (*slot)->count++;
+        return 0;
+    }
+    size_t len = strlen(path);
+    lock_entry *e = malloc(sizeof *e + len + 1);
+    if (e == NULL) return -1;
+    e->next = NULL;
+    e->hash = h;
+    e->count = 1;
+    memcpy(e->path, path, len + 1);
+    *slot = e;
+    r->nlocked++;
+    if (r->nlocked >= r->nbuckets) { /* grow; a failure only keeps chains longer */
+        size_t nb = r->nbuckets * 2;
+        lock_entry **nbk = calloc(nb, sizeof *nbk);
+        if (nbk) {
+            for (size_t i = 0; i < r->nbuckets; i++) {
+                for (lock_entry *x = r->locks[i], *next; x; x = next) {
+                    next = x->next;
+                    x->next = nbk[x->hash & (nb - 1)];
+                    nbk[x->hash & (nb - 1)] = x;
+                }
+            }
+            free(r->locks);
+            r->locks = nbk;
+            r->nbuckets = nb;
+        }
+    }
+    return 0;
+}
+
+static void lock_release(redis_adapter *r, const char *path)
+{
+    lock_entry **slot = lock_slot(r, path, path_hash(path));
+    lock_entry *e = *slot;
+    if (e == NULL) return; /* not locked: ignored */
+    if (--e->count == 0) {
+        *slot = e->next;
+        free(e);
+        r->nlocked--;
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Commands and pipelines
+ * ------------------------------------------------------------------ */
+
+/* Format argv[0..argc) as a RESP array; the last argument is referenced,
+ * not copied (it must outlive the command). -1 if out of memory. */
+static int cmd_build(resp_cmd *c, int argc, const char *const *argv, const size_t *lens)
+{
+    size_t cap = 16 + 32 * (size_t)argc;
+    for (int i = 0; i < argc - 1; i++) cap += lens[i];
+    char *h = malloc(cap);
+    if (h == NULL) return -1;
+    size_t len = (size_t)snprintf(h, cap, "*%d\r\n", argc);
+    for (int i = 0; i < argc - 1; i++) {
+        len += (size_t)snprintf(h + len, cap - len, "$%zu\r\n", lens[i]);
+        memcpy(h + len, argv[i], lens[i]);
+        len += lens[i];
+        memcpy(h + len, "\r\n", 2);
+        len += 2;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "$%zu\r\n", lens[argc - 1]);
+    c->head = h;
+    c->head_len = len;
+    c->last = argv[argc - 1];
+    c->last_len = lens[argc - 1];
+    return 0;
+}
+
+/* A command of NUL-terminated words (the last one must outlive it). */
+static int cmd_words(resp_cmd *c, int argc, const char *const *argv)
+{
+    size_t lens[4];
+    for (int i = 0; i < argc; i++) lens[i] = strlen(argv[i]);
+    return cmd_build(c, argc, argv, lens);
+}
+
+static size_t cmd_size(const resp_cmd *c) { return c->head_len + c->last_len + 2; }
+
+static void pipe_fail(rpipe *p, int lost, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void pipe_fail(rpipe *p, int lost, const char *fmt, ...)
+{
+    char why[ERR_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    msgf(p->err, sizeof p->err, "%s: %s", p->nd->addr, why);
+    p->state = PIPE_FAILED;
+    p->lost = lost;
+}
+
+/* Write as much of the pipe's commands as the socket takes. */
+static void pipe_write(rpipe *p)
+{
+    static const char crlf[2] = {'\r', '\n'};
+    while (p->wcmd < p->ncmds) {
+        struct iovec iov[IOV_BATCH];
+        int k = 0;
+        size_t off = p->woff;
+        for (size_t i = p->wcmd; i < p->ncmds && k + 3 <= IOV_BATCH; i++, off = 0) {
+            const resp_cmd *c = &p->cmds[i];
+            const struct { const void *b; size_t n; } part[3] = {
+                {c->head, c->head_len}, {c->last, c->last_len}, {crlf, 2}};
+            for (int j = 0; j < 3; j++) {
+                if (off >= part[j].n) {
+                    off -= part[j].n;
+                    continue;
+                }
+                iov[k].iov_base = (char *)part[j].b + off;
+                iov[k].iov_len = part[j].n - off;
+                k++;
+                off = 0;
+            }
+        }
+        struct msghdr msg = {0};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)k;
+        ssize_t w = sendmsg(p->c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            pipe_fail(p, errno == EPIPE || errno == ECONNRESET, "connection lost: %s",
+                      strerror(errno));
+            return;
+        }
+        /* Advance the cursor by w bytes. */
+        size_t left = (size_t)w;
+        while (left > 0 && p->wcmd < p->ncmds) {
+            size_t rest = cmd_size(&p->cmds[p->wcmd]) - p->woff;
+            if (left < rest) {
+                p->woff += left;
+                left = 0;
+            } else {
+                left -= rest;
+                p->wcmd++;
+                p->woff = 0;
+            }
+        }
+    }
+}
+
+/* Read what the socket has, and take the replies that are complete. */
+static void pipe_read(rpipe *p, char *buf)
+{
+    for (;;) {
+        ssize_t n = recv(p->c->fd, buf, READ_CHUNK, MSG_DONTWAIT);
+        if (n == 0) {
+            pipe_fail(p, 1, "connection lost: server closed the connection");
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            pipe_fail(p, errno == ECONNRESET || errno == EPIPE, "connection lost: %s",
+                      strerror(errno));
+            return;
+        }
+        if (redisReaderFeed(p->c->reader, buf, (size_t)n) != REDIS_OK) {
+            pipe_fail(p, 0, "out of memory reading a reply");
+            return;
+        }
+        while (p->nreplies < p->ncmds) {
+            void *rep = NULL;
+            if (redisReaderGetReply(p->c->reader, &rep) != REDIS_OK) {
+                pipe_fail(p, 0, "protocol error: %s", p->c->reader->errstr);
+                return;
+            }
+            if (rep == NULL) break;
+            p->replies[p->nreplies++] = rep;
+        }
+        if (p->nreplies == p->ncmds) {
+            p->state = PIPE_DONE;
+            return;
+        }
+    }
+}
+
+/* Run every pipe to completion or failure, all at once, until deadline. A
+ * failed pipe keeps the replies it got; its connection must be dropped. */
+static void run_pipes(redis_adapter *r, rpipe *pipes, size_t n, char *buf, int64_t deadline)
+{
+    struct pollfd pfd[64];
+    size_t idx[64];
+    for (size_t i = 0; i < n; i++)
+        if (pipes[i].state == PIPE_RUNNING && pipes[i].ncmds == 0) pipes[i].state = PIPE_DONE;
+    for (;;) {
+        size_t m = 0;
+        int any = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (pipes[i].state != PIPE_RUNNING) continue;
+            any = 1;
+            if (m == 64) continue; /* served in a later pass */
+            short ev = POLLIN;
+            if (pipes[i].wcmd < pipes[i].ncmds) ev |= POLLOUT;
+            pfd[m].fd = pipes[i].c->fd;
+            pfd[m].events = ev;
+            pfd[m].revents = 0;
+            idx[m++] = i;
+        }
+        if (!any) return;
+        int64_t now = now_ns();
+        if (now >= deadline) {
+            for (size_t i = 0; i < n; i++)
+                if (pipes[i].state == PIPE_RUNNING)
+                    pipe_fail(&pipes[i], 0, "timed out after %u ms", r->timeout_ms);
+            return;
+        }
+        int rc = poll(pfd, (nfds_t)m, ms_until(deadline, now));
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            int err = errno;
+            for (size_t i = 0; i < n; i++)
+                if (pipes[i].state == PIPE_RUNNING)
+                    pipe_fail(&pipes[i], 0, "poll: %s", strerror(err));
+            return;
+        }
+        for (size_t j = 0; j < m; j++) {
+            rpipe *p = &pipes[idx[j]];
+            short re = pfd[j].revents;
+            if (re == 0) continue;
+            if ((re & POLLOUT) || ((re & (POLLERR | POLLHUP)) && p->wcmd < p->ncmds))
+                pipe_write(p);
+            if (p->state == PIPE_RUNNING && (re & (POLLIN | POLLERR | POLLHUP)))
+                pipe_read(p, buf);
+        }
+    }
+}
+
+static void pipe_free(rpipe *p)
+{
+    for (size_t i = 0; i < p->ncmds; i++) free(p->cmds[i].head);
+    for (size_t i = 0; i < p->nreplies; i++) freeReplyObject(p->replies[i]);
+    free(p->cmds);
+    free(p->replies);
+    p->cmds = NULL;
+    p->replies = NULL;
+    p->ncmds = p->nreplies = 0;
+}
+
+/* Room for ncmds commands; -1 if out of memory. */
+static int pipe_alloc(rpipe *p, size_t ncmds)
+{
+    p->cmds = calloc(ncmds ? ncmds : 1, sizeof *p->cmds);
+    p->replies = calloc(ncmds ? ncmds : 1, sizeof *p->replies);
+    if (p->cmds == NULL || p->replies == NULL) {
+        free(p->cmds);
+        free(p->replies);
+        p->cmds = NULL;
+        p->replies = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------
+ * Connections
+ * ------------------------------------------------------------------ */
+
+/* Make room for node i in the set; -1 if out of memory. */
+static int connset_reserve(connset *cs, size_t i)
+{
+    if (i < cs->cap) return 0;
+    size_t cap = cs->cap ? cs->cap : 4;
+    while (cap <= i) cap *= 2;
+    redisContext **nc = realloc(cs->conns, cap * sizeof *nc);
+    if (nc == NULL) return -1;
+    memset(nc + cs->cap, 0, (cap - cs->cap) * sizeof *nc);
+    cs->conns = nc;
+    cs->cap = cap;
+    return 0;
+}
+
+/* Close the set's connection to node i (if any); msg says why it broke
+ * (NULL: closed on purpose). */
+static void conn_drop(redis_adapter *r, connset *cs, int i, const char *msg)
+{
+    if ((size_t)i >= cs->cap || cs->conns[i] == NULL) return;
+    redisFree(cs->conns[i]);
+    cs->conns[i] = NULL;
+    node_conn_closed(r, node_get(r, i), msg);
+}
+
+static void connset_close_all(redis_adapter *r, connset *cs)
+{
+    for (size_t i = 0; i < cs->cap; i++) conn_drop(r, cs, (int)i, NULL);
+}
+
+/* 1 if an idle connection has something to read (EOF after a server
+ * restart, or junk): it cannot be used. */
+static int conn_stale(redisContext *c)
+{
+    struct pollfd p = {c->fd, POLLIN, 0};
+    int rc;
+    do rc = poll(&p, 1, 0);
+    while (rc < 0 && errno == EINTR);
+    return rc != 0;
+}
+
+/* A non-blocking, close-on-exec TCP connection to nd, trying each address
+ * of its host in turn until the deadline. The fd, or -1 with err set
+ * ("127.0.0.1:6399: connect: Connection refused"). */
+static int tcp_connect(const rnode *nd, int64_t deadline, unsigned timeout_ms, char *err,
+                       size_t errsize)
+{
+    char port[8];
+    msgf(port, sizeof port, "%d", nd->port);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    int gai = getaddrinfo(nd->host, port, &hints, &res);
+    if (gai != 0) {
+        msgf(err, errsize, "%s: cannot resolve host: %s", nd->addr,
+             gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1;
+    msgf(err, errsize, "%s: connect: no address", nd->addr);
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            msgf(err, errsize, "%s: socket: %s", nd->addr, strerror(errno));
+            continue;
+        }
+        int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+        int e = rc == 0 ? 0 : errno;
+        if (e == EINPROGRESS) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            for (;;) {
+                int64_t now = now_ns();
+                rc = now < deadline ? poll(&p, 1, ms_until(deadline, now)) : 0;
+                if (rc >= 0 || errno != EINTR) break;
+            }
+            socklen_t len = sizeof e;
+            if (rc == 0) {
+                msgf(err, errsize, "%s: connect: timed out after %u ms", nd->addr, timeout_ms);
+                close(fd);
+                fd = -1;
+                break; /* no time left for other addresses */
+            }
+            if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+        }
+        if (e != 0) {
+            msgf(err, errsize, "%s: connect: %s", nd->addr, strerror(e));
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        int one = 1; /* small commands go out at once */
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    return fd;
+}
+
+/* AUTH / SELECT on a new connection. 0, or -1 with err set. */
+static int conn_handshake(redis_adapter *r, rnode *nd, redisContext *c, char *buf,
+                          int64_t deadline, char *err, size_t errsize)
+{
+    rpipe p = {0};
+    p.nd = nd;
+    p.c = c;
+    char db[24];
+    msgf(db, sizeof db, "%u", r->db);
+    int auth = r->password != NULL, sel = r->db != 0;
+    if (!auth && !sel) return 0;
+    if (pipe_alloc(&p, 2) != 0) {
+        msgf(err, errsize, "%s: out of memory", nd->addr);
+        return -1;
+    }
+    int bad = 0;
+    if (auth) {
+        const char *a2[] = {"AUTH", r->password};
+        const char *a3[] = {"AUTH", r->username, r->password}; /* an ACL user */
+        bad |= r->username ? cmd_words(&p.cmds[p.ncmds++], 3, a3)
+                           : cmd_words(&p.cmds[p.ncmds++], 2, a2);
+    }
+    if (sel) {
+        const char *s[] = {"SELECT", db};
+        bad |= cmd_words(&p.cmds[p.ncmds++], 2, s);
+    }
+    int rc = 0;
+    if (bad) {
+        msgf(err, errsize, "%s: out of memory", nd->addr);
+        rc = -1;
+    } else {
+        run_pipes(r, &p, 1, buf, deadline);
+        if (p.state == PIPE_FAILED) {
+            msgf(err, errsize, "%s", p.err);
+            rc = -1;
+        }
+        for (size_t i = 0; rc == 0 && i < p.nreplies; i++) {
+            const redisReply *rep = p.replies[i];
+            if (rep->type == REDIS_REPLY_ERROR) {
+                msgf(err, errsize, "%s: %s: %s", nd->addr,
+                         auth && i == 0 ? "AUTH" : "SELECT", rep->str);
+                rc = -1;
+            }
+        }
+    }
+    pipe_free(&p);
+    return rc;
+}
+
+/* The set's connection to node i, opened if needed (waiting out the node's
+ * backoff unless that passes the deadline, or at all with no_wait). NULL
+ * with err set if there is none. *reused: it was open already. */
+static redisContext *conn_get(redis_adapter *r, connset *cs, int i, int64_t deadline,
+                              int no_wait, int *reused, char *err, size_t errsize)
+{
+    rnode *nd = node_get(r, i);
+    *reused = 0;
+    if (connset_reserve(cs, (size_t)i) != 0) {
+        msgf(err, errsize, "%s: out of memory", nd->addr);
+        return NULL;
+    }
+    if (cs->conns[i] != NULL) {
+        if (!conn_stale(cs->conns[i])) {
+            *reused = 1;
+            return cs->conns[i];
+        }
+        conn_drop(r, cs, i, NULL); /* closed while idle: a restart; reconnect */
+    }
+    pthread_mutex_lock(&r->state_mu);
+    int64_t next = nd->next_attempt;
+    char last[ERR_MAX];
+    msgf(last, sizeof last, "%s", nd->last_error);
+    pthread_mutex_unlock(&r->state_mu);
+    int64_t now = now_ns();
+    if (next > now) {
+        if (no_wait || next >= deadline) {
+            msgf(err, errsize, "%s (next attempt in %d ms)", last, ms_until(next, now));
+            return NULL;
+        }
+        sleep_until(next);
+        now = now_ns();
+    }
+    if (now >= deadline) {
+        msgf(err, errsize, "%s: timed out after %u ms", nd->addr, r->timeout_ms);
+        count_error(r, err);
+        return NULL;
+    }
+    int fd = tcp_connect(nd, deadline, r->timeout_ms, err, errsize);
+    if (fd < 0) {
+        node_connect_failed(r, nd, err);
+        return NULL;
+    }
+    redisContext *c = redisConnectFd(fd); /* takes fd: redisFree closes it */
+    if (c == NULL || c->err) {
+        msgf(err, errsize, "%s: out of memory", nd->addr);
+        if (c) redisFree(c);
+        else close(fd);
+        node_connect_failed(r, nd, err);
+        return NULL;
+    }
+    if (conn_handshake(r, nd, c, cs->rbuf, deadline, err, errsize) != 0) {
+        redisFree(c);
+        node_connect_failed(r, nd, err);
+        return NULL;
+    }
+    cs->conns[i] = c;
+    node_connected(r, nd);
+    return c;
+}
+
+/* Take a connection set for a worker (there is always one: as many sets
+ * as workers). */
+static connset *connset_take(redis_adapter *r)
+{
+    pthread_mutex_lock(&r->sets_mu);
+    connset *cs = r->free_sets;
+    r->free_sets = cs->next_free;
+    pthread_mutex_unlock(&r->sets_mu);
+    return cs;
+}
+
+static void connset_put(redis_adapter *r, connset *cs)
+{
+    pthread_mutex_lock(&r->sets_mu);
+    cs->next_free = r->free_sets;
+    r->free_sets = cs;
+    pthread_mutex_unlock(&r->sets_mu);
+}
+
+/* ---------------------------------------------------------------------
+ * The cluster slot map
+ * ------------------------------------------------------------------ */
+
+/* Read CLUSTER SLOTS from the first node that answers (seeds first, then
+ * nodes learnt since; nodes in backoff are not waited for) and install it.
+ * 0, or -1 with the last node's error in err. */
+static int refresh_map(redis_adapter *r, connset *cs, int64_t deadline, char *err,
+                       size_t errsize)
+{
+    size_t n = node_count(r);
+    msgf(err, errsize, "no node to ask");
+    for (size_t i = 0; i < n; i++) {
+        rnode *nd = node_get(r, (int)i);
+        int reused;
+        redisContext *c = conn_get(r, cs, (int)i, deadline, 1, &reused, err, errsize);
+        if (c == NULL) continue;
+        rpipe p = {0};
+        p.node = (int)i;
+        p.nd = nd;
+        p.c = c;
+        p.reused = reused;
+        const char *argv[] = {"CLUSTER", "SLOTS"};
+        if (pipe_alloc(&p, 1) != 0 || cmd_words(&p.cmds[0], 2, argv) != 0) {
+            pipe_free(&p);
+            msgf(err, errsize, "%s: out of memory", nd->addr);
+            return -1;
+        }
+        p.ncmds = 1;
+        run_pipes(r, &p, 1, cs->rbuf, deadline);
+        if (p.state == PIPE_FAILED) {
+            msgf(err, errsize, "%s", p.err);
+            conn_drop(r, cs, (int)i, p.err);
+            pipe_free(&p);
+            continue;
+        }
+        const redisReply *rep = p.replies[0];
+        kvs_redis_slot_range *ranges = NULL;
+        size_t nranges = 0;
+        char why[ERR_MAX];
+        if (rep->type == REDIS_REPLY_ERROR) {
+            msgf(err, errsize, "%s: CLUSTER SLOTS: %s", nd->addr, rep->str);
+            count_error(r, err);
+            pipe_free(&p);
+            continue;
+        }
+        if (kvs_redis_parse_cluster_slots(rep, nd->host, &ranges, &nranges, why,
+                                          sizeof why) != 0) {
+            msgf(err, errsize, "%s: CLUSTER SLOTS: malformed reply: %s", nd->addr, why);
+            count_error(r, err);
+            pipe_free(&p);
+            continue;
+        }
+        pipe_free(&p);
+        uint16_t *map = malloc(sizeof r->slots);
+        if (map == NULL) {
+            free(ranges);
+            msgf(err, errsize, "out of memory for the slot map");
+            return -1;
+        }
+        for (size_t s = 0; s < KVS_REDIS_SLOTS; s++) map[s] = NO_NODE;
+        int ok = 1;
+        for (size_t k = 0; k < nranges && ok; k++) {
+            int node = node_find_or_add(r, ranges[k].host, ranges[k].port);
+            if (node < 0) {
+                ok = 0;
+                break;
+            }
+            for (unsigned s = ranges[k].start; s <= ranges[k].end; s++) map[s] = (uint16_t)node;
+        }
+        free(ranges);
+        if (!ok) {
+            free(map);
+            msgf(err, errsize, "%s: CLUSTER SLOTS: too many nodes or out of memory",
+                     nd->addr);
+            return -1;
+        }
+        pthread_mutex_lock(&r->map_mu);
+        memcpy(r->slots, map, sizeof r->slots);
+        r->map_valid = 1;
+        r->map_stale = 0;
+        pthread_mutex_unlock(&r->map_mu);
+        free(map);
+        pthread_mutex_lock(&r->state_mu);
+        r->refreshes++;
+        pthread_mutex_unlock(&r->state_mu);
+        return 0;
+    }
+    return -1;
+}
+
+/* Make sure a map is there (re-reading it if a MOVED made it stale). 0, or
+ * -1 with err if there is no usable map; a failed re-read keeps the old
+ * map (MOVED keys are routed by their redirection anyway). */
+static int ensure_map(redis_adapter *r, connset *cs, int64_t deadline, char *err,
+                      size_t errsize)
+{
+    pthread_mutex_lock(&r->map_mu);
+    int valid = r->map_valid, stale = r->map_stale;
+    pthread_mutex_unlock(&r->map_mu);
+    if (valid && !stale) return 0;
+    if (refresh_map(r, cs, deadline, err, errsize) == 0) return 0;
+    return valid ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------------
+ * Running the keys of a slice or a synchronous call
+ * ------------------------------------------------------------------ */
+
+/* Per-key state of a run (index: key - begin). */
+typedef struct kstate {
+    char *rkey;           /* prefix + path */
+    size_t rkey_len;
+    unsigned slot;
+    int redirect;         /* node to use next round (MOVED / ASK), or -1 */
+    int asking;           /* send ASKING first */
+    int redirects;
+    char *lost_err;       /* set when retried once after a kept connection
+                           * broke: that error is the one reported */
+    int node;             /* this round's node */
+    int pipe;             /* this round's pipe */
+    size_t first_cmd;     /* this round's first command in the pipe */
+    char last_redirect[ADDR_MAX];
+} kstate;
+
+static int op_ncmds(rop op) { return op == OP_SIZES ? 2 : 1; }
+
+/* Build key k's commands into p (ASKING first if asked to). */
+static int build_key_cmds(const rwork *w, const kstate *ks, size_t i, rpipe *p)
+{
+    static const char *const names[] = {"SET", "EXISTS", "GET", "DEL", "EXISTS"};
+    if (ks->asking) {
+        const char *a[] = {"ASKING"};
+        if (cmd_words(&p->cmds[p->ncmds++], 1, a) != 0) return -1;
+    }
+    const char *argv[3] = {names[w->op], ks->rkey, NULL};
+    size_t lens[3] = {strlen(names[w->op]), ks->rkey_len, 0};
+    int argc = 2;
+    if (w->op == OP_STORE) {
+        const kvs_memobj *obj = w->objects[i];
+        argv[2] = obj->data;
+        lens[2] = kvs_memobj_size(obj);
+        if (lens[2] == 0) argv[2] = "";
+        argc = 3;
+    }
+    if (cmd_build(&p->cmds[p->ncmds++], argc, argv, lens) != 0) return -1;
+    if (w->op == OP_SIZES) {
+        const char *s[] = {"STRLEN", ks->rkey};
+        size_t sl[] = {6, ks->rkey_len};
+        if (cmd_build(&p->cmds[p->ncmds++], 2, s, sl) != 0) return -1;
+    }
+    return 0;
+}
+
+/* An error reply to key i: KVS_ENOSPC for Redis's OOM, else KVS_EIO. */
+static void fail_reply(redis_adapter *r, rwork *w, size_t i, const rnode *nd,
+                       const redisReply *rep)
+{
+    int status = strncmp(rep->str, "OOM ", 4) == 0 ? KVS_ENOSPC : KVS_EIO;
+    char msg[KVS_ERROR_MSG_MAX];
+    msgf(msg, sizeof msg, "%s: %s", nd->addr, rep->str);
+    count_error(r, msg);
+    work_fail(w, i, status, "redis: %s of key %zu: %s", op_name[w->op], i, msg);
+}
+
+static void fail_unexpected(redis_adapter *r, rwork *w, size_t i, const rnode *nd,
+                            const redisReply *rep)
+{
+    char msg[ERR_MAX];
+    msgf(msg, sizeof msg, "%s: unexpected reply of type %d", nd->addr, rep->type);
+    count_error(r, msg);
+    work_fail(w, i, KVS_EIO, "redis: %s of key %zu: %s", op_name[w->op], i, msg);
+}
+
+/* Key i's (non-redirect) replies. */
+static void handle_replies(redis_adapter *r, rwork *w, size_t i, const kstate *ks,
+                           const rnode *nd, redisReply **rep)
+{
+    for (int j = 0; j < op_ncmds(w->op); j++) {
+        if (rep[j]->type == REDIS_REPLY_ERROR) {
+            fail_reply(r, w, i, nd, rep[j]);
+            return;
+        }
+    }
+    const redisReply *a = rep[0];
+    switch (w->op) {
+    case OP_STORE:
+        if (a->type != REDIS_REPLY_STATUS) break;
+        w->bytes += kvs_memobj_size(w->objects[i]);
+        return;
+    case OP_LOOKUP:
+        if (a->type != REDIS_REPLY_INTEGER) break;
+        if (a->integer > 0) {
+            pthread_mutex_lock(&r->lock_mu);
+            int rc = lock_add(r, ks->rkey + r->prefix_len);
+            pthread_mutex_unlock(&r->lock_mu);
+            if (rc != 0)
+                work_fail(w, i, KVS_ENOMEM, "redis: lookup of key %zu: out of memory for its "
+                          "lock", i);
+            else
+                w->hit[i] = 1;
+        }
+        return;
+    case OP_LOAD: {
+        if (a->type == REDIS_REPLY_NIL) {
+            work_fail(w, i, KVS_ENOTFOUND, "redis: load of key %zu: not found", i);
+            return;
+        }
+        if (a->type != REDIS_REPLY_STRING) break;
+        kvs_memobj *obj = w->objects[i];
+        if (a->len > obj->capacity) {
+            work_fail(w, i, KVS_ENOSPC,
+                      "redis: load of key %zu: stored object is %zu bytes, destination "
+                      "holds %zu",
+                      i, (size_t)a->len, obj->capacity);
+            return;
+        }
+        if (a->len) memcpy(obj->data, a->str, a->len);
+        (void)kvs_memobj_set_used_size(obj, a->len); /* fits: checked above */
+        w->hit[i] = 1;
+        return;
+    }
+    case OP_DELETE:
+        if (a->type != REDIS_REPLY_INTEGER) break;
+        w->hit[i] = a->integer > 0;
+        return;
+    case OP_SIZES:
+        if (a->type != REDIS_REPLY_INTEGER || rep[1]->type != REDIS_REPLY_INTEGER) break;
+        w->sizes[i] = a->integer > 0 ? rep[1]->integer : -1;
+        return;
+    }
+    fail_unexpected(r, w, i, nd, a);
+}
+
+/* Run w's keys: route, pipeline per node, follow redirections, until every
+ * key has an outcome or the deadline passes. */
+static void run_work(redis_adapter *r, connset *cs, rwork *w, int64_t deadline)
+{
+    size_t n = w->end - w->begin;
+    if (n == 0) return;
+    const char *opn = op_name[w->op];
+    kstate *ks = calloc(n, sizeof *ks);
+    size_t *pending = calloc(n, sizeof *pending);
+    size_t *next = calloc(n, sizeof *next);
+    rpipe *pipes = calloc(n, sizeof *pipes);
+    int oom = ks == NULL || pending == NULL || next == NULL || pipes == NULL;
+    char path[KVS_FS_KEY_PATH_MAX];
+    for (size_t k = 0; !oom && k < n; k++) {
+        /* Keys were validated at submit, and the buffer holds any path. */
+        (void)kvs_fs_key_path(&w->keys[w->begin + k], path, sizeof path);
+        size_t plen = strlen(path);
+        ks[k].rkey = malloc(r->prefix_len + plen + 1);
+        if (ks[k].rkey == NULL) {
+            oom = 1;
+            break;
+        }
+        memcpy(ks[k].rkey, r->prefix, r->prefix_len);
+        memcpy(ks[k].rkey + r->prefix_len, path, plen + 1);
+        ks[k].rkey_len = r->prefix_len + plen;
+        ks[k].slot = r->cluster ? kvs_redis_key_slot(ks[k].rkey, ks[k].rkey_len) : 0;
+        ks[k].redirect = -1;
+    }
+    if (oom) {
+        for (size_t k = 0; k < n; k++)
+            work_fail(w, w->begin + k, KVS_ENOMEM, "redis: %s of key %zu: out of memory",
+                      opn, w->begin + k);
+        goto out;
+    }
+
+    size_t npending = 0;
+    for (size_t k = 0; k < n; k++)
+        if (w->skip == NULL || !w->skip[w->begin + k]) pending[npending++] = k;
+    char err[ERR_MAX];
+    while (npending > 0) {
+        /* Route: a redirection, else the slot map, else the only server. */
+        if (r->cluster && ensure_map(r, cs, deadline, err, sizeof err) != 0) {
+            for (size_t j = 0; j < npending; j++)
+                work_fail(w, w->begin + pending[j], KVS_EIO,
+                          "redis: %s of key %zu: cluster: cannot read the slot map: %s", opn,
+                          w->begin + pending[j], err);
+            break;
+        }
+        size_t npipes = 0, nnext = 0;
+        pthread_mutex_lock(&r->map_mu);
+        for (size_t j = 0; j < npending; j++) {
+            kstate *s = &ks[pending[j]];
+            s->node = s->redirect >= 0 ? s->redirect : r->cluster ? r->slots[s->slot] : 0;
+        }
+        pthread_mutex_unlock(&r->map_mu);
+        for (size_t j = 0; j < npending; j++) {
+            size_t k = pending[j];
+            kstate *s = &ks[k];
+            if (s->node == (int)NO_NODE) {
+                char msg[ERR_MAX];
+                msgf(msg, sizeof msg, "cluster: slot %u is not served by any node", s->slot);
+                count_error(r, msg);
+                work_fail(w, w->begin + k, KVS_EIO, "redis: %s of key %zu: %s", opn,
+                          w->begin + k, msg);
+                s->pipe = -1;
+                continue;
+            }
+            size_t p = 0;
+            while (p < npipes && pipes[p].node != s->node) p++;
+            if (p == npipes) {
+                memset(&pipes[p], 0, sizeof pipes[p]);
+                pipes[p].node = s->node;
+                pipes[p].nd = node_get(r, s->node);
+                npipes++;
+            }
+            s->pipe = (int)p;
+            pipes[p].ncmds += (size_t)(op_ncmds(w->op) + s->asking); /* counted first */
+        }
+        /* Connect and build each node's commands. */
+        for (size_t p = 0; p < npipes; p++) {
+            size_t want = pipes[p].ncmds;
+            pipes[p].ncmds = 0;
+            int ok = pipe_alloc(&pipes[p], want) == 0;
+            for (size_t j = 0; ok && j < npending; j++) {
+                kstate *s = &ks[pending[j]];
+                if (s->pipe != (int)p) continue;
+                s->first_cmd = pipes[p].ncmds;
+                ok = build_key_cmds(w, s, w->begin + pending[j], &pipes[p]) == 0;
+            }
+            if (!ok) {
+                msgf(pipes[p].err, sizeof pipes[p].err, "%s: out of memory",
+                         pipes[p].nd->addr);
+                pipes[p].state = PIPE_FAILED;
+                continue;
+            }
+            pipes[p].c = conn_get(r, cs, pipes[p].node, deadline, 0, &pipes[p].reused,
+                                  pipes[p].err, sizeof pipes[p].err);
+            if (pipes[p].c == NULL) pipes[p].state = PIPE_FAILED;
+        }
+        run_pipes(r, pipes, npipes, cs->rbuf, deadline);
+        for (size_t p = 0; p < npipes; p++)
+            if (pipes[p].state == PIPE_FAILED && pipes[p].c != NULL)
+                conn_drop(r, cs, pipes[p].node, pipes[p].err);
+
+        /* Outcomes. */
+        for (size_t j = 0; j < npending; j++) {
+            size_t k = pending[j], i = w->begin + k;
+            kstate *s = &ks[k];
+            if (s->pipe < 0) continue;
+            rpipe *p = &pipes[s->pipe];
+            size_t first = s->first_cmd, count = (size_t)(op_ncmds(w->op) + s->asking);
+            int was_asking = s->asking;
+            s->asking = 0;
+            if (p->nreplies < first + count) {
+                /* A kept connection the server had closed (a restart we could
+                 * not see yet): try once more on a new one. */
+                if (p->lost && p->reused && p->nreplies == 0 && s->lost_err == NULL &&
+                    (s->lost_err = strdup(p->err)) != NULL) {
+                    s->asking = was_asking;
+                    next[nnext++] = k;
+                    continue;
+                }
+                work_fail(w, i, KVS_EIO, "redis: %s of key %zu: %s", opn, i,
+                          s->lost_err ? s->lost_err : p->err);
+                continue;
+            }
+            redisReply **rep = &p->replies[first];
+            if (count > (size_t)op_ncmds(w->op)) { /* the ASKING reply */
+                if (rep[0]->type == REDIS_REPLY_ERROR) {
+                    fail_reply(r, w, i, p->nd, rep[0]);
+                    continue;
+                }
+                rep++;
+            }
+            /* A redirection of any of the key's commands moves the key. */
+            kvs_redis_redirect rd;
+            kvs_redis_redirect_kind kind = KVS_REDIS_NOT_REDIRECT;
+            for (int c = 0; c < op_ncmds(w->op) && kind == KVS_REDIS_NOT_REDIRECT; c++)
+                if (r->cluster && rep[c]->type == REDIS_REPLY_ERROR)
+                    kind = kvs_redis_parse_redirect(rep[c]->str, rep[c]->len, &rd);
+            if (kind == KVS_REDIS_NOT_REDIRECT) {
+                s->redirect = -1;
+                handle_replies(r, w, i, s, p->nd, rep);
+                continue;
+            }
+            int target = node_find_or_add(r, rd.host[0] ? rd.host : p->nd->host, rd.port);
+            kvs_redis_format_addr(rd.host[0] ? rd.host : p->nd->host, rd.port,
+                                  s->last_redirect, sizeof s->last_redirect);
+            pthread_mutex_lock(&r->state_mu);
+            if (kind == KVS_REDIS_MOVED) r->moved++;
+            else r->asked++;
+            pthread_mutex_unlock(&r->state_mu);
+            if (target < 0) {
+                work_fail(w, i, KVS_ENOMEM, "redis: %s of key %zu: too many nodes (%d)", opn,
+                          i, MAX_NODES);
+                continue;
+            }
+            if (++s->redirects > MAX_REDIRECTS) {
+                char msg[ERR_MAX + 64];
+                msgf(msg, sizeof msg, "too many redirections (last: %s)",
+                         s->last_redirect);
+                count_error(r, msg);
+                work_fail(w, i, KVS_EIO, "redis: %s of key %zu: %s", opn, i, msg);
+                continue;
+            }
+            if (kind == KVS_REDIS_MOVED) {
+                pthread_mutex_lock(&r->map_mu);
+                r->slots[rd.slot] = (uint16_t)target;
+                r->map_stale = 1;
+                pthread_mutex_unlock(&r->map_mu);
+            }
+            s->redirect = target;
+            s->asking = kind == KVS_REDIS_ASK;
+            next[nnext++] = k;
+        }
+        for (size_t p = 0; p < npipes; p++) pipe_free(&pipes[p]);
+        size_t *tmp = pending;
+        pending = next;
+        next = tmp;
+        npending = nnext;
+    }
+
+out:
+    for (size_t k = 0; ks && k < n; k++) {
+        free(ks[k].rkey);
+        free(ks[k].lost_err);
+    }
+    free(ks);
+    free(pending);
+    free(next);
+    free(pipes);
+}
+
+/* ---------------------------------------------------------------------
+ * Worker side
+ * ------------------------------------------------------------------ */
+
+static void free_task(rtask *rt)
+{
+    free(rt->keys);
+    free(rt->objects);
+    free(rt->hit);
+    free(rt);
+}
+
+/* Merge the slices in key order and complete the task. */
+static void finish_task(rtask *rt)
+{
+    kvs_l2_task *t = rt->t;
+    if (t->direction == KVS_L2_STORE) {
+        uint64_t bytes = 0;
+        for (unsigned k = 0; k < rt->nslices; k++) bytes += rt->slices[k].w.bytes;
+        t->store.bytes_written = bytes;
+    } else {
+        for (size_t i = 0; i < rt->n; i++)
+            if (rt->hit[i]) kvs_l2_tq_hit(t, i);
+    }
+    for (unsigned k = 0; k < rt->nslices; k++) {
+        if (rt->slices[k].w.status != KVS_OK) {
+            kvs_l2_tq_fail(t, rt->slices[k].w.status, rt->slices[k].w.message);
+            break;
+        }
+    }
+    redis_adapter *r = rt->r;
+    free_task(rt);
+    /* The queue owns the record from here; the adapter outlives this call
+     * (close joins the workers before anything is freed). */
+    kvs_l2_tq_complete(&r->q, t);
+}
+
+static void run_slice(kvs_job *job)
+{
+    rslice *s = KVS_CONTAINER_OF(job, rslice, job);
+    rtask *rt = s->task;
+    redis_adapter *r = rt->r;
+    int64_t deadline = now_ns() + (int64_t)r->timeout_ms * NS_PER_MS;
+    connset *cs = connset_take(r);
+    if (s->w.op == OP_LOOKUP) pthread_rwlock_rdlock(&r->del_lock);
+    run_work(r, cs, &s->w, deadline);
+    if (s->w.op == OP_LOOKUP) pthread_rwlock_unlock(&r->del_lock);
+    connset_put(r, cs);
+    /* The last slice merges (acq_rel: it sees every other slice's work). */
+    if (atomic_fetch_sub(&rt->remaining, 1) == 1) finish_task(rt);
+}
+
+/* ---------------------------------------------------------------------
+ * Submit side
+ * ------------------------------------------------------------------ */
+
+static int submit(redis_adapter *r, kvs_l2_direction d, const kvs_object_key *keys,
+                  kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    /* Everything that can fail happens before the task takes an id. */
+    unsigned nslices = n < r->connections ? (unsigned)n : r->connections;
+    if (n > SIZE_MAX / sizeof(kvs_object_key))
+        return kvs_set_error(KVS_ENOMEM, "redis: batch of %zu keys is too large", n);
+    rtask *rt = calloc(1, sizeof *rt + (size_t)nslices * sizeof(rslice));
+    int oom = rt == NULL;
+    if (!oom && n > 0) {
+        rt->keys = malloc(n * sizeof *keys);
+        if (d != KVS_L2_LOOKUP) rt->objects = malloc(n * sizeof *objects);
+        if (d != KVS_L2_STORE) rt->hit = calloc(n, 1);
+        oom = rt->keys == NULL || (d != KVS_L2_LOOKUP && rt->objects == NULL) ||
+              (d != KVS_L2_STORE && rt->hit == NULL);
+    }
+    if (oom) {
+        if (rt) free_task(rt);
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory for a task of %zu keys", n);
+    }
+    rt->r = r;
+    rt->n = n;
+    rt->nslices = nslices;
+    if (n) memcpy(rt->keys, keys, n * sizeof *keys);
+    if (n && rt->objects) memcpy(rt->objects, objects, n * sizeof *objects);
+    atomic_init(&rt->remaining, nslices);
+    rop op = d == KVS_L2_STORE ? OP_STORE : d == KVS_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
+    size_t begin = 0;
+    for (unsigned k = 0; k < nslices; k++) {
+        rslice *s = &rt->slices[k];
+        size_t count = n / nslices + (k < n % nslices);
+        s->job.run = run_slice;
+        s->task = rt;
+        s->w.op = op;
+        s->w.keys = rt->keys;
+        s->w.objects = rt->objects;
+        s->w.hit = rt->hit;
+        s->w.begin = begin;
+        s->w.end = begin + count;
+        begin = s->w.end;
+    }
+
+    int rc = kvs_l2_tq_begin(&r->q, d, n, &rt->t);
+    if (rc != KVS_OK) {
+        free_task(rt);
+        return rc;
+    }
+    *id = rt->t->id;
+    if (n == 0) {
+        /* Nothing to do: finish at once (before end_submit, so close cannot
+         * have closed the fd in between). */
+        finish_task(rt);
+    } else {
+        /* rt stays alive until every slice has run, hence until after the
+         * last submit below. */
+        for (unsigned k = 0; k < nslices; k++) {
+            kvs_job *job = &rt->slices[k].job;
+            /* Cannot fail: close stops the pool only after every submit in
+             * progress has ended. Run it here rather than lose the task. */
+            if (kvs_thread_pool_submit(r->pool, job) != KVS_OK) run_slice(job);
+        }
+    }
+    kvs_l2_tq_end_submit(&r->q);
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Ops
+ * ------------------------------------------------------------------ */
+
+static int rd_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_STORE); }
+static int rd_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_LOOKUP); }
+static int rd_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_LOAD); }
+
+static int rd_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
+                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    return submit(redis_of(a), KVS_L2_STORE, keys, objects, n, id);
+}
+
+static int rd_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
+                                   size_t *count)
+{
+    kvs_l2_tq_pop_stores(&redis_of(a)->q, out, cap, count);
+    return KVS_OK;
+}
+
+static int rd_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                            kvs_l2_task_id *id)
+{
+    return submit(redis_of(a), KVS_L2_LOOKUP, keys, NULL, n, id);
+}
+
+static int rd_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    kvs_l2_tq_query(&redis_of(a)->q, KVS_L2_LOOKUP, id, out);
+    return KVS_OK;
+}
+
+static int rd_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
+{
+    redis_adapter *r = redis_of(a);
+    char path[KVS_FS_KEY_PATH_MAX];
+    for (size_t i = 0; i < n; i++) {
+        (void)kvs_fs_key_path(&keys[i], path, sizeof path);
+        pthread_mutex_lock(&r->lock_mu);
+        lock_release(r, path);
+        pthread_mutex_unlock(&r->lock_mu);
+    }
+    return KVS_OK;
+}
+
+static int rd_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
+                          kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    return submit(redis_of(a), KVS_L2_LOAD, keys, objects, n, id);
+}
+
+static int rd_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    kvs_l2_tq_query(&redis_of(a)->q, KVS_L2_LOAD, id, out);
+    return KVS_OK;
+}
+
+static int refuse_closed(void) { return kvs_set_error(KVS_ECLOSED, "redis: adapter is closed"); }
+
+/* Run a synchronous call's keys on the caller's thread. Holds sync_mu;
+ * KVS_ECLOSED after close. */
+static int run_sync(redis_adapter *r, rwork *w)
+{
+    pthread_mutex_lock(&r->sync_mu);
+    if (r->sync_closed) {
+        pthread_mutex_unlock(&r->sync_mu);
+        return refuse_closed();
+    }
+    run_work(r, &r->sync_set, w, now_ns() + (int64_t)r->timeout_ms * NS_PER_MS);
+    pthread_mutex_unlock(&r->sync_mu);
+    if (w->status != KVS_OK) return kvs_set_error(w->status, "%s", w->message);
+    return KVS_OK;
+}
+
+static int rd_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                     uint8_t *deleted)
+{
+    redis_adapter *r = redis_of(a);
+    uint8_t *hit = calloc(n ? n : 1, 1), *locked = calloc(n ? n : 1, 1);
+    if (hit == NULL || locked == NULL) {
+        free(hit);
+        free(locked);
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory deleting %zu keys", n);
+    }
+    /* Under del_lock: no lookup can find and lock a key between our lock
+     * check and its DEL. A locked key is kept. */
+    pthread_rwlock_wrlock(&r->del_lock);
+    char path[KVS_FS_KEY_PATH_MAX];
+    pthread_mutex_lock(&r->lock_mu);
+    for (size_t i = 0; i < n; i++) {
+        (void)kvs_fs_key_path(&keys[i], path, sizeof path);
+        locked[i] = *lock_slot(r, path, path_hash(path)) != NULL;
+    }
+    pthread_mutex_unlock(&r->lock_mu);
+    rwork w = {0};
+    w.op = OP_DELETE;
+    w.keys = keys;
+    w.hit = hit;
+    w.skip = locked;
+    w.end = n;
+    int rc = run_sync(r, &w);
+    pthread_rwlock_unlock(&r->del_lock);
+    if (deleted) memcpy(deleted, hit, n);
+    free(hit);
+    free(locked);
+    return rc;
+}
+
+static int rd_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                           int64_t *sizes)
+{
+    redis_adapter *r = redis_of(a);
+    for (size_t i = 0; i < n; i++) sizes[i] = -1;
+    rwork w = {0};
+    w.op = OP_SIZES;
+    w.keys = keys;
+    w.sizes = sizes;
+    w.end = n;
+    return run_sync(r, &w);
+}
+
+/* The value of "name:" in an INFO reply; -1 if absent. */
+static long long info_field(const char *info, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *p = info; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, name, nl) == 0 && p[nl] == ':') return strtoll(p + nl + 1, NULL, 10);
+    }
+    return -1;
+}
+
+static int rd_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
+{
+    redis_adapter *r = redis_of(a);
+    pthread_mutex_lock(&r->sync_mu);
+    if (r->sync_closed) { /* the last usage read */
+        pthread_mutex_unlock(&r->sync_mu);
+        pthread_mutex_lock(&r->state_mu);
+        *out = r->last_usage;
+        pthread_mutex_unlock(&r->state_mu);
+        return KVS_OK;
+    }
+    connset *cs = &r->sync_set;
+    int64_t deadline = now_ns() + (int64_t)r->timeout_ms * NS_PER_MS;
+    char err[ERR_MAX];
+    int rc = KVS_OK;
+    size_t npipes = 0;
+    uint8_t *use = NULL;
+    rpipe *pipes = NULL;
+    if (r->cluster && ensure_map(r, cs, deadline, err, sizeof err) != 0) {
+        rc = kvs_set_error(KVS_EIO, "redis: usage: cluster: cannot read the slot map: %s",
+                           err);
+        goto out;
+    }
+    /* The nodes to ask: the server, or every master in the slot map. */
+    size_t nn = node_count(r);
+    use = calloc(nn ? nn : 1, 1);
+    pipes = calloc(nn ? nn : 1, sizeof *pipes);
+    if (use == NULL || pipes == NULL) {
+        rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory reading usage");
+        goto out;
+    }
+    if (r->cluster) {
+        pthread_mutex_lock(&r->map_mu);
+        for (size_t s = 0; s < KVS_REDIS_SLOTS; s++)
+            if (r->slots[s] != NO_NODE && r->slots[s] < nn) use[r->slots[s]] = 1;
+        pthread_mutex_unlock(&r->map_mu);
+    } else {
+        use[0] = 1;
+    }
+    for (size_t i = 0; i < nn && rc == KVS_OK; i++) {
+        if (!use[i]) continue;
+        rpipe *p = &pipes[npipes++];
+        p->node = (int)i;
+        p->nd = node_get(r, (int)i);
+        const char *argv[] = {"INFO", "memory"};
+        if (pipe_alloc(p, 1) != 0 || cmd_words(&p->cmds[0], 2, argv) != 0) {
+            rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory reading usage");
+            break;
+        }
+        p->ncmds = 1;
+        p->c = conn_get(r, cs, p->node, deadline, 0, &p->reused, err, sizeof err);
+        if (p->c == NULL) rc = kvs_set_error(KVS_EIO, "redis: usage: %s", err);
+    }
+    if (rc == KVS_OK) {
+        run_pipes(r, pipes, npipes, cs->rbuf, deadline);
+        kvs_l2_usage u = {0, 0};
+        int unbounded = 0;
+        for (size_t j = 0; j < npipes && rc == KVS_OK; j++) {
+            rpipe *p = &pipes[j];
+            if (p->state == PIPE_FAILED) {
+                conn_drop(r, cs, p->node, p->err);
+                rc = kvs_set_error(KVS_EIO, "redis: usage: %s", p->err);
+                break;
+            }
+            const redisReply *rep = p->replies[0];
+            long long used = rep->type == REDIS_REPLY_STRING ? info_field(rep->str, "used_memory")
+                                                             : -1;
+            long long max = rep->type == REDIS_REPLY_STRING ? info_field(rep->str, "maxmemory")
+                                                            : -1;
+            if (used < 0 || max < 0) {
+                msgf(err, sizeof err, "%s: INFO memory: %s", p->nd->addr,
+                         rep->type == REDIS_REPLY_ERROR ? rep->str : "no used_memory/maxmemory");
+                count_error(r, err);
+                rc = kvs_set_error(KVS_EIO, "redis: usage: %s", err);
+                break;
+            }
+            u.bytes_used += (uint64_t)used;
+            u.capacity += (uint64_t)max;
+            unbounded |= max == 0;
+        }
+        if (rc == KVS_OK) {
+            if (unbounded) u.capacity = 0;
+            *out = u;
+            pthread_mutex_lock(&r->state_mu);
+            r->last_usage = u;
+            pthread_mutex_unlock(&r->state_mu);
+        }
+    }
+out:
+    for (size_t j = 0; j < npipes; j++) pipe_free(&pipes[j]);
+    free(pipes);
+    free(use);
+    pthread_mutex_unlock(&r->sync_mu);
+    return rc;
+}
+
+static int rd_status(kvs_l2_adapter *a, json_t **out)
+{
+    redis_adapter *r = redis_of(a);
+    int closing = kvs_l2_tq_is_closed(&r->q); /* closing counts as closed */
+    json_t *nodes = json_array();
+    if (nodes == NULL) return kvs_set_error(KVS_ENOMEM, "redis: out of memory for status");
+    /* The nodes in use: the server, or the masters of the slot map. */
+    pthread_mutex_lock(&r->map_mu);
+    pthread_mutex_lock(&r->state_mu);
+    size_t nn = r->nnodes;
+    uint8_t *use = calloc(nn ? nn : 1, 1);
+    if (use != NULL) {
+        if (r->cluster && r->map_valid) {
+            for (size_t s = 0; s < KVS_REDIS_SLOTS; s++)
+                if (r->slots[s] < nn) use[r->slots[s]] = 1;
+        } else {
+            for (size_t i = 0; i < (r->cluster ? r->nseeds : 1); i++) use[i] = 1;
+        }
+    }
+    int healthy = !closing && use != NULL, oom = use == NULL;
+    json_int_t connected = 0;
+    for (size_t i = 0; i < nn && !oom; i++) {
+        rnode *nd = r->nodes[i];
+        if (nd->open_conns) connected++;
+        if (use[i] && nd->failed) healthy = 0;
+        if (json_array_append_new(nodes, json_pack("{s:s, s:b, s:s}", "address", nd->addr,
+                                                   "connected", nd->open_conns > 0,
+                                                   "last_error", nd->last_error)) != 0)
+            oom = 1;
+    }
+    json_t *s = oom ? NULL
+                    : json_pack("{s:s, s:b, s:b, s:s, s:I, s:I, s:o, s:I, s:I, s:s, "
+                                "s:{s:I, s:I}, s:I}",
+                                "type", "redis", "is_healthy", healthy, "cluster", r->cluster,
+                                "key_prefix", r->prefix, "connections",
+                                (json_int_t)r->connections, "timeout_ms",
+                                (json_int_t)r->timeout_ms, "nodes", nodes, "nodes_connected",
+                                connected, "errors", (json_int_t)r->errors, "last_error",
+                                r->last_error, "redirections", "moved", (json_int_t)r->moved,
+                                "ask", (json_int_t)r->asked, "slot_map_refreshes",
+                                (json_int_t)r->refreshes);
+    pthread_mutex_unlock(&r->state_mu);
+    pthread_mutex_unlock(&r->map_mu);
+    free(use);
+    if (s == NULL) {
+        if (oom) json_decref(nodes); /* "s:o" took it otherwise */
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory for status");
+    }
+    pthread_mutex_lock(&r->lock_mu);
+    json_int_t locked = (json_int_t)r->nlocked;
+    pthread_mutex_unlock(&r->lock_mu);
+    if (json_object_set_new(s, "locked_keys", json_integer(locked)) != 0) {
+        json_decref(s);
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory for status");
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+static int rd_close(kvs_l2_adapter *a)
+{
+    redis_adapter *r = redis_of(a);
+    pthread_mutex_lock(&r->close_mu);
+    if (!r->closed) {
+        /* Refuse new tasks, let every queued one run (each within its
+         * timeout), record and signal, then close the fds (nothing can
+         * complete any more) and every connection. */
+        (void)kvs_l2_tq_close_begin(&r->q);
+        int rc = kvs_thread_pool_shutdown(r->pool);
+        if (rc != KVS_OK) { /* only from our own worker: never happens */
+            pthread_mutex_unlock(&r->close_mu);
+            return rc;
+        }
+        kvs_l2_tq_close_fds(&r->q);
+        for (unsigned i = 0; i < r->connections; i++) connset_close_all(r, &r->sets[i]);
+        pthread_mutex_lock(&r->sync_mu);
+        connset_close_all(r, &r->sync_set);
+        r->sync_closed = 1;
+        pthread_mutex_unlock(&r->sync_mu);
+        r->closed = 1;
+    }
+    pthread_mutex_unlock(&r->close_mu);
+    return KVS_OK;
+}
+
+static void connset_free(redis_adapter *r, connset *cs)
+{
+    connset_close_all(r, cs);
+    free(cs->conns);
+    free(cs->rbuf);
+}
+
+static void rd_destroy(kvs_l2_adapter *a)
+{
+    redis_adapter *r = redis_of(a);
+    kvs_thread_pool_destroy(r->pool);
+    kvs_l2_tq_destroy(&r->q);
+    for (unsigned i = 0; r->sets && i < r->connections; i++) connset_free(r, &r->sets[i]);
+    connset_free(r, &r->sync_set);
+    free(r->sets);
+    for (size_t b = 0; r->locks && b < r->nbuckets; b++) {
+        for (lock_entry *e = r->locks[b], *next; e; e = next) {
+            next = e->next;
+            free(e);
+        }
+    }
+    free(r->locks);
+    for (size_t i = 0; i < r->nnodes; i++) free(r->nodes[i]);
+    free(r->nodes);
+    free(r->prefix);
+    free(r->username);
+    if (r->password) memset(r->password, 0, strlen(r->password));
+    free(r->password);
+    pthread_mutex_destroy(&r->close_mu);
+    pthread_rwlock_destroy(&r->del_lock);
+    pthread_mutex_destroy(&r->lock_mu);
+    pthread_mutex_destroy(&r->sync_mu);
+    pthread_mutex_destroy(&r->sets_mu);
+    pthread_mutex_destroy(&r->map_mu);
+    pthread_mutex_destroy(&r->state_mu);
+    free(r);
+}
+
+static const struct kvs_l2_adapter_ops redis_ops = {
+    .name = "redis",
+    .store_event_fd = rd_store_fd,
+    .lookup_event_fd = rd_lookup_fd,
+    .load_event_fd = rd_load_fd,
+    .submit_store = rd_submit_store,
+    .pop_completed_stores = rd_pop_completed_stores,
+    .submit_lookup_and_lock = rd_submit_lookup,
+    .query_lookup_and_lock = rd_query_lookup,
+    .unlock = rd_unlock,
+    .submit_load = rd_submit_load,
+    .query_load = rd_query_load,
+    .delete_keys = rd_delete,
+    .object_sizes = rd_object_sizes,
+    .usage = rd_usage,
+    .status = rd_status,
+    .close = rd_close,
+    .destroy = rd_destroy,
+};
+
+/* ---------------------------------------------------------------------
+ * URLs
+ * ------------------------------------------------------------------ */
+
+typedef struct redis_url {
+    char host[KVS_REDIS_HOST_MAX];
+    int port;
+    unsigned db;
+    char *username; /* percent-decoded; NULL if absent */
+    char *password;
+} redis_url;
+
+/* The URL for messages: the password (between "user:" and '@') as "***". */
+static void redact(const char *url, char *out, size_t size)
+{
+    const char *auth = strstr(url, "://");
+    auth = auth ? auth + 3 : url;
+    size_t alen = strcspn(auth, "/?#");
+    const char *at = NULL;
+    for (const char *p = auth; p < auth + alen; p++)
+        if (*p == '@') at = p;
+    const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (colon == NULL) {
+        msgf(out, size, "%s", url);
+        return;
+    }
+    msgf(out, size, "%.*s***%s", (int)(colon + 1 - url), url, at);
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..n) into a new string; NULL if malformed (*bad = 1)
+ * or out of memory (*bad = 0). */
+static char *pct_decode(const char *s, size_t n, int *bad)
+{
+    *bad = 0;
+    char *out = malloc(n + 1);
+    if (out == NULL) return NULL;
+    size_t len = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '%') {
+            out[len++] = s[i];
+            continue;
+        }
+        int hi = i + 2 < n ? hexval(s[i + 1]) : -1;
+        int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) { /* "%00" would cut the string */
+            free(out);
+            *bad = 1;
+            return NULL;
+        }
+        out[len++] = (char)(hi * 16 + lo);
+        i += 2;
+    }
+    out[len] = '\0';
+    return out;
+}
+
+static void url_free(redis_url *u)
+{
+    free(u->username);
+    if (u->password) memset(u->password, 0, strlen(u->password));
+    free(u->password);
+    u->username = u->password = NULL;
+}
+
+static int bad_url(const char *url, const char *why)
+{
+    char shown[1024];
+    redact(url, shown, sizeof shown);
+    return kvs_set_error(KVS_EINVAL, "redis: bad URL '%s': %s", shown, why);
+}
+
+/* redis://[[user][:password]@]host[:port][/db] */
+static int parse_url(const char *url, redis_url *u)
+{
+    memset(u, 0, sizeof *u);
+    u->port = 6379;
+    if (strncmp(url, "rediss://", 9) == 0)
+        return bad_url(url, "TLS (rediss://) is not supported");
+    if (strncmp(url, "redis://", 8) != 0) return bad_url(url, "must start with redis://");
+    const char *auth = url + 8;
+    if (strpbrk(auth, "?#") != NULL)
+        return bad_url(url, "query and fragment are not supported");
+    size_t alen = strcspn(auth, "/");
+    const char *at = NULL;
+    for (const char *p = auth; p < auth + alen; p++)
+        if (*p == '@') at = p;
+    const char *hp = auth;
+    if (at != NULL) {
+        const char *colon = memchr(auth, ':', (size_t)(at - auth));
+        size_t ulen = colon ? (size_t)(colon - auth) : (size_t)(at - auth);
+        int bad = 0;
+        if (ulen > 0 && (u->username = pct_decode(auth, ulen, &bad)) == NULL)
+            goto decode_fail;
+        if (colon && (u->password = pct_decode(colon + 1, (size_t)(at - colon - 1), &bad)) == NULL)
+            goto decode_fail;
+        hp = at + 1;
+        goto decoded;
+    decode_fail:
+        url_free(u);
+        if (bad) return bad_url(url, "bad percent-encoding in the user information");
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory parsing a URL");
+    }
+decoded:;
+    const char *hend = auth + alen;
+    const char *port = NULL;
+    size_t hlen;
+    if (hp < hend && *hp == '[') {
+        const char *rb = memchr(hp, ']', (size_t)(hend - hp));
+        if (rb == NULL) {
+            url_free(u);
+            return bad_url(url, "unclosed '[' in the host");
+        }
+        hlen = (size_t)(rb - hp - 1);
+        if (rb + 1 < hend) {
+            if (rb[1] != ':') {
+                url_free(u);
+                return bad_url(url, "junk after the host");
+            }
+            port = rb + 2;
+        }
+        hp++;
+    } else {
+        const char *colon = memchr(hp, ':', (size_t)(hend - hp));
+        hlen = (size_t)((colon ? colon : hend) - hp);
+        if (colon) port = colon + 1;
+    }
+    if (hlen == 0) {
+        url_free(u);
+        return bad_url(url, "missing host");
+    }
+    if (hlen >= sizeof u->host) {
+        url_free(u);
+        return bad_url(url, "host name too long");
+    }
+    memcpy(u->host, hp, hlen);
+    u->host[hlen] = '\0';
+    if (port != NULL) {
+        size_t plen = (size_t)(hend - port);
+        long v = 0;
+        int ok = plen > 0 && plen <= 5;
+        for (size_t i = 0; ok && i < plen; i++) {
+            ok = port[i] >= '0' && port[i] <= '9';
+            v = v * 10 + (port[i] - '0');
+        }
+        if (!ok || v < 1 || v > 65535) {
+            url_free(u);
+            return bad_url(url, "port must be a number from 1 to 65535");
+        }
+        u->port = (int)v;
+    }
+    if (*hend == '/' && hend[1] != '\0') {
+        const char *d = hend + 1;
+        size_t dlen = strlen(d);
+        long long v = 0;
+        int ok = dlen > 0 && dlen <= 9;
+        for (size_t i = 0; ok && i < dlen; i++) {
+            ok = d[i] >= '0' && d[i] <= '9';
+            v = v * 10 + (d[i] - '0');
+        }
+        if (!ok) {
+            url_free(u);
+            return bad_url(url, "database must be a number from 0 to 999999999");
+        }
+        u->db = (unsigned)v;
+    }
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Public API
+ * ------------------------------------------------------------------ */
+
+static int connset_init(connset *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    cs->rbuf = malloc(READ_CHUNK);
+    return cs->rbuf ? 0 : -1;
+}
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "redis: output pointer is NULL");
+    *out = NULL;
+    kvs_redis_options o = {0};
+    if (opts) o = *opts;
+    static const char *const default_url[] = {KVS_REDIS_DEFAULT_URL};
+    if (o.nurls == 0) {
+        o.urls = default_url;
+        o.nurls = 1;
+    }
+    if (o.urls == NULL) return kvs_set_error(KVS_EINVAL, "redis: urls is NULL");
+    if (o.nurls > 1 && !o.cluster)
+        return kvs_set_error(KVS_EINVAL, "redis: %zu URLs need \"cluster\": true", o.nurls);
+    if (o.nurls > MAX_NODES)
+        return kvs_set_error(KVS_EINVAL, "redis: %zu URLs, at most %d", o.nurls, MAX_NODES);
+    if (o.key_prefix == NULL) o.key_prefix = KVS_REDIS_DEFAULT_PREFIX;
+    if (strlen(o.key_prefix) > KVS_REDIS_PREFIX_MAX)
+        return kvs_set_error(KVS_EINVAL, "redis: key_prefix is %zu bytes, at most %d",
+                             strlen(o.key_prefix), KVS_REDIS_PREFIX_MAX);
+    if (o.timeout_ms == 0) o.timeout_ms = KVS_REDIS_DEFAULT_TIMEOUT_MS;
+    if (o.timeout_ms > KVS_REDIS_MAX_TIMEOUT_MS)
+        return kvs_set_error(KVS_EINVAL, "redis: timeout_ms %u out of range [1, %d]",
+                             o.timeout_ms, KVS_REDIS_MAX_TIMEOUT_MS);
+    if (o.connections == 0) o.connections = KVS_REDIS_DEFAULT_CONNECTIONS;
+    if (o.connections > KVS_REDIS_MAX_CONNECTIONS)
+        return kvs_set_error(KVS_EINVAL, "redis: connections %u out of range [1, %d]",
+                             o.connections, KVS_REDIS_MAX_CONNECTIONS);
+
+    /* Every URL is checked before anything is allocated for the adapter. */
+    const char *user = o.username, *pass = o.password;
+    char *url_user = NULL, *url_pass = NULL;
+    unsigned db = 0;
+    for (size_t i = 0; i < o.nurls; i++) {
+        if (o.urls[i] == NULL) {
+            free(url_user);
+            free(url_pass);
+            return kvs_set_error(KVS_EINVAL, "redis: URL %zu is NULL", i);
+        }
+        redis_url u;
+        int rc = parse_url(o.urls[i], &u);
+        if (rc != KVS_OK) {
+            free(url_user);
+            free(url_pass);
+            return rc;
+        }
+        if (o.cluster && u.db != 0) {
+            char shown[1024];
+            redact(o.urls[i], shown, sizeof shown);
+            url_free(&u);
+            free(url_user);
+            free(url_pass);
+            return kvs_set_error(KVS_EINVAL,
+                                 "redis: cluster mode supports database 0 only, URL '%s' "
+                                 "selects %u",
+                                 shown, u.db);
+        }
+        if (i == 0) db = u.db;
+        if (url_user == NULL && u.username) {
+            url_user = u.username;
+            u.username = NULL;
+        }
+        if (url_pass == NULL && u.password) {
+            url_pass = u.password;
+            u.password = NULL;
+        }
+        url_free(&u);
+    }
+    if (user == NULL) user = url_user;
+    if (pass == NULL) pass = url_pass;
+    if (user != NULL && pass == NULL) {
+        free(url_user);
+        free(url_pass);
+        return kvs_set_error(KVS_EINVAL, "redis: a username needs a password");
+    }
+
+    redis_adapter *r = calloc(1, sizeof *r);
+    int rc = KVS_OK;
+    if (r == NULL) {
+        free(url_user);
+        free(url_pass);
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory creating the adapter");
+    }
+    r->base.ops = &redis_ops;
+    if ((rc = kvs_l2_tq_init(&r->q, "redis")) != KVS_OK) {
+        free(url_user);
+        free(url_pass);
+        free(r);
+        return rc;
+    }
+    r->prefix = strdup(o.key_prefix);
+    r->prefix_len = strlen(o.key_prefix);
+    r->username = dup_or_null(user);
+    r->password = dup_or_null(pass);
+    free(url_user);
+    if (url_pass) memset(url_pass, 0, strlen(url_pass));
+    free(url_pass);
+    r->db = db;
+    r->cluster = o.cluster != 0;
+    r->timeout_ms = o.timeout_ms;
+    r->connections = o.connections;
+    r->nbuckets = 64;
+    r->locks = calloc(r->nbuckets, sizeof *r->locks);
+    r->sets = calloc(o.connections, sizeof *r->sets);
+    pthread_mutex_init(&r->state_mu, NULL);
+    pthread_mutex_init(&r->map_mu, NULL);
+    pthread_mutex_init(&r->sets_mu, NULL);
+    pthread_mutex_init(&r->sync_mu, NULL);
+    pthread_mutex_init(&r->lock_mu, NULL);
+    pthread_mutex_init(&r->close_mu, NULL);
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&r->del_lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    int oom = r->prefix == NULL || (user && !r->username) || (pass && !r->password) ||
+              r->locks == NULL || r->sets == NULL || connset_init(&r->sync_set) != 0;
+    for (unsigned i = 0; !oom && i < o.connections; i++) {
+        oom = connset_init(&r->sets[i]) != 0;
+        r->sets[i].next_free = r->free_sets;
+        r->free_sets = &r->sets[i];
+    }
+    for (size_t i = 0; !oom && i < o.nurls; i++) {
+        redis_url u;
+        (void)parse_url(o.urls[i], &u); /* checked above */
+        url_free(&u);
+        oom = node_find_or_add(r, u.host, u.port) < 0;
+    }
+    r->nseeds = r->nnodes;
+    if (oom) {
+        rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory creating the adapter");
+        goto fail;
+    }
+    if ((rc = kvs_thread_pool_create(o.connections, "kvs-redis", &r->pool)) != KVS_OK)
+        goto fail;
+    *out = &r->base;
+    return KVS_OK;
+
+fail:
+    rd_destroy(&r->base); /* handles a partly built adapter; pool NULL is a no-op */
+    return rc;
+}
+
+/* ---------------------------------------------------------------------
+ * The registry's factory
+ * ------------------------------------------------------------------ */
+
+static int get_string(const json_t *spec, const char *key, const char **out)
+{
+    const json_t *v = json_object_get(spec, key);
+    if (v == NULL) return KVS_OK;
+    if (!json_is_string(v))
+        return kvs_set_error(KVS_EINVAL, "redis: %s must be a string, got %s", key,
+                             kvs_json_type_name(v));
+    *out = json_string_value(v);
+    return KVS_OK;
+}
+
+int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out)
+{
+    (void)userdata;
+    if (out) *out = NULL;
+    if (!json_is_object(spec))
+        return kvs_set_error(KVS_EINVAL, "redis: spec must be a JSON object, got %s",
+                             spec ? kvs_json_type_name(spec) : "NULL");
+    static const char *const known[] = {"url",        "urls",        "cluster",  "key_prefix",
+                                        "timeout_ms", "connections", "username", "password"};
+    const char *key;
+    json_t *value;
+    json_object_foreach((json_t *)spec, key, value) {
+        size_t i = 0;
+        while (i < sizeof known / sizeof *known && strcmp(key, known[i]) != 0) i++;
+        if (i == sizeof known / sizeof *known)
+            return kvs_set_error(KVS_EINVAL,
+                                 "redis: unknown key '%s'; accepted: url, urls, cluster, "
+                                 "key_prefix, timeout_ms, connections, username, password",
+                                 key);
+    }
+    kvs_redis_options o = {0};
+    const char *url = NULL;
+    int rc, cluster;
+    if ((rc = get_string(spec, "url", &url)) || (rc = get_string(spec, "key_prefix",
+                                                                  &o.key_prefix)) ||
+        (rc = get_string(spec, "username", &o.username)) ||
+        (rc = get_string(spec, "password", &o.password)) ||
+        (rc = kvs_kwargs_get_bool(spec, "redis", "cluster", 0, &cluster)))
+        return rc;
+    o.cluster = cluster;
+    const json_t *urls = json_object_get(spec, "urls");
+    if (url != NULL && urls != NULL)
+        return kvs_set_error(KVS_EINVAL, "redis: give 'url' or 'urls', not both");
+    const char **list = NULL;
+    if (urls != NULL) {
+        if (!json_is_array(urls) || json_array_size(urls) == 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "redis: urls must be a non-empty array of strings, got %s",
+                                 json_is_array(urls) ? "an empty array"
+                                                     : kvs_json_type_name(urls));
+        size_t n = json_array_size(urls);
+        for (size_t i = 0; i < n; i++)
+            if (!json_is_string(json_array_get(urls, i)))
+                return kvs_set_error(KVS_EINVAL, "redis: urls[%zu] must be a string, got %s",
+                                     i, kvs_json_type_name(json_array_get(urls, i)));
+        list = malloc(n * sizeof *list);
+        if (list == NULL) return kvs_set_error(KVS_ENOMEM, "redis: out of memory");
+        for (size_t i = 0; i < n; i++) list[i] = json_string_value(json_array_get(urls, i));
+        o.urls = list;
+        o.nurls = n;
+    } else if (url != NULL) {
+        o.urls = &url;
+        o.nurls = 1;
+    }
+    const json_t *t = json_object_get(spec, "timeout_ms");
+    if (t != NULL) {
+        if (!json_is_integer(t) || json_integer_value(t) < 1 ||
+            json_integer_value(t) > KVS_REDIS_MAX_TIMEOUT_MS) {
+            free(list);
+            if (!json_is_integer(t))
+                return kvs_set_error(KVS_EINVAL,
+                                     "redis: timeout_ms must be an integer from 1 to %d, got "
+                                     "%s",
+                                     KVS_REDIS_MAX_TIMEOUT_MS, kvs_json_type_name(t));
+            return kvs_set_error(KVS_EINVAL,
+                                 "redis: timeout_ms must be an integer from 1 to %d, got %lld",
+                                 KVS_REDIS_MAX_TIMEOUT_MS, (long long)json_integer_value(t));
+        }
+        o.timeout_ms = (unsigned)json_integer_value(t);
+    }
+    rc = kvs_kwargs_get_positive_int(spec, "redis", "connections",
+                                     KVS_REDIS_DEFAULT_CONNECTIONS, &o.connections);
+    if (rc == KVS_OK) rc = kvs_redis_adapter_create(&o, out);
+    free(list);
+    return rc;
+}
