@@ -13,9 +13,23 @@
  * submit to the last result, best of 5. memcpy copies the same source bytes
  * (one thread) in the same run; ratio = fp8 source GB/s / memcpy GB/s.
  * Then the same for 8 cache-resident 1 MiB objects, 64 times over.
+ *
+ * Split (issue 4: "large objects are split across the processor's
+ * workers"): ONE 256 MiB bfloat16 object per task, one task at a time,
+ * serialize (bf16 -> e4m3fn) and deserialize (e4m3fn -> bf16), with 1
+ * worker, 2 workers that may split it (the default threshold) and 2 workers
+ * that may not, and with several piece sizes; as GB/s of the bfloat16 side
+ * and as a ratio to memcpy of the same bytes (one thread) in the same run,
+ * medians over 15 rounds that each run every configuration once in turn (so
+ * bursts of other work hit them alike). Then the object size sweep that
+ * picks the threshold: per size, the time with 2 workers split in 2 pieces
+ * over the time unsplit, tasks interleaved.
+ *
+ *   bench_processor --split      only the split figures
  */
 #include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +39,7 @@
 #include "kvserde/fp8.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
+#include "kvserde/serde.h"
 
 
 static double now_s(void)
@@ -268,12 +283,227 @@ static int bench_throughput(size_t obj_bytes, int nobj, int waves, int rounds)
     return 0;
 }
 
+/* ---------------------------------------------------------------------
+ * Splitting one object across workers
+ * ------------------------------------------------------------------ */
+
+enum { SER, DE };
+
+/* Seconds for one task of one object: submit -> fd readable -> query. */
+static double one_task(kvs_processor *p, int dir, kvs_memobj *src, kvs_memobj *dst)
+{
+    int fd = dir == SER ? kvs_processor_serialize_event_fd(p)
+                        : kvs_processor_deserialize_event_fd(p);
+    kvs_task_id id;
+    double t0 = now_s();
+    int rc = dir == SER ? kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id)
+                        : kvs_processor_submit_deserialize(p, &src, 1, &dst, 1, &id);
+    if (rc != KVS_OK)
+        return -1;
+    struct pollfd pfd = {fd, POLLIN, 0};
+    while (poll(&pfd, 1, -1) != 1) {
+    }
+    kvs_event_fd_consume(fd, NULL);
+    kvs_task_result res;
+    if (dir == SER)
+        kvs_processor_query_serialize_result(p, id, &res);
+    else
+        kvs_processor_query_deserialize_result(p, id, &res);
+    double t = now_s() - t0;
+    if (res.state != KVS_TASK_OK) {
+        fprintf(stderr, "bench_processor: %s\n", res.message);
+        return -1;
+    }
+    return t;
+}
+
+static double median_of(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* An fp8 processor with `workers` threads, the given split threshold and
+ * piece size (0: the default). */
+static kvs_processor *split_processor(unsigned workers, size_t min_bytes, size_t chunk)
+{
+    kvs_processor *p;
+    if (fp8_processor(workers, &p) != KVS_OK)
+        return NULL;
+    if (kvs_async_processor_set_split(p, min_bytes, chunk) != KVS_OK) {
+        kvs_processor_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The 256 MiB case. Every round runs memcpy and one task per configuration
+ * and direction, in turn, so a burst of other work on the machine hits them
+ * all alike; each figure is the median over the rounds. */
+static int bench_split_large(size_t bytes, int rounds)
+{
+    size_t nel = bytes / 2;
+    kvs_layout kv, blob;
+    kvs_layout_flat(&kv, nel, KVS_DTYPE_BFLOAT16);
+    kvs_layout_flat(&blob, nel + nel / 2, KVS_DTYPE_UINT8);
+    kvs_memobj *src, *tmp, *back, *copy;
+    if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src) != KVS_OK ||
+        kvs_memobj_alloc(&blob, KVS_FMT_BINARY_BUFFER, &tmp) != KVS_OK ||
+        kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &back) != KVS_OK ||
+        kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy) != KVS_OK)
+        return die("alloc");
+    fill_bf16(src->data, nel, 7);
+    memset(tmp->data, 0, tmp->capacity);
+    memset(back->data, 0, bytes);
+    memset(copy->data, 0, bytes);
+
+    static const struct {
+        const char *label;
+        unsigned workers;
+        size_t min_bytes, chunk;
+    } cfg[] = {
+        {"1 worker                        ", 1, SIZE_MAX, 0},
+        {"2 workers, no split             ", 2, SIZE_MAX, 0},
+        {"2 workers, split (defaults)     ", 2, KVS_SPLIT_DEFAULT_MIN_BYTES, 0},
+        {"2 workers, split,   1 MiB pieces", 2, 0, (size_t)1 << 20},
+        {"2 workers, split,   4 MiB pieces", 2, 0, (size_t)4 << 20},
+        {"2 workers, split,  16 MiB pieces", 2, 0, (size_t)16 << 20},
+        {"2 workers, split,  64 MiB pieces", 2, 0, (size_t)64 << 20},
+        {"2 workers, split, 128 MiB pieces", 2, 0, (size_t)128 << 20},
+    };
+    enum { NCFG = sizeof cfg / sizeof cfg[0] };
+    kvs_processor *p[NCFG];
+    for (int i = 0; i < NCFG; i++)
+        if ((p[i] = split_processor(cfg[i].workers, cfg[i].min_bytes, cfg[i].chunk)) == NULL)
+            return die("create");
+    double *t = malloc((size_t)rounds * (2 * NCFG + 1) * sizeof *t);
+    if (t == NULL)
+        return 1;
+    for (int r = -1; r < rounds; r++) { /* round -1 warms up */
+        double t0 = now_s();
+        memcpy(copy->data, src->data, bytes);
+        if (r >= 0)
+            t[(2 * NCFG) * rounds + r] = now_s() - t0;
+        for (int dir = SER; dir <= DE; dir++)
+            for (int i = 0; i < NCFG; i++) {
+                double x = dir == SER ? one_task(p[i], SER, src, tmp)
+                                      : one_task(p[i], DE, tmp, back);
+                if (x < 0)
+                    return die("transform");
+                if (r >= 0)
+                    t[(dir * NCFG + i) * rounds + r] = x;
+            }
+    }
+    double mc = median_of(t + (2 * NCFG) * rounds, rounds);
+    printf("one %zu MiB bfloat16 object per task, one task at a time (%s kernels), "
+           "median of %d interleaved rounds:\n  memcpy (1 thread)                 %6.2f GB/s\n",
+           bytes >> 20, kvs_fp8_isa(), rounds, (double)bytes / mc / 1e9);
+    for (int dir = SER; dir <= DE; dir++) {
+        printf("  %s\n", dir == SER ? "serialize bf16 -> e4m3fn:" : "deserialize e4m3fn -> bf16:");
+        double base = 0;
+        for (int i = 0; i < NCFG; i++) {
+            double m = median_of(t + (dir * NCFG + i) * rounds, rounds);
+            if (i == 0)
+                base = m;
+            printf("    %s %6.2f GB/s   %.2fx memcpy   %.2fx 1 worker\n", cfg[i].label,
+                   (double)bytes / m / 1e9, mc / m, base / m);
+        }
+    }
+    free(t);
+    for (int i = 0; i < NCFG; i++)
+        kvs_processor_destroy(p[i]);
+    kvs_memobj_free(src);
+    kvs_memobj_free(tmp);
+    kvs_memobj_free(back);
+    kvs_memobj_free(copy);
+    return 0;
+}
+
+/* Per object size and direction: 2 workers that split every object into 2
+ * pieces (threshold 0) against 2 workers that never split, interleaved
+ * task by task; medians. */
+static int bench_split_sweep(void)
+{
+    static const size_t sizes[] = {(size_t)256 << 10, (size_t)1 << 20,  (size_t)2 << 20,
+                                   (size_t)4 << 20,   (size_t)8 << 20,  (size_t)16 << 20,
+                                   (size_t)32 << 20,  (size_t)64 << 20, (size_t)256 << 20};
+    size_t maxb = sizes[sizeof sizes / sizeof sizes[0] - 1];
+    kvs_layout kv, blob;
+    kvs_layout_flat(&kv, maxb / 2, KVS_DTYPE_BFLOAT16);
+    kvs_layout_flat(&blob, maxb / 2, KVS_DTYPE_UINT8);
+    kvs_memobj *big, *bigtmp;
+    if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &big) != KVS_OK ||
+        kvs_memobj_alloc(&blob, KVS_FMT_BINARY_BUFFER, &bigtmp) != KVS_OK)
+        return die("alloc");
+    fill_bf16(big->data, maxb / 2, 3);
+    memset(bigtmp->data, 0x3c, maxb / 2);
+    kvs_processor *whole = split_processor(2, SIZE_MAX, 0);
+    kvs_processor *split = split_processor(2, 0, 0);
+    if (split == NULL || whole == NULL)
+        return die("create");
+    printf("object size sweep, one task at a time, 2 workers, each object split in 2 "
+           "pieces or not at all\n(medians of interleaved tasks; bfloat16 side size):\n"
+           "  %9s  %-28s  %-28s\n  %9s  %9s %9s %8s  %9s %9s %8s\n",
+           "", "serialize bf16 -> e4m3fn", "deserialize e4m3fn -> bf16", "object",
+           "unsplit", "split", "speedup", "unsplit", "split", "speedup");
+    enum { MAXREPS = 2001 };
+    double *tw = malloc(MAXREPS * sizeof *tw), *ts = malloc(MAXREPS * sizeof *ts);
+    if (tw == NULL || ts == NULL)
+        return 1;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t bytes = sizes[i];
+        kvs_memobj kvo, blo;
+        kvs_layout l, bl;
+        kvs_layout_flat(&l, bytes / 2, KVS_DTYPE_BFLOAT16);
+        kvs_layout_flat(&bl, bytes / 2, KVS_DTYPE_UINT8);
+        kvs_memobj_init(&kvo, big->data, bytes, &l, KVS_FMT_KV_2LTD);
+        kvs_memobj_init(&blo, bigtmp->data, bytes / 2, &bl, KVS_FMT_BINARY_BUFFER);
+        if (kvs_async_processor_set_split(split, 0, bytes / 2) != KVS_OK)
+            return die("set_split");
+        int reps = (int)(((size_t)2 << 30) / bytes) | 1;
+        if (reps > MAXREPS)
+            reps = MAXREPS;
+        if (reps < 15)
+            reps = 15;
+        printf("  %6zu KiB", bytes >> 10);
+        for (int dir = SER; dir <= DE; dir++) {
+            kvs_memobj *src = dir == SER ? &kvo : &blo, *dst = dir == SER ? &blo : &kvo;
+            for (int r = -1; r < reps; r++) {
+                double a = one_task(whole, dir, src, dst);
+                double b = one_task(split, dir, src, dst);
+                if (a < 0 || b < 0)
+                    return die("transform");
+                if (r >= 0) {
+                    tw[r] = a;
+                    ts[r] = b;
+                }
+            }
+            double mw = median_of(tw, reps), ms = median_of(ts, reps);
+            printf("  %7.0f us %7.0f us %7.2fx", mw * 1e6, ms * 1e6, mw / ms);
+        }
+        printf("\n");
+    }
+    free(tw);
+    free(ts);
+    kvs_processor_destroy(split);
+    kvs_processor_destroy(whole);
+    kvs_memobj_free(big);
+    kvs_memobj_free(bigtmp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--split") == 0) {
+        if (bench_split_large((size_t)256 << 20, 15) != 0)
+            return 1;
+        return bench_split_sweep();
+    }
     int iterations = argc > 1 ? atoi(argv[1]) : 20000;
     int nobj = argc > 2 ? atoi(argv[2]) : 4;
     if (iterations < 10 || nobj < 1) {
-        fprintf(stderr, "usage: bench_processor [latency_iterations >= 10] [objects >= 1]\n");
+        fprintf(stderr, "usage: bench_processor [latency_iterations >= 10] [objects >= 1]\n"
+                        "       bench_processor --split\n");
         return 2;
     }
     if (bench_latency(iterations) != 0)
@@ -285,5 +515,9 @@ int main(int argc, char **argv)
     /* The same work in cache-resident pieces (8 x 1 MiB of source, 6 MiB of
      * output, within L3): what the workers do when memory is not the
      * limit. */
-    return bench_throughput((size_t)1 << 20, 8, 64, 5);
+    if (bench_throughput((size_t)1 << 20, 8, 64, 5) != 0)
+        return 1;
+    if (bench_split_large((size_t)256 << 20, 15) != 0)
+        return 1;
+    return bench_split_sweep();
 }

@@ -1414,6 +1414,627 @@ static void test_registry_fp8_processors_are_independent(void)
     CHECK_EQ_INT(threads_settle(base_threads), base_threads);
 }
 
+/* =====================================================================
+ * Splitting one large object across the workers (issue 4):
+ * kvs_serde_parallel_for and kvs_async_processor_set_split
+ * ================================================================== */
+
+/* "ranger": a serializer that hands items [0, n) (n = the source's used
+ * size) to kvs_serde_parallel_for and records every range it is given, on
+ * which thread, optionally spinning in each so that helpers get a share;
+ * ranges at or after `fail_from` fail (with a message naming the range, or
+ * silently). A source whose first byte is GATE_MARK waits at the fake's
+ * gate instead, to keep a worker busy. */
+
+#define GATE_MARK 0xAB
+#define MAX_RANGES 4096
+
+static struct ranger_state {
+    pthread_mutex_t mu;
+    int n;
+    uint64_t begin[MAX_RANGES], end[MAX_RANGES];
+    pthread_t thread[MAX_RANGES];
+    int spin_us;
+    uint64_t fail_from;
+    int fail_silent;
+    int nested; /* each range calls kvs_serde_parallel_for itself */
+    int inner_calls;
+    int await_second; /* ranges wait (up to 5 s) until a 2nd thread ran one */
+    int threads_seen;
+    pthread_t first_thread;
+} R = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void ranger_reset(int spin_us)
+{
+    pthread_mutex_lock(&R.mu);
+    R.n = 0;
+    R.spin_us = spin_us;
+    R.fail_from = UINT64_MAX;
+    R.fail_silent = 0;
+    R.nested = 0;
+    R.inner_calls = 0;
+    R.await_second = 0;
+    R.threads_seen = 0;
+    pthread_mutex_unlock(&R.mu);
+}
+
+/* Ranges of the next split wait until a second thread has run one, so the
+ * test knows the helper took part without depending on timing. */
+static void ranger_await_second(void)
+{
+    pthread_mutex_lock(&R.mu);
+    R.await_second = 1;
+    pthread_mutex_unlock(&R.mu);
+}
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int inner_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    pthread_mutex_lock(&R.mu);
+    R.inner_calls++;
+    pthread_mutex_unlock(&R.mu);
+    return KVS_OK;
+}
+
+static int ranger_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    pthread_mutex_lock(&R.mu);
+    if (R.n < MAX_RANGES) {
+        R.begin[R.n] = begin;
+        R.end[R.n] = end;
+        R.thread[R.n] = pthread_self();
+        R.n++;
+    }
+    if (R.threads_seen == 0) {
+        R.first_thread = pthread_self();
+        R.threads_seen = 1;
+    } else if (R.threads_seen == 1 && !pthread_equal(R.first_thread, pthread_self())) {
+        R.threads_seen = 2;
+    }
+    int spin = R.spin_us, nested = R.nested, silent = R.fail_silent;
+    uint64_t fail_from = R.fail_from;
+    for (int i = 0; i < 50000 && R.await_second && R.threads_seen < 2; i++) {
+        pthread_mutex_unlock(&R.mu);
+        usleep(100);
+        pthread_mutex_lock(&R.mu);
+    }
+    pthread_mutex_unlock(&R.mu);
+    double until = now_mono() + spin * 1e-6;
+    while (now_mono() < until) {
+    }
+    if (nested) {
+        /* From inside a range, even on the task's worker: one inline call. */
+        int rc = kvs_serde_parallel_for(end - begin, (end - begin) * 1000, inner_range, NULL);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    if (begin >= fail_from)
+        return silent ? KVS_EIO
+                      : kvs_set_error(KVS_ECORRUPT, "ranger: range at %llu failed",
+                                      (unsigned long long)begin);
+    return KVS_OK;
+}
+
+static int ranger_serialize(kvs_serializer *self, const kvs_memobj *src, kvs_memobj *dst,
+                            size_t *nwritten)
+{
+    if (src->capacity > 0 && ((const uint8_t *)src->data)[0] == GATE_MARK) {
+        fake_enter(src, &S.ser_calls);
+        *nwritten = 0;
+        return KVS_OK;
+    }
+    int rc = kvs_serde_parallel_for(src->used_size, src->used_size, ranger_range, NULL);
+    if (rc != KVS_OK)
+        return rc;
+    *nwritten = src->used_size;
+    return KVS_OK;
+}
+
+static void ranger_ser_destroy(kvs_serializer *self) { free(self); }
+
+static const struct kvs_serializer_ops ranger_ser_ops = {
+    .name = "ranger",
+    .serialize = ranger_serialize,
+    .estimate_serialized_size = fake_estimate,
+    .destroy = ranger_ser_destroy,
+};
+
+/* A processor whose serializer is the ranger (deserializer: the fake). */
+static kvs_processor *make_ranger_proc(unsigned workers, size_t min_bytes, size_t chunk)
+{
+    fake_reset();
+    kvs_serializer *s = malloc(sizeof *s);
+    s->ops = &ranger_ser_ops;
+    kvs_processor *p = NULL;
+    if (kvs_async_processor_create(s, fake_de(), workers, &p) != KVS_OK ||
+        kvs_async_processor_set_split(p, min_bytes, chunk) != KVS_OK) {
+        fprintf(stderr, "create failed: %s\n", kvs_last_error());
+        kvs_processor_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The recorded ranges cover [0, n) exactly, without overlap, every inner
+ * boundary a multiple of KVS_SPLIT_ALIGN; returns the number of distinct
+ * threads that ran them (0 if the cover is wrong). */
+static int ranges_cover(uint64_t n, pthread_t *one_thread)
+{
+    pthread_mutex_lock(&R.mu);
+    int count = R.n, threads = 0, ok = 1;
+    pthread_t seen[8];
+    uint64_t covered = 0;
+    /* ranges are claimed in order, but recorded in the order they started */
+    for (uint64_t at = 0; ok && at < n;) {
+        int found = -1;
+        for (int i = 0; i < count; i++)
+            if (R.begin[i] == at) found = i;
+        if (found < 0 || R.end[found] <= at) {
+            ok = 0;
+            break;
+        }
+        if (R.end[found] != n && R.end[found] % KVS_SPLIT_ALIGN != 0)
+            ok = 0;
+        covered += R.end[found] - at;
+        at = R.end[found];
+    }
+    if (covered != n)
+        ok = 0;
+    uint64_t sum = 0;
+    for (int i = 0; i < count; i++) {
+        sum += R.end[i] - R.begin[i];
+        int known = 0;
+        for (int j = 0; j < threads; j++)
+            known |= pthread_equal(seen[j], R.thread[i]);
+        if (!known && threads < 8)
+            seen[threads++] = R.thread[i];
+    }
+    if (sum != n)
+        ok = 0; /* an overlap */
+    if (one_thread != NULL && count > 0)
+        *one_thread = R.thread[0];
+    pthread_mutex_unlock(&R.mu);
+    return ok ? threads : 0;
+}
+
+static int ranger_count(void)
+{
+    pthread_mutex_lock(&R.mu);
+    int n = R.n;
+    pthread_mutex_unlock(&R.mu);
+    return n;
+}
+
+/* A flat uint8 source of `n` bytes (the ranger's items) and a destination. */
+static kvs_memobj *alloc_u8(size_t n, uint8_t fill)
+{
+    kvs_layout l;
+    kvs_memobj *o = NULL;
+    kvs_layout_flat(&l, n, KVS_DTYPE_UINT8);
+    if (kvs_memobj_alloc(&l, KVS_FMT_BINARY_BUFFER, &o) == KVS_OK)
+        memset(o->data, fill, n);
+    return o;
+}
+
+/* With 2 workers, a threshold the object reaches and a free worker, the
+ * ranges cover the object exactly, are claimed by both workers (never by
+ * the caller's thread), and the task completes and narrows as unsplit. */
+static void test_split_runs_on_both_workers(void)
+{
+    enum { N = 64 * 40 + 17 }; /* 41 ranges of 64 items, the last one short */
+    kvs_processor *p = make_ranger_proc(2, 0, 64);
+    REQUIRE(p != NULL);
+    ranger_reset(0);
+    ranger_await_second();
+    kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
+    REQUIRE(src && dst);
+    kvs_task_id id;
+    kvs_task_result r;
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_U64(wait_signal(kvs_processor_serialize_event_fd(p), 5000), 1);
+    CHECK_OK(kvs_processor_query_serialize_result(p, id, &r));
+    CHECK_EQ_INT(r.state, KVS_TASK_OK);
+    CHECK_EQ_U64(dst->used_size, N);
+    CHECK_EQ_INT(ranger_count(), 41);
+    CHECK_EQ_INT(ranges_cover(N, NULL), 2);
+    pthread_mutex_lock(&R.mu);
+    for (int i = 0; i < R.n; i++) CHECK(!pthread_equal(R.thread[i], pthread_self()));
+    pthread_mutex_unlock(&R.mu);
+    kvs_processor_destroy(p);
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+}
+
+/* No split: below the threshold, with one worker, on the caller's thread,
+ * or when the other worker is busy: exactly one call fn(0, n). */
+static void test_split_only_when_it_can_help(void)
+{
+    enum { N = 64 * 40 };
+    kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
+    REQUIRE(src && dst);
+    kvs_task_id id;
+    kvs_task_result r;
+    pthread_t who;
+
+    /* below the threshold */
+    kvs_processor *p = make_ranger_proc(2, N + 1, 64);
+    REQUIRE(p != NULL);
+    ranger_reset(0);
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 1);
+    CHECK_EQ_INT(ranges_cover(N, NULL), 1);
+    /* at the threshold it splits */
+    CHECK_OK(kvs_async_processor_set_split(p, N, 64));
+    ranger_reset(0);
+    ranger_await_second();
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 40);
+    CHECK_EQ_INT(ranges_cover(N, NULL), 2);
+    /* one piece only (a chunk as large as the object) */
+    CHECK_OK(kvs_async_processor_set_split(p, 0, N));
+    ranger_reset(0);
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 1);
+
+    /* the other worker busy (held at the gate): no helper to ask */
+    CHECK_OK(kvs_async_processor_set_split(p, 0, 64));
+    ranger_reset(200);
+    kvs_memobj *held = alloc_u8(16, GATE_MARK), *held_dst = alloc_u8(16, 0);
+    REQUIRE(held && held_dst);
+    gate_close();
+    kvs_task_id hid;
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &held, 1, &held_dst, 1, &hid));
+    CHECK(wait_entered(1));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 1); /* one call, on the task's own worker */
+    CHECK_EQ_INT(ranges_cover(N, NULL), 1);
+    gate_open();
+    CHECK_EQ_INT(wait_done(p, SER, hid, &r), KVS_TASK_OK);
+    kvs_processor_destroy(p);
+
+    /* one worker */
+    p = make_ranger_proc(1, 0, 64);
+    REQUIRE(p != NULL);
+    ranger_reset(0);
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 1);
+
+    /* the caller's own thread: the serde works the same without a processor */
+    ranger_reset(0);
+    kvs_serializer s = {&ranger_ser_ops};
+    size_t nw = 0;
+    CHECK_OK(kvs_serialize(&s, src, dst, &nw));
+    CHECK_EQ_U64(nw, N);
+    CHECK_EQ_INT(ranger_count(), 1);
+    CHECK_EQ_INT(ranges_cover(N, &who), 1);
+    CHECK(pthread_equal(who, pthread_self()));
+    kvs_processor_destroy(p);
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+    kvs_memobj_free(held);
+    kvs_memobj_free(held_dst);
+}
+
+/* kvs_serde_parallel_for's own contract off any processor. */
+static void test_parallel_for_contract(void)
+{
+    ranger_reset(0);
+    CHECK_OK(kvs_serde_parallel_for(0, 0, ranger_range, NULL));
+    CHECK_EQ_INT(ranger_count(), 0);
+    CHECK_OK(kvs_serde_parallel_for(1000, (uint64_t)1 << 40, ranger_range, NULL));
+    CHECK_EQ_INT(ranger_count(), 1);
+    CHECK_EQ_INT(ranges_cover(1000, NULL), 1);
+    CHECK_ERR(kvs_serde_parallel_for(10, 10, NULL, NULL), KVS_EINVAL,
+              "serde: parallel_for: NULL function");
+    /* inline: fn's status and message come back untouched */
+    ranger_reset(0);
+    pthread_mutex_lock(&R.mu);
+    R.fail_from = 0;
+    pthread_mutex_unlock(&R.mu);
+    CHECK_ERR(kvs_serde_parallel_for(10, 10, ranger_range, NULL), KVS_ECORRUPT,
+              "ranger: range at 0 failed");
+    /* a failure without a message gets one naming the range */
+    pthread_mutex_lock(&R.mu);
+    R.fail_silent = 1;
+    pthread_mutex_unlock(&R.mu);
+    CHECK_ERR(kvs_serde_parallel_for(10, 10, ranger_range, NULL), KVS_EIO,
+              "serde: items [0, 10) failed: I/O error");
+}
+
+/* A range that calls kvs_serde_parallel_for again gets one inline call,
+ * on whichever worker runs it. */
+static void test_split_nested_runs_inline(void)
+{
+    enum { N = 64 * 8 };
+    kvs_processor *p = make_ranger_proc(2, 0, 64);
+    REQUIRE(p != NULL);
+    ranger_reset(500);
+    pthread_mutex_lock(&R.mu);
+    R.nested = 1;
+    pthread_mutex_unlock(&R.mu);
+    kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
+    REQUIRE(src && dst);
+    kvs_task_id id;
+    kvs_task_result r;
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 8);
+    pthread_mutex_lock(&R.mu);
+    CHECK_EQ_INT(R.inner_calls, 8);
+    pthread_mutex_unlock(&R.mu);
+    kvs_processor_destroy(p);
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+}
+
+/* Failures of a split object: every range still runs; the task reports the
+ * failing range with the lowest begin, as its own message (or a message
+ * naming the range when fn gave none); nothing is narrowed. */
+static void test_split_failure_is_the_first_by_position(void)
+{
+    enum { N = 64 * 30 };
+    kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
+    REQUIRE(src && dst);
+    kvs_task_id id;
+    kvs_task_result r;
+    for (int silent = 0; silent <= 1; silent++) {
+        kvs_processor *p = make_ranger_proc(2, 0, 64);
+        REQUIRE(p != NULL);
+        ranger_reset(300);
+        pthread_mutex_lock(&R.mu);
+        R.fail_from = 64 * 11;
+        R.fail_silent = silent;
+        pthread_mutex_unlock(&R.mu);
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+        CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
+        CHECK_EQ_INT(ranger_count(), 30);
+        CHECK_EQ_INT(ranges_cover(N, NULL) > 0, 1);
+        CHECK_EQ_INT(r.status, silent ? KVS_EIO : KVS_ECORRUPT);
+        CHECK_EQ_U64(r.failed_index, 0);
+        CHECK_EQ_STR(r.message,
+                     silent ? "processor: serialize object 0 of 1 failed: serde: items "
+                              "[704, 768) failed: I/O error"
+                            : "processor: serialize object 0 of 1 failed: ranger: range at "
+                              "704 failed");
+        CHECK_EQ_U64(dst->used_size, N); /* not narrowed */
+        kvs_processor_destroy(p);
+    }
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+}
+
+/* Close while a split object is being converted: close waits for it, its
+ * helpers drain with the pool, and the result is there. */
+static void test_close_during_split(void)
+{
+    enum { N = 64 * 60 };
+    kvs_processor *p = make_ranger_proc(2, 0, 64);
+    REQUIRE(p != NULL);
+    ranger_reset(500);
+    kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
+    REQUIRE(src && dst);
+    kvs_task_id id;
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    for (int i = 0; i < 2000 && ranger_count() < 2; i++) usleep(500);
+    CHECK_OK(kvs_processor_close(p));
+    kvs_task_result r;
+    CHECK_OK(kvs_processor_query_serialize_result(p, id, &r));
+    CHECK_EQ_INT(r.state, KVS_TASK_OK);
+    CHECK_EQ_INT(ranger_count(), 60);
+    CHECK_EQ_U64(dst->used_size, N);
+    kvs_processor_destroy(p);
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+}
+
+static void test_set_split_refusals(void)
+{
+    CHECK_ERR(kvs_async_processor_set_split(NULL, 0, 0), KVS_EINVAL,
+              "processor: processor is NULL");
+    kvs_processor other = {&other_ops};
+    CHECK_ERR(kvs_async_processor_set_split(&other, 0, 0), KVS_EINVAL,
+              "processor: other is not an async processor");
+}
+
+/* ---- the fp8 serde, split and unsplit ------------------------------- */
+
+static uint32_t xorshift(uint32_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+/* An object of `layout` filled with random bits: every value class (NaN
+ * payloads, infinities, subnormals, overflow) turns up. */
+static kvs_memobj *random_obj(const kvs_layout *layout, uint32_t seed)
+{
+    kvs_memobj *o = NULL;
+    if (kvs_memobj_alloc(layout, KVS_FMT_KV_2LTD, &o) != KVS_OK)
+        return NULL;
+    uint8_t *b = o->data;
+    for (size_t i = 0; i < o->capacity; i++) b[i] = (uint8_t)(xorshift(&seed) >> 7);
+    return o;
+}
+
+/* Serialize `src` into a fresh blob with processor p (NULL: directly on
+ * this thread) and deserialize it back into `back`. */
+static int fp8_both_ways(kvs_processor *p, kvs_serializer *ser, kvs_deserializer *de,
+                         kvs_memobj *src, kvs_memobj *blob, kvs_memobj *back)
+{
+    if (p == NULL) {
+        size_t nw;
+        int rc = kvs_serialize(ser, src, blob, &nw);
+        if (rc == KVS_OK) rc = kvs_memobj_set_used_size(blob, nw);
+        return rc == KVS_OK ? kvs_deserialize(de, blob, back) : rc;
+    }
+    kvs_task_id id;
+    kvs_task_result r;
+    if (kvs_processor_submit_serialize(p, &src, 1, &blob, 1, &id) != KVS_OK ||
+        wait_done(p, SER, id, &r) != KVS_TASK_OK)
+        return KVS_EIO;
+    if (kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, &id) != KVS_OK ||
+        wait_done(p, DE, id, &r) != KVS_TASK_OK)
+        return KVS_EIO;
+    return KVS_OK;
+}
+
+static kvs_processor *fp8_split_proc(kvs_dtype fp8, int saturate, size_t min_bytes,
+                                     size_t chunk)
+{
+    kvs_serializer *s;
+    kvs_deserializer *d;
+    kvs_processor *p;
+    if (kvs_fp8_serde_create(fp8, saturate, &s, &d) != KVS_OK ||
+        kvs_async_processor_create(s, d, 2, &p) != KVS_OK)
+        return NULL;
+    if (kvs_async_processor_set_split(p, min_bytes, chunk) != KVS_OK) {
+        kvs_processor_destroy(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The split never changes bytes: fp8 blobs and decoded objects are
+ * identical split (small pieces, so boundaries fall everywhere, including
+ * inside groups and across group ends), unsplit, and on the caller's
+ * thread, for odd sizes and multi-group objects of mixed dtypes, both fp8
+ * formats and both overflow policies. */
+static void test_split_fp8_bytes_identical(void)
+{
+    static const uint64_t flat[] = {1, 63, 64, 65, 127, 4097, 100003};
+    static const kvs_dtype wide[] = {KVS_DTYPE_BFLOAT16, KVS_DTYPE_FLOAT16, KVS_DTYPE_FLOAT32};
+    enum { NLAYOUTS = 7 * 3 + 2 };
+    kvs_layout layouts[NLAYOUTS];
+    int nl = 0;
+    for (size_t i = 0; i < sizeof flat / sizeof flat[0]; i++)
+        for (size_t d = 0; d < 3; d++) kvs_layout_flat(&layouts[nl++], flat[i], wide[d]);
+    int64_t d1[] = {70001}, d2[] = {3, 11111}, d3[] = {55557}, d4[] = {3}, d5[] = {129},
+            d6[] = {64 * 100 + 1};
+    kvs_layout_init(&layouts[nl], 0, NULL, 0, NULL);
+    kvs_layout_add_group(&layouts[nl], 1, d1, KVS_DTYPE_BFLOAT16);
+    kvs_layout_add_group(&layouts[nl], 2, d2, KVS_DTYPE_FLOAT32);
+    kvs_layout_add_group(&layouts[nl], 1, d3, KVS_DTYPE_FLOAT16);
+    nl++;
+    kvs_layout_init(&layouts[nl], 0, NULL, 0, NULL);
+    kvs_layout_add_group(&layouts[nl], 1, d4, KVS_DTYPE_FLOAT16);
+    kvs_layout_add_group(&layouts[nl], 1, d5, KVS_DTYPE_BFLOAT16);
+    kvs_layout_add_group(&layouts[nl], 1, d6, KVS_DTYPE_FLOAT32);
+    nl++;
+    REQUIRE(nl == NLAYOUTS);
+
+    static const struct {
+        kvs_dtype fp8;
+        int saturate;
+    } fmts[] = {{KVS_DTYPE_FLOAT8_E4M3FN, 1}, {KVS_DTYPE_FLOAT8_E5M2, 0}};
+    for (size_t f = 0; f < 2; f++) {
+        kvs_processor *split = fp8_split_proc(fmts[f].fp8, fmts[f].saturate, 0, 4096);
+        kvs_processor *whole = fp8_split_proc(fmts[f].fp8, fmts[f].saturate, SIZE_MAX, 0);
+        kvs_serializer *ser;
+        kvs_deserializer *de;
+        REQUIRE(split && whole);
+        REQUIRE_OK(kvs_fp8_serde_create(fmts[f].fp8, fmts[f].saturate, &ser, &de));
+        for (int i = 0; i < nl; i++) {
+            uint64_t numel = kvs_layout_numel(&layouts[i]);
+            kvs_memobj *src = random_obj(&layouts[i], (uint32_t)(i * 7919 + f + 1));
+            kvs_memobj *blobs[3], *backs[3];
+            REQUIRE(src != NULL);
+            for (int k = 0; k < 3; k++) {
+                blobs[k] = alloc_u8(numel + numel / 2 + 1, 0x5C);
+                backs[k] = random_obj(&layouts[i], 99); /* same junk in each */
+                REQUIRE(blobs[k] && backs[k]);
+            }
+            CHECK_OK(fp8_both_ways(NULL, ser, de, src, blobs[0], backs[0]));
+            CHECK_OK(fp8_both_ways(whole, NULL, NULL, src, blobs[1], backs[1]));
+            CHECK_OK(fp8_both_ways(split, NULL, NULL, src, blobs[2], backs[2]));
+            for (int k = 0; k < 3; k++) CHECK_EQ_U64(blobs[k]->used_size, numel);
+            for (int k = 1; k < 3; k++) {
+                int same_blob = memcmp(blobs[0]->data, blobs[k]->data, blobs[0]->capacity) == 0;
+                int same_back = memcmp(backs[0]->data, backs[k]->data, backs[0]->capacity) == 0;
+                if (!same_blob || !same_back)
+                    fprintf(stderr, "layout %d (%llu elements), fmt %zu, way %d differs\n", i,
+                            (unsigned long long)numel, f, k);
+                CHECK(same_blob);
+                CHECK(same_back);
+            }
+            kvs_memobj_free(src);
+            for (int k = 0; k < 3; k++) {
+                kvs_memobj_free(blobs[k]);
+                kvs_memobj_free(backs[k]);
+            }
+        }
+        kvs_serializer_destroy(ser);
+        kvs_deserializer_destroy(de);
+        kvs_processor_destroy(split);
+        kvs_processor_destroy(whole);
+    }
+}
+
+/* fp8's refusals read exactly the same split or not, and write nothing:
+ * they all come before the conversion is split. */
+static void test_split_fp8_refusals_unchanged(void)
+{
+    kvs_processor *split = fp8_split_proc(KVS_DTYPE_FLOAT8_E4M3FN, 1, 0, 4096);
+    kvs_processor *whole = fp8_split_proc(KVS_DTYPE_FLOAT8_E4M3FN, 1, SIZE_MAX, 0);
+    REQUIRE(split && whole);
+    enum { NEL = 100000 };
+    kvs_layout kv, bad;
+    kvs_layout_flat(&kv, NEL, KVS_DTYPE_BFLOAT16);
+    int64_t dims[] = {NEL};
+    kvs_layout_init(&bad, 0, NULL, 0, NULL);
+    kvs_layout_add_group(&bad, 1, dims, KVS_DTYPE_BFLOAT16);
+    kvs_layout_add_group(&bad, 1, dims, KVS_DTYPE_UINT8);
+    kvs_memobj *src = random_obj(&kv, 5), *bsrc = random_obj(&bad, 6);
+    REQUIRE(src && bsrc);
+    kvs_task_id id;
+    kvs_task_result r[2];
+    for (int w = 0; w < 2; w++) {
+        kvs_processor *p = w ? split : whole;
+        kvs_memobj *small = alloc_u8(NEL - 1, 0x77), *big = alloc_u8(4 * NEL, 0x77);
+        REQUIRE(small && big);
+        /* destination too small */
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &small, 1, &id));
+        CHECK_EQ_INT(wait_done(p, SER, id, &r[w]), KVS_TASK_FAILED);
+        CHECK_EQ_INT(r[w].status, KVS_ENOSPC);
+        CHECK_EQ_STR(r[w].message, "processor: serialize object 0 of 1 failed: fp8: "
+                                   "destination too small: 99999 bytes, need 100000");
+        CHECK_EQ_U64(small->used_size, NEL - 1);
+        CHECK_EQ_INT(((uint8_t *)small->data)[0], 0x77);
+        /* an unsupported group */
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &bsrc, 1, &big, 1, &id));
+        CHECK_EQ_INT(wait_done(p, SER, id, &r[w]), KVS_TASK_FAILED);
+        CHECK_EQ_STR(r[w].message, "processor: serialize object 0 of 1 failed: fp8: "
+                                   "unsupported source dtype 'uint8' in group 1; expected "
+                                   "float32, float16 or bfloat16");
+        CHECK_EQ_INT(((uint8_t *)big->data)[0], 0x77);
+        /* a truncated blob */
+        REQUIRE_OK(kvs_memobj_set_used_size(small, 10));
+        REQUIRE_OK(kvs_processor_submit_deserialize(p, &small, 1, &src, 1, &id));
+        CHECK_EQ_INT(wait_done(p, DE, id, &r[w]), KVS_TASK_FAILED);
+        CHECK_EQ_INT(r[w].status, KVS_ECORRUPT);
+        CHECK_EQ_STR(r[w].message, "processor: deserialize object 0 of 1 failed: fp8: "
+                                   "source too small: 10 bytes, need 100000");
+        kvs_memobj_free(small);
+        kvs_memobj_free(big);
+    }
+    kvs_memobj_free(src);
+    kvs_memobj_free(bsrc);
+    kvs_processor_destroy(split);
+    kvs_processor_destroy(whole);
+}
+
 static void *nothing(void *arg) { return arg; }
 
 int main(void)
@@ -1464,5 +2085,15 @@ int main(void)
     RUN(test_event_fd_consume);
     RUN(test_other_implementations_are_checked);
     RUN(test_registry_fp8_processors_are_independent);
+    /* splitting one object across the workers */
+    RUN(test_split_runs_on_both_workers);
+    RUN(test_split_only_when_it_can_help);
+    RUN(test_parallel_for_contract);
+    RUN(test_split_nested_runs_inline);
+    RUN(test_split_failure_is_the_first_by_position);
+    RUN(test_close_during_split);
+    RUN(test_set_split_refusals);
+    RUN(test_split_fp8_bytes_identical);
+    RUN(test_split_fp8_refusals_unchanged);
     return TEST_SUMMARY();
 }

@@ -134,7 +134,7 @@ static void test_create_processor(void)
     kvs_processor_destroy(q);
 
     CHECK_ERR(kvs_serde_create("{\"type\": \"zzz\"}", &p), KVS_EINVAL,
-              "unknown serde type 'zzz'; registered: fp8");
+              "unknown serde type 'zzz'; registered: fp8, kv_split");
     CHECK_ERR(kvs_serde_create("{\"type\": \"fp8\", \"max_workers\": 0}", &p), KVS_EINVAL,
               "serde config: max_workers must be an integer from 1 to 1024, got 0");
     CHECK_ERR(kvs_serde_create_json(NULL, &p), KVS_EINVAL, "serde config: NULL config");
@@ -164,7 +164,7 @@ static void test_unknown_type(void)
 {
     kvs_serde_pair pair;
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"does-not-exist\"}", &pair), KVS_EINVAL,
-              "unknown serde type 'does-not-exist'; registered: fp8");
+              "unknown serde type 'does-not-exist'; registered: fp8, kv_split");
 }
 
 static void test_not_an_object_and_bad_json(void)
@@ -261,10 +261,10 @@ static void test_dispatch_to_registered_factory(void)
 
     /* the unknown-type message lists every registered name, sorted */
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"nope\"}", &pair), KVS_EINVAL,
-              "unknown serde type 'nope'; registered: fp8, test-dummy-ser-de-xyz");
+              "unknown serde type 'nope'; registered: fp8, kv_split, test-dummy-ser-de-xyz");
     const char *names[8];
-    CHECK_EQ_U64(kvs_serde_types(names, 8), 2);
-    CHECK_EQ_STR(names[1], "test-dummy-ser-de-xyz");
+    CHECK_EQ_U64(kvs_serde_types(names, 8), 3);
+    CHECK_EQ_STR(names[2], "test-dummy-ser-de-xyz");
 }
 
 /* 22: duplicates refused, built-in or not. */

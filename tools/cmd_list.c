@@ -1,23 +1,43 @@
-/* kvserde list - what this build offers: serde types and fp8 kernels. */
+/* kvserde list - what this build offers: serde types (with their kind), L2
+ * adapter types and fp8 kernels. */
 #include <stdio.h>
 #include <string.h>
 
 #include "commands.h"
 #include "kvserde/kvserde.h"
 
+#define MAX_LISTED 64
+
 int kvs_cmd_list(int argc, char **argv)
 {
     if (argc > 1) {
         int help = strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0;
         fprintf(help ? stdout : stderr,
-                "usage: kvserde list\n\nLists the registered serde types and the fp8 "
-                "kernel variants.\n");
+                "usage: kvserde list\n\nLists the registered serde types with their kind "
+                "(single: one tensor per blob; multi: a group of\ntensors per blob, such as "
+                "K and V), the L2 adapter types and the fp8 kernel variants.\n");
         return help ? 0 : 2;
     }
-    const char *names[64];
-    size_t n = kvs_serde_types(names, 64);
+    const char *names[MAX_LISTED];
+    size_t n = kvs_serde_types(names, MAX_LISTED);
+    if (n > MAX_LISTED) n = MAX_LISTED;
+    int width = 8;
+    for (size_t i = 0; i < n; i++)
+        if ((int)strlen(names[i]) > width) width = (int)strlen(names[i]);
     printf("kvserde %s\n\nserde types:\n", kvs_version());
-    for (size_t i = 0; i < n && i < 64; i++) printf("  %s\n", names[i]);
+    for (size_t i = 0; i < n; i++) {
+        kvs_serde_kind kind;
+        const char *k = kvs_serde_type_kind(names[i], &kind) == KVS_OK
+                            ? kvs_serde_kind_name(kind)
+                            : "unknown";
+        printf("  %-*s  %s\n", width, names[i], k);
+    }
+
+    n = kvs_l2_types(names, MAX_LISTED);
+    if (n > MAX_LISTED) n = MAX_LISTED;
+    printf("\nL2 adapter types:\n");
+    for (size_t i = 0; i < n; i++) printf("  %s\n", names[i]);
+
     printf("\nfp8 kernels:\n");
     static const char *const isas[] = {"scalar", "avx2", "avx512"};
     const char *active = kvs_fp8_isa();

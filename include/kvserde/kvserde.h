@@ -15,6 +15,8 @@
 #include "l2_memory.h"
 #include "l2_redis.h"
 #include "memobj.h"
+#include "multi.h"
+#include "multi_processor.h"
 #include "processor.h"
 #include "registry.h"
 #include "serde.h"

@@ -213,7 +213,10 @@ KVS_API int kvs_event_fd_consume(int fd, uint64_t *count);
 /* A processor that runs `ser` / `de` on a pool of `max_workers` threads
  * (1 is upstream's default) shared by both directions. Transforms run
  * outside the processor's lock, so with several workers several batches
- * transform at once; objects within one batch run in order on one thread.
+ * transform at once. Objects within one batch run in order on the task's
+ * thread, except that a serde using kvs_serde_parallel_for() (fp8 does) may
+ * have one large object's elements converted by idle workers too (see
+ * kvs_async_processor_set_split() in serde.h); the bytes are the same.
  *
  * Takes ownership of ser and de in every case: they are destroyed with the
  * processor, and at once if creation fails.
@@ -226,6 +229,16 @@ KVS_API int kvs_async_processor_create(kvs_serializer *ser,
                                        kvs_deserializer *de,
                                        unsigned max_workers,
                                        kvs_processor **out);
+
+/* Tune splitting for a processor made by kvs_async_processor_create (or the
+ * registry): objects whose transform passes nbytes >= min_bytes to
+ * kvs_serde_parallel_for are split (SIZE_MAX: never; 0: whenever there are
+ * at least two pieces) into pieces of about chunk_bytes (0: the default).
+ * Applies to transforms that start afterwards. KVS_EINVAL for NULL or for a
+ * processor of another implementation ("processor: other is not an async
+ * processor"). */
+KVS_API int kvs_async_processor_set_split(struct kvs_processor *p,
+                                          size_t min_bytes, size_t chunk_bytes);
 
 #ifdef __cplusplus
 }

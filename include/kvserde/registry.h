@@ -3,8 +3,19 @@
  *
  * A config is a JSON object {"type": "<name>", ...kwargs}, given as text or
  * as an already-parsed jansson object (json_t). The registry is
- * process-global and thread-safe; the built-in serdes ("fp8") are registered
- * once, before first use, without the caller doing anything.
+ * process-global and thread-safe; the built-in serdes ("fp8", then
+ * "kv_split") are registered once, before first use, without the caller
+ * doing anything.
+ *
+ * Two kinds of serde share one name space:
+ *   single  one tensor in, one blob out (serde.h): kvs_serde_register,
+ *           kvs_serde_create_pair / kvs_serde_create -> kvs_processor
+ *   multi   a group of optional tensors in, one blob out (multi.h):
+ *           kvs_multi_serde_register, kvs_multi_serde_create_pair /
+ *           kvs_multi_serde_create -> kvs_multi_processor
+ * A name is registered once, with its kind; creating it through the other
+ * kind's functions is refused with a message that names the right one
+ * ("serde type 'kv_split' is multi-output; use kvs_multi_serde_create").
  *
  * Two kwargs belong to the registry, not to a serde: "type" (which factory)
  * and "max_workers" (the async processor's worker threads: an integer from
@@ -24,6 +35,8 @@
 #include <stddef.h>
 
 #include "export.h"
+#include "multi.h"
+#include "multi_processor.h"
 #include "processor.h"
 #include "serde.h"
 
@@ -52,10 +65,24 @@ typedef int (*kvs_serde_factory_fn)(const json_t *kwargs, void *userdata,
 KVS_API int kvs_serde_register(const char *name, kvs_serde_factory_fn factory,
                                void *userdata);
 
-/* The registered names in registration order: writes up to `cap` pointers
- * (static strings, valid for the process) into names and returns the total
- * count (call with cap 0 to size the array). */
+/* The registered names of both kinds, in registration order: writes up to
+ * `cap` pointers (static strings, valid for the process) into names and
+ * returns the total count (call with cap 0 to size the array). */
 KVS_API size_t kvs_serde_types(const char **names, size_t cap);
+
+/* What a registered serde takes and gives. The values are part of the ABI. */
+typedef enum kvs_serde_kind {
+    KVS_SERDE_SINGLE = 1, /* kvs_serializer / kvs_deserializer (serde.h) */
+    KVS_SERDE_MULTI = 2,  /* kvs_multi_serializer / _deserializer (multi.h) */
+} kvs_serde_kind;
+
+/* The kind of the serde registered as `name`. KVS_EINVAL for NULL
+ * arguments, or for a name nobody registered (the message lists the
+ * registered ones: "unknown serde type 'x'; registered: fp8, kv_split"). */
+KVS_API int kvs_serde_type_kind(const char *name, kvs_serde_kind *out);
+
+/* "single", "multi", or "unknown" for any other value. */
+KVS_API const char *kvs_serde_kind_name(kvs_serde_kind kind);
 
 /* Build the sync pair from a config given as JSON text / as a parsed object.
  * Refused with KVS_EINVAL and a message of its own for: malformed JSON
@@ -63,9 +90,11 @@ KVS_API size_t kvs_serde_types(const char **names, size_t cap);
  * not an object ("serde config: must be a JSON object, got array"), a
  * missing type ("serde config: missing 'type' field"), a non-string type
  * ("serde config: 'type' must be a string, got integer"), an unknown type
- * ("unknown serde type 'x'; registered: fp8"), a bad max_workers
- * ("serde config: max_workers must be an integer from 1 to 1024, got 0"), and
- * whatever the factory refuses. On failure *out is zeroed. */
+ * ("unknown serde type 'x'; registered: fp8, kv_split"), a multi-output type
+ * ("serde type 'kv_split' is multi-output; use kvs_multi_serde_create_pair"),
+ * a bad max_workers ("serde config: max_workers must be an integer from 1
+ * to 1024, got 0"), and whatever the factory refuses. On failure *out is
+ * zeroed. */
 KVS_API int kvs_serde_create_pair(const char *json_text, kvs_serde_pair *out);
 KVS_API int kvs_serde_create_pair_json(const json_t *config, kvs_serde_pair *out);
 
@@ -74,11 +103,48 @@ KVS_API void kvs_serde_pair_destroy(kvs_serde_pair *pair);
 
 /* Upstream create_serde_processor: build the configured serde and wrap it in
  * a new, independent async processor (kvs_async_processor_create) with the
- * config's max_workers. Refused as kvs_serde_create_pair(), plus the
- * processor's own failures (KVS_EIO: no eventfd or thread). *out is
+ * config's max_workers. Refused as kvs_serde_create_pair() (a multi-output
+ * type: "serde type 'kv_split' is multi-output; use kvs_multi_serde_create"),
+ * plus the processor's own failures (KVS_EIO: no eventfd or thread). *out is
  * untouched on failure; nothing leaks. Free with kvs_processor_destroy(). */
 KVS_API int kvs_serde_create(const char *json_text, kvs_processor **out);
 KVS_API int kvs_serde_create_json(const json_t *config, kvs_processor **out);
+
+/* ----- Multi-output serdes (multi.h, multi_processor.h) --------------- */
+
+/* A multi factory: as kvs_serde_factory_fn, setting out->serializer and
+ * out->deserializer (both, with the same group_size). */
+typedef int (*kvs_multi_serde_factory_fn)(const json_t *kwargs, void *userdata,
+                                          kvs_multi_serde_pair *out);
+
+/* Register a multi-output factory under `name`, in the same name space as
+ * kvs_serde_register (same rules and refusals: "serde type already
+ * registered: 'kv_split'"). */
+KVS_API int kvs_multi_serde_register(const char *name,
+                                     kvs_multi_serde_factory_fn factory,
+                                     void *userdata);
+
+/* Build the sync halves of a multi-output serde from a config: the config
+ * rules of kvs_serde_create_pair ("type" and "max_workers" belong to the
+ * registry, the factory sees the rest), and a single-output type refused
+ * ("serde type 'fp8' is single-output; use kvs_serde_create_pair"). A factory
+ * whose halves disagree on group_size is refused. On failure *out is
+ * zeroed. Free with kvs_multi_serde_pair_destroy(). */
+KVS_API int kvs_multi_serde_create_pair(const char *json_text,
+                                        kvs_multi_serde_pair *out);
+KVS_API int kvs_multi_serde_create_pair_json(const json_t *config,
+                                             kvs_multi_serde_pair *out);
+
+/* The multi counterpart of kvs_serde_create: the configured multi serde in
+ * a new, independent kvs_async_multi_processor_create processor with the
+ * config's max_workers, e.g.
+ *     {"type": "kv_split", "v_dtype": "float8_e5m2", "max_workers": 2}
+ * A single-output type is refused ("serde type 'fp8' is single-output; use
+ * kvs_serde_create"). *out is untouched on failure; nothing leaks. Free
+ * with kvs_multi_processor_destroy(). */
+KVS_API int kvs_multi_serde_create(const char *json_text, kvs_multi_processor **out);
+KVS_API int kvs_multi_serde_create_json(const json_t *config,
+                                        kvs_multi_processor **out);
 
 /* ----- Helpers for factories reading their kwargs --------------------- */
 

@@ -1,6 +1,8 @@
 /* fp8_serde.c - the fp8 serde (upstream fp8.py): each group of the source
  * object cast to one fp8 byte per element, packed back to back, no header,
- * so the stored bytes are exactly upstream's. */
+ * so the stored bytes are exactly upstream's. Large objects may be converted
+ * by several of the processor's workers at once (kvs_serde_parallel_for). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "codecs/fp8_kernels.h"
@@ -35,6 +37,68 @@ static int check_groups(const kvs_layout *layout, const char *role)
     return KVS_OK;
 }
 
+/* The last check before converting: the kernels can run (KVSERDE_ISA may
+ * name a variant this CPU lacks). The first group's conversion would report
+ * exactly this; checking it up front means that once it passes, no range
+ * can fail, split or not. */
+static int kernels_ready(const kvs_layout *layout)
+{
+    const kvs_fp8_kernels *k;
+    return layout->ngroups > 0 ? kvs_fp8_kernels_get(&k) : KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * Element ranges. fp8 maps source element i (counting through the groups in
+ * order) to byte i of the blob, and each byte depends on its element alone,
+ * so any range of elements can be converted on its own: the serde hands the
+ * conversion to kvs_serde_parallel_for, which may spread one large object
+ * over the processor's idle workers. The bytes cannot depend on the split.
+ * ------------------------------------------------------------------ */
+
+typedef struct fp8_range_job {
+    const kvs_memobj *wide;  /* the KV-shaped object: source or destination */
+    uint8_t *codes;          /* the blob: one byte per element */
+    kvs_dtype fp8_dtype;
+    int saturate;
+    int decode;              /* 0: wide -> codes, 1: codes -> wide */
+    uint64_t first[KVS_MAX_GROUPS + 1]; /* element index where group g starts */
+} fp8_range_job;
+
+static void range_job_init(fp8_range_job *j, const kvs_memobj *wide, uint8_t *codes,
+                           kvs_dtype fp8_dtype, int saturate, int decode)
+{
+    j->wide = wide;
+    j->codes = codes;
+    j->fp8_dtype = fp8_dtype;
+    j->saturate = saturate;
+    j->decode = decode;
+    j->first[0] = 0;
+    for (uint32_t g = 0; g < wide->layout.ngroups; g++)
+        j->first[g + 1] = j->first[g] + kvs_layout_group_numel(&wide->layout, g);
+}
+
+/* Convert elements [begin, end): the part of each group that overlaps. */
+static int fp8_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    const fp8_range_job *j = ctx;
+    const kvs_layout *layout = &j->wide->layout;
+    for (uint32_t g = 0; g < layout->ngroups && begin < end; g++) {
+        if (j->first[g + 1] <= begin) continue;
+        uint64_t stop = end < j->first[g + 1] ? end : j->first[g + 1];
+        kvs_dtype dt = layout->groups[g].dtype;
+        uint8_t *wide = (uint8_t *)kvs_memobj_group_data(j->wide, g) +
+                        (begin - j->first[g]) * kvs_dtype_size(dt);
+        size_t n = (size_t)(stop - begin);
+        int rc = j->decode
+                     ? kvs_fp8_decode(j->codes + begin, j->fp8_dtype, wide, dt, n)
+                     : kvs_fp8_encode(wide, dt, j->codes + begin, j->fp8_dtype,
+                                      j->saturate, n);
+        if (rc) return rc;
+        begin = stop;
+    }
+    return KVS_OK;
+}
+
 static int fp8_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
                          size_t *nwritten)
 {
@@ -45,14 +109,13 @@ static int fp8_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *d
     if (dst->capacity < total)
         return kvs_set_error(KVS_ENOSPC, "fp8: destination too small: %zu bytes, need %llu",
                              dst->capacity, (unsigned long long)total);
-    uint8_t *out = dst->data;
-    for (uint32_t g = 0; g < src->layout.ngroups; g++) {
-        size_t n = (size_t)kvs_layout_group_numel(&src->layout, g);
-        rc = kvs_fp8_encode(kvs_memobj_group_data(src, g), src->layout.groups[g].dtype,
-                            out, self->fp8_dtype, self->saturate, n);
-        if (rc) return rc;
-        out += n;
-    }
+    rc = kernels_ready(&src->layout);
+    if (rc) return rc;
+    /* Everything that can be refused has been: the ranges only convert. */
+    fp8_range_job job;
+    range_job_init(&job, src, dst->data, self->fp8_dtype, self->saturate, 0);
+    rc = kvs_serde_parallel_for(total, kvs_layout_nbytes(&src->layout), fp8_range, &job);
+    if (rc) return rc;
     *nwritten = (size_t)total;
     return KVS_OK;
 }
@@ -90,15 +153,11 @@ static int fp8_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memob
     if (src->used_size < total)
         return kvs_set_error(KVS_ECORRUPT, "fp8: source too small: %zu bytes, need %llu",
                              src->used_size, (unsigned long long)total);
-    const uint8_t *in = src->data;
-    for (uint32_t g = 0; g < dst->layout.ngroups; g++) {
-        size_t n = (size_t)kvs_layout_group_numel(&dst->layout, g);
-        rc = kvs_fp8_decode(in, self->fp8_dtype, kvs_memobj_group_data(dst, g),
-                            dst->layout.groups[g].dtype, n);
-        if (rc) return rc;
-        in += n;
-    }
-    return KVS_OK;
+    rc = kernels_ready(&dst->layout);
+    if (rc) return rc;
+    fp8_range_job job;
+    range_job_init(&job, dst, src->data, self->fp8_dtype, 0, 1);
+    return kvs_serde_parallel_for(total, kvs_layout_nbytes(&dst->layout), fp8_range, &job);
 }
 
 static void fp8_deserializer_destroy(kvs_deserializer *d)

@@ -100,9 +100,11 @@ static float fp8_max(kvs_dtype fp8)
 /* The three hot loops are also compiled for AVX2 and picked at load time
  * (an ifunc, so glibc only): twice the vector width, and a cheaper float32
  * -> bfloat16 pack. Same operations, so the same bytes either way.
- * (-DKVS_NO_CLONES builds the portable version only.) */
+ * (-DKVS_NO_CLONES builds the portable version only, and so does a TSan
+ * build: ThreadSanitizer crashes in ifunc resolvers, which run before its
+ * runtime is initialized.) */
 #if KVS_HAVE_X86 && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
-    !defined(KVS_NO_CLONES)
+    !defined(KVS_NO_CLONES) && !defined(__SANITIZE_THREAD__)
 #define CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CLONES

@@ -1,13 +1,18 @@
 /* registry.c - the process-global serde registry (upstream factory.py):
  * names -> factories, and creation from a JSON config. The table is the one
  * piece of global mutable state in kvserde; a mutex guards it, and the
- * built-ins are registered exactly once before any use. */
+ * built-ins are registered exactly once before any use.
+ *
+ * Single- and multi-output serdes share the table (one name space); each
+ * entry carries its kind, and the create functions of one kind refuse the
+ * other's names, pointing at the right function. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/error_internal.h"
 #include "kvserde/error.h"
+#include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "serde/builtins.h"
@@ -17,7 +22,11 @@
 
 typedef struct entry {
     char name[MAX_NAME_LEN + 1];
-    kvs_serde_factory_fn factory;
+    kvs_serde_kind kind;
+    union {
+        kvs_serde_factory_fn single;
+        kvs_multi_serde_factory_fn multi;
+    } factory;
     void *userdata;
 } entry;
 
@@ -26,43 +35,58 @@ static size_t table_len;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
 
-static int register_locked(const char *name, kvs_serde_factory_fn factory,
-                           void *userdata)
+static int register_locked(const entry *e)
 {
     for (size_t i = 0; i < table_len; i++)
-        if (strcmp(table[i].name, name) == 0)
-            return kvs_set_error(KVS_EEXIST, "serde type already registered: '%s'", name);
+        if (strcmp(table[i].name, e->name) == 0)
+            return kvs_set_error(KVS_EEXIST, "serde type already registered: '%s'", e->name);
     if (table_len == MAX_SERDE_TYPES)
         return kvs_set_error(KVS_ENOSPC, "serde registry is full: %d types",
                              MAX_SERDE_TYPES);
-    entry *e = &table[table_len++];
-    snprintf(e->name, sizeof e->name, "%s", name);
-    e->factory = factory;
-    e->userdata = userdata;
+    table[table_len++] = *e;
     return KVS_OK;
 }
 
 static void register_builtins(void)
 {
+    entry fp8 = {.name = "fp8", .kind = KVS_SERDE_SINGLE, .factory.single = kvs_fp8_factory};
+    entry kv_split = {.name = "kv_split", .kind = KVS_SERDE_MULTI,
+                      .factory.multi = kvs_kv_split_factory};
     pthread_mutex_lock(&table_lock);
-    register_locked("fp8", kvs_fp8_factory, NULL);
+    register_locked(&fp8);
+    register_locked(&kv_split);
     pthread_mutex_unlock(&table_lock);
 }
 
-int kvs_serde_register(const char *name, kvs_serde_factory_fn factory, void *userdata)
+/* Checks shared by both register functions; fills e->name. */
+static int register_entry(const char *name, int have_factory, entry *e)
 {
-    if (name == NULL || factory == NULL)
+    if (name == NULL || !have_factory)
         return kvs_set_error(KVS_EINVAL, "serde registry: NULL name or factory");
     size_t len = strlen(name);
     if (len == 0 || len > MAX_NAME_LEN)
         return kvs_set_error(KVS_EINVAL,
                              "serde registry: name must be 1 to %d characters, got %zu",
                              MAX_NAME_LEN, len);
+    memcpy(e->name, name, len + 1);
     pthread_once(&builtins_once, register_builtins);
     pthread_mutex_lock(&table_lock);
-    int rc = register_locked(name, factory, userdata);
+    int rc = register_locked(e);
     pthread_mutex_unlock(&table_lock);
     return rc;
+}
+
+int kvs_serde_register(const char *name, kvs_serde_factory_fn factory, void *userdata)
+{
+    entry e = {.kind = KVS_SERDE_SINGLE, .factory.single = factory, .userdata = userdata};
+    return register_entry(name, factory != NULL, &e);
+}
+
+int kvs_multi_serde_register(const char *name, kvs_multi_serde_factory_fn factory,
+                             void *userdata)
+{
+    entry e = {.kind = KVS_SERDE_MULTI, .factory.multi = factory, .userdata = userdata};
+    return register_entry(name, factory != NULL, &e);
 }
 
 size_t kvs_serde_types(const char **names, size_t cap)
@@ -75,8 +99,17 @@ size_t kvs_serde_types(const char **names, size_t cap)
     return n;
 }
 
+const char *kvs_serde_kind_name(kvs_serde_kind kind)
+{
+    switch (kind) {
+    case KVS_SERDE_SINGLE: return "single";
+    case KVS_SERDE_MULTI: return "multi";
+    }
+    return "unknown";
+}
+
 /* Find `name`; on a miss, the message lists what is registered (sorted, as
- * upstream does). */
+ * upstream does), both kinds alike. */
 static int lookup(const char *name, entry *out)
 {
     pthread_once(&builtins_once, register_builtins);
@@ -107,10 +140,29 @@ static int lookup(const char *name, entry *out)
                          n ? list : "(none)");
 }
 
-int kvs_serde_create_pair_json(const json_t *config, kvs_serde_pair *out)
+int kvs_serde_type_kind(const char *name, kvs_serde_kind *out)
 {
-    if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
-    memset(out, 0, sizeof *out);
+    if (name == NULL || out == NULL)
+        return kvs_set_error(KVS_EINVAL, "serde registry: NULL %s",
+                             name == NULL ? "name" : "output");
+    entry e;
+    int rc = lookup(name, &e);
+    if (rc) return rc;
+    *out = e.kind;
+    return KVS_OK;
+}
+
+/* ---------------------------------------------------------------------
+ * From a config to a factory call
+ * ------------------------------------------------------------------ */
+
+/* Everything both kinds do before calling the factory: validate the config,
+ * find the type, check its kind (`instead` names the function of the other
+ * kind for the refusal), read max_workers, and copy the kwargs the factory
+ * may see (the config without "type" and "max_workers"). */
+static int prepare(const json_t *config, kvs_serde_kind want, const char *instead,
+                   entry *e, unsigned *workers, json_t **kwargs)
+{
     if (config == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL config");
     if (!json_is_object(config))
         return kvs_set_error(KVS_EINVAL, "serde config: must be a JSON object, got %s",
@@ -121,23 +173,42 @@ int kvs_serde_create_pair_json(const json_t *config, kvs_serde_pair *out)
     if (!json_is_string(type))
         return kvs_set_error(KVS_EINVAL, "serde config: 'type' must be a string, got %s",
                              kvs_json_type_name(type));
-    entry e;
-    int rc = lookup(json_string_value(type), &e);
+    int rc = lookup(json_string_value(type), e);
     if (rc) return rc;
-    unsigned workers;
-    rc = kvs_kwargs_get_positive_int(config, "serde config", "max_workers", 1, &workers);
+    if (e->kind != want)
+        return kvs_set_error(KVS_EINVAL, "serde type '%s' is %s-output; use %s", e->name,
+                             e->kind == KVS_SERDE_MULTI ? "multi" : "single", instead);
+    rc = kvs_kwargs_get_positive_int(config, "serde config", "max_workers", 1, workers);
     if (rc) return rc;
 
-    /* The factory sees its own kwargs only: a shallow copy without the
-     * registry's two keys. */
-    json_t *kwargs = json_copy((json_t *)config);
-    if (kwargs == NULL)
+    /* A shallow copy without the registry's two keys. */
+    *kwargs = json_copy((json_t *)config);
+    if (*kwargs == NULL)
         return kvs_set_error(KVS_ENOMEM, "serde config: out of memory copying kwargs");
-    json_object_del(kwargs, "type");
-    json_object_del(kwargs, "max_workers");
+    json_object_del(*kwargs, "type");
+    json_object_del(*kwargs, "max_workers");
+    return KVS_OK;
+}
+
+/* A failed factory must say why; if it did not, say which one failed. */
+static int factory_failed(int rc, unsigned long serial, const entry *e)
+{
+    if (kvs_error_serial() == serial)
+        kvs_set_error(rc, "serde config: factory '%s' failed: %s", e->name, kvs_strerror(rc));
+    return rc;
+}
+
+static int single_pair_json(const json_t *config, const char *instead, kvs_serde_pair *out)
+{
+    memset(out, 0, sizeof *out);
+    entry e;
+    unsigned workers;
+    json_t *kwargs;
+    int rc = prepare(config, KVS_SERDE_SINGLE, instead, &e, &workers, &kwargs);
+    if (rc) return rc;
     kvs_serde_pair pair = {0};
     unsigned long serial = kvs_error_serial();
-    rc = e.factory(kwargs, e.userdata, &pair);
+    rc = e.factory.single(kwargs, e.userdata, &pair);
     json_decref(kwargs);
     if (rc == KVS_OK && (pair.serializer == NULL || pair.deserializer == NULL)) {
         kvs_serde_pair_destroy(&pair);
@@ -148,26 +219,79 @@ int kvs_serde_create_pair_json(const json_t *config, kvs_serde_pair *out)
     }
     if (rc != KVS_OK) {
         kvs_serde_pair_destroy(&pair);
-        if (kvs_error_serial() == serial)
-            kvs_set_error(rc, "serde config: factory '%s' failed: %s", e.name,
-                          kvs_strerror(rc));
-        return rc;
+        return factory_failed(rc, serial, &e);
     }
     pair.max_workers = workers;
     *out = pair;
     return KVS_OK;
 }
 
+static int multi_pair_json(const json_t *config, const char *instead,
+                           kvs_multi_serde_pair *out)
+{
+    memset(out, 0, sizeof *out);
+    entry e;
+    unsigned workers;
+    json_t *kwargs;
+    int rc = prepare(config, KVS_SERDE_MULTI, instead, &e, &workers, &kwargs);
+    if (rc) return rc;
+    kvs_multi_serde_pair pair = {0};
+    unsigned long serial = kvs_error_serial();
+    rc = e.factory.multi(kwargs, e.userdata, &pair);
+    json_decref(kwargs);
+    if (rc != KVS_OK) {
+        kvs_multi_serde_pair_destroy(&pair);
+        return factory_failed(rc, serial, &e);
+    }
+    if (pair.serializer == NULL || pair.deserializer == NULL) {
+        kvs_multi_serde_pair_destroy(&pair);
+        return kvs_set_error(KVS_EINVAL,
+                             "serde config: factory '%s' returned no serializer or "
+                             "deserializer",
+                             e.name);
+    }
+    if (pair.serializer->group_size == 0 ||
+        pair.serializer->group_size != pair.deserializer->group_size) {
+        size_t gs = pair.serializer->group_size, gd = pair.deserializer->group_size;
+        kvs_multi_serde_pair_destroy(&pair);
+        return kvs_set_error(KVS_EINVAL,
+                             "serde config: factory '%s' returned group sizes %zu "
+                             "(serializer) and %zu (deserializer)",
+                             e.name, gs, gd);
+    }
+    pair.max_workers = workers;
+    *out = pair;
+    return KVS_OK;
+}
+
+/* Parse JSON text for the create functions; *config is NULL on failure. */
+static int parse_text(const char *json_text, json_t **config)
+{
+    *config = NULL;
+    if (json_text == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL text");
+    json_error_t err;
+    *config = json_loads(json_text, JSON_REJECT_DUPLICATES, &err);
+    if (*config == NULL)
+        return kvs_set_error(KVS_EINVAL, "serde config: invalid JSON at line %d, column %d: %s",
+                             err.line, err.column, err.text);
+    return KVS_OK;
+}
+
+/* ----- single ------------------------------------------------------- */
+
+int kvs_serde_create_pair_json(const json_t *config, kvs_serde_pair *out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
+    return single_pair_json(config, "kvs_multi_serde_create_pair", out);
+}
+
 int kvs_serde_create_pair(const char *json_text, kvs_serde_pair *out)
 {
     if (out) memset(out, 0, sizeof *out);
-    if (json_text == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL text");
-    json_error_t err;
-    json_t *config = json_loads(json_text, JSON_REJECT_DUPLICATES, &err);
-    if (config == NULL)
-        return kvs_set_error(KVS_EINVAL, "serde config: invalid JSON at line %d, column %d: %s",
-                             err.line, err.column, err.text);
-    int rc = kvs_serde_create_pair_json(config, out);
+    json_t *config;
+    int rc = parse_text(json_text, &config);
+    if (rc) return rc;
+    rc = kvs_serde_create_pair_json(config, out);
     json_decref(config);
     return rc;
 }
@@ -180,26 +304,65 @@ void kvs_serde_pair_destroy(kvs_serde_pair *pair)
     memset(pair, 0, sizeof *pair);
 }
 
-/* Both creators take ownership of the pair: kvs_async_processor_create
- * destroys it itself if it fails. */
-static int processor_from_pair(kvs_serde_pair *pair, kvs_processor **out)
-{
-    return kvs_async_processor_create(pair->serializer, pair->deserializer,
-                                      pair->max_workers, out);
-}
-
+/* kvs_async_processor_create takes ownership of the pair: it destroys it
+ * itself if it fails. */
 int kvs_serde_create_json(const json_t *config, kvs_processor **out)
 {
     if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
     kvs_serde_pair pair;
-    int rc = kvs_serde_create_pair_json(config, &pair);
-    return rc ? rc : processor_from_pair(&pair, out);
+    int rc = single_pair_json(config, "kvs_multi_serde_create", &pair);
+    if (rc) return rc;
+    return kvs_async_processor_create(pair.serializer, pair.deserializer, pair.max_workers,
+                                      out);
 }
 
 int kvs_serde_create(const char *json_text, kvs_processor **out)
 {
     if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
-    kvs_serde_pair pair;
-    int rc = kvs_serde_create_pair(json_text, &pair);
-    return rc ? rc : processor_from_pair(&pair, out);
+    json_t *config;
+    int rc = parse_text(json_text, &config);
+    if (rc) return rc;
+    rc = kvs_serde_create_json(config, out);
+    json_decref(config);
+    return rc;
+}
+
+/* ----- multi -------------------------------------------------------- */
+
+int kvs_multi_serde_create_pair_json(const json_t *config, kvs_multi_serde_pair *out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
+    return multi_pair_json(config, "kvs_serde_create_pair", out);
+}
+
+int kvs_multi_serde_create_pair(const char *json_text, kvs_multi_serde_pair *out)
+{
+    if (out) memset(out, 0, sizeof *out);
+    json_t *config;
+    int rc = parse_text(json_text, &config);
+    if (rc) return rc;
+    rc = kvs_multi_serde_create_pair_json(config, out);
+    json_decref(config);
+    return rc;
+}
+
+int kvs_multi_serde_create_json(const json_t *config, kvs_multi_processor **out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
+    kvs_multi_serde_pair pair;
+    int rc = multi_pair_json(config, "kvs_serde_create", &pair);
+    if (rc) return rc;
+    return kvs_async_multi_processor_create(pair.serializer, pair.deserializer,
+                                            pair.max_workers, out);
+}
+
+int kvs_multi_serde_create(const char *json_text, kvs_multi_processor **out)
+{
+    if (out == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL output");
+    json_t *config;
+    int rc = parse_text(json_text, &config);
+    if (rc) return rc;
+    rc = kvs_multi_serde_create_json(config, out);
+    json_decref(config);
+    return rc;
 }
