@@ -15,6 +15,7 @@
 #include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "l2/builtins.h"
+#include "util/name_list.h"
 
 #define MAX_L2_TYPES 64
 #define MAX_NAME_LEN 63
@@ -95,21 +96,12 @@ static int lookup(const char *name, entry *out)
     }
     const char *sorted[MAX_L2_TYPES];
     size_t n = table_len;
-    for (size_t i = 0; i < n; i++) {
-        size_t j = i;
-        for (; j > 0 && strcmp(sorted[j - 1], table[i].name) > 0; j--)
-            sorted[j] = sorted[j - 1];
-        sorted[j] = table[i].name;
-    }
+    for (size_t i = 0; i < n; i++) sorted[i] = table[i].name;
+    kvs_names_sort(sorted, n);
     char list[MAX_L2_TYPES * (MAX_NAME_LEN + 2)];
-    size_t len = 0;
-    list[0] = '\0';
-    for (size_t i = 0; i < n; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "",
-                                sorted[i]);
+    kvs_names_join(sorted, n, "(none)", list, sizeof list);
     pthread_mutex_unlock(&table_lock);
-    return kvs_set_error(KVS_EINVAL, "unknown L2 adapter type '%s'; registered: %s", name,
-                         n ? list : "(none)");
+    return kvs_set_error(KVS_EINVAL, "unknown L2 adapter type '%s'; registered: %s", name, list);
 }
 
 /* The "serde" sub-dict, checked as upstream's _parse_serde_config does:

@@ -8,6 +8,7 @@
 
 #include "kvserde/error.h"
 #include "kvserde/registry.h"
+#include "util/name_list.h"
 
 #define MAX_WORKERS_LIMIT 1024u
 
@@ -30,12 +31,11 @@ const char *kvs_json_type_name(const json_t *value)
 static void join_names(const char *const *names, const char *extra, char *buf,
                        size_t size)
 {
-    size_t len = 0;
-    buf[0] = '\0';
-    for (size_t i = 0; names && names[i] && len < size; i++)
-        len += (size_t)snprintf(buf + len, size - len, "%s%s", i ? ", " : "", names[i]);
-    if (extra && len < size)
-        snprintf(buf + len, size - len, "%s%s", len ? ", " : "", extra);
+    const char *all[64];
+    size_t n = 0;
+    for (; names && names[n] && n < 63; n++) all[n] = names[n];
+    if (extra) all[n++] = extra;
+    kvs_names_join(all, n, "", buf, size);
 }
 
 int kvs_kwargs_check_known(const json_t *kwargs, const char *component,
