@@ -32,3 +32,51 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
+
+# ---------------------------------------------------------------------------
+# Hardening (docs/hardening.md)
+#   make check     the whole test suite in the normal build ($(BUILD)), an
+#                  ASan+UBSan build ($(ASAN_BUILD)) and a TSan build
+#                  ($(TSAN_BUILD)); fails if any test fails in any of them
+#   make fuzz      build the libFuzzer targets with clang ($(FUZZ_BUILD)) and
+#                  run each for FUZZ_SECONDS seconds (fuzz/README.md)
+#   make valgrind  the normal build's test suite under valgrind memcheck
+# ---------------------------------------------------------------------------
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+VALGRIND_OPTIONS ?= --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-fds=yes --trace-children=no
+
+.PHONY: check check-plain check-asan check-tsan fuzz valgrind
+
+check: setup
+	@failed=""; \
+	for b in plain asan tsan; do \
+	  t0=$$(date +%s); \
+	  $(MAKE) --no-print-directory check-$$b || failed="$$failed $$b"; \
+	  echo "make check: $$b build done in $$(( $$(date +%s) - t0 ))s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make check: FAILED in:$$failed"; exit 1; fi; \
+	echo "make check: every test passed in the normal, ASan+UBSan and TSan builds"
+
+check-plain: test
+
+check-asan check-tsan: check-%: setup
+	@dir=$(if $(filter asan,$*),$(ASAN_BUILD),$(TSAN_BUILD)); \
+	san=$(if $(filter asan,$*),address,thread); \
+	cmake -S . -B $$dir -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_SANITIZE=$$san \
+	  -DKVS_BUILD_BENCH=OFF $(CMAKE_FLAGS) >/dev/null && \
+	cmake --build $$dir -j $(JOBS) && \
+	cd $$dir && ctest --output-on-failure -j $(JOBS)
+
+fuzz: setup
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DKVS_BUILD_FUZZ=ON -DKVS_BUILD_TESTS=OFF -DKVS_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh $(FUZZ_BUILD)
+
+valgrind: build
+	cd $(BUILD) && ctest -T memcheck -j $(JOBS) --output-on-failure \
+	  --overwrite MemoryCheckCommand=$$(command -v valgrind) \
+	  --overwrite "MemoryCheckCommandOptions=$(VALGRIND_OPTIONS)"

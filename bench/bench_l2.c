@@ -125,6 +125,9 @@ static int start_redis(void)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    /* stderr too: a server that outlives a crashed test must not hold the
+     * test runner's output pipe open (ctest would wait for its timeout). */
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     int rc = posix_spawnp(&server_pid, "redis-server", &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {

@@ -1,9 +1,12 @@
-# Fails unless the README's C example is exactly examples/fp8_roundtrip.c,
-# so the example a reader copies is the one the test suite builds and runs.
+# Fails unless each example program appears verbatim in a ```c block of the
+# README, so the code a reader copies is the code the test suite builds and
+# runs.
 file(READ ${README} readme)
-file(READ ${EXAMPLE} example)
-string(FIND "${readme}" "```c\n${example}```" pos)
-if(pos EQUAL -1)
-  message(FATAL_ERROR "README.md's C example differs from ${EXAMPLE}; paste the file into the README's ```c block")
-endif()
-message(STATUS "README example matches ${EXAMPLE}")
+foreach(example ${EXAMPLES})
+  file(READ ${example} text)
+  string(FIND "${readme}" "```c\n${text}```" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "README.md has no ```c block equal to ${example}; paste the file into the README")
+  endif()
+  message(STATUS "README holds ${example}")
+endforeach()

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -157,6 +158,9 @@ static int start_server(server *s, int cluster, const char *const *extra)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    /* stderr too: a server that outlives a crashed test must not hold the
+     * test runner's output pipe open (ctest would wait for its timeout). */
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
     pid_t pid;
     int rc = posix_spawnp(&pid, "redis-server", &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
@@ -1333,7 +1337,7 @@ typedef enum fake_mode {
 typedef struct fake_server {
     int listen_fd, port;
     fake_mode mode;
-    volatile int stop;
+    atomic_int stop; /* set by fake_stop, read by the server thread */
     pthread_t thread;
 } fake_server;
 

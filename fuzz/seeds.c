@@ -1,0 +1,307 @@
+/* seeds.c - writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/)
+ * from real library output, so the seeds are valid inputs of each target's
+ * format. Not a fuzz target: built as kvs_fuzz_seeds in the fuzz build.
+ *
+ *     build-fuzz/kvs_fuzz_seeds fuzz/corpus
+ *
+ * then, for encoded safetensors seeds, the tool (fuzz/README.md):
+ *     kvserde encode fuzz/corpus/safetensors/plain.safetensors \
+ *         fuzz/corpus/safetensors/fp8.safetensors   (and --raw, --serde ...)
+ * The input layout of each binary seed is the one its fuzz_*.c decodes.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvserde/kvserde.h"
+#include "kvserde/multi.h"
+
+static const char *g_root;
+
+static void put(const char *target, const char *name, const void *data, size_t len)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", g_root, target);
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        perror(path);
+        exit(1);
+    }
+    snprintf(path, sizeof path, "%s/%s/%s", g_root, target, name);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
+static void put_text(const char *target, const char *name, const char *text)
+{
+    put(target, name, text, strlen(text));
+}
+
+/* A growing byte buffer. */
+typedef struct buf {
+    uint8_t b[1 << 16];
+    size_t n;
+} buf;
+static void b_u8(buf *b, unsigned v) { b->b[b->n++] = (uint8_t)v; }
+static void b_u16(buf *b, unsigned v) { b_u8(b, v & 0xFF), b_u8(b, (v >> 8) & 0xFF); }
+static void b_u32(buf *b, uint32_t v) { b_u16(b, v & 0xFFFF), b_u16(b, v >> 16); }
+static void b_u64(buf *b, uint64_t v) { b_u32(b, (uint32_t)v), b_u32(b, (uint32_t)(v >> 32)); }
+static void b_mem(buf *b, const void *p, size_t n) { memcpy(b->b + b->n, p, n), b->n += n; }
+
+static void check(int rc, const char *what)
+{
+    if (rc != KVS_OK) {
+        fprintf(stderr, "seeds: %s: %s\n", what, kvs_last_error());
+        exit(1);
+    }
+}
+
+static void json_seeds(void)
+{
+    static const char *const serde[] = {
+        "{\"type\": \"fp8\"}",
+        "{\"type\": \"fp8\", \"fp8_dtype\": \"float8_e5m2\", \"saturate\": false, \"max_workers\": 2}",
+        "{\"type\": \"fp8\", \"fp8_dtype\": \"float8_e4m3fn\", \"max_workers\": \"3\"}",
+        "{\"type\": \"fp8\", \"max_workers\": 2.0, \"saturate\": true}",
+        "{\"type\": \"fp8\", \"max_workers\": 0}",
+        "{\"type\": \"fp8\", \"foo\": 1}",
+        "{\"type\": \"kv_split\", \"k_dtype\": \"native\", \"v_dtype\": \"float8_e4m3fn\"}",
+        "{\"type\": 7}",
+        "{\"fp8_dtype\": \"float8_e5m2\"}",
+        "[{\"type\": \"fp8\"}]",
+        "{\"type\": \"fp8\"",
+    };
+    for (size_t i = 0; i < sizeof serde / sizeof serde[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "config-%02zu.json", i);
+        put_text("serde_config", name, serde[i]);
+    }
+    static const char *const l2[] = {
+        "{\"type\": \"memory\"}",
+        "{\"type\": \"memory\", \"capacity_bytes\": 100, \"workers\": 2}",
+        "{\"type\": \"memory\", \"serde\": {\"type\": \"fp8\", \"fp8_dtype\": \"float8_e5m2\"}}",
+        "{\"type\": \"memory\", \"serde\": {\"type\": \"fp8\"}, \"serde_pool_bytes\": 16}",
+        "{\"type\": \"fs\", \"path\": \"/var/cache/kv\"}",
+        "{\"type\": \"fs\", \"path\": \"/x\", \"fsync\": false, \"capacity_bytes\": 0, "
+        "\"workers\": \"2\", \"create\": true}",
+        "{\"type\": \"fs\", \"path\": \"/x\", \"serde\": {\"type\": \"fp8\", \"max_workers\": 2}, "
+        "\"serde_pool_bytes\": 4096}",
+        "{\"type\": \"fs\", \"path\": \"/x\", \"capacity_bytes\": 64}",
+        "{\"type\": \"fs\", \"path\": \"\"}",
+        "{\"type\": \"fs\", \"path\": \"/x\", \"workers\": 2000}",
+        "{\"type\": \"memory\", \"serde\": \"fp8\"}",
+        "{\"type\": \"memory\", \"serde\": {}}",
+        "{\"type\": \"nosuch\"}",
+        "{\"path\": \"/x\"}",
+    };
+    for (size_t i = 0; i < sizeof l2 / sizeof l2[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "spec-%02zu.json", i);
+        put_text("l2_spec", name, l2[i]);
+    }
+}
+
+/* fuzz_fp8_deserialize: opt, ngroups-1, per group (dtype | ndim<<3 | wide<<7,
+ * dims), u32 selector, source bytes. */
+static void fp8_seeds(void)
+{
+    struct {
+        const char *name;
+        unsigned opt;
+        unsigned ngroups;
+        unsigned dt[3], ndim[3], dims[3][3];
+        size_t nsrc;
+    } s[] = {
+        {"bf16-4x8", 0, 1, {3}, {2}, {{4, 8}}, 32},
+        {"f16-e5m2", 1, 1, {2}, {1}, {{16}}, 16},
+        {"f32-sat-off", 0, 1, {1}, {3}, {{2, 2, 4}}, 16},
+        {"two-groups", 2, 2, {3, 1}, {1, 2}, {{8}, {2, 4}}, 16},
+        {"short-src", 4, 1, {3}, {1}, {{20}}, 20},
+        {"uint8-dst", 0, 1, {0}, {1}, {{8}}, 8},
+        {"scalar", 0, 1, {2}, {0}, {{0}}, 1},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        static buf b;
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        b_u8(&b, s[i].ngroups - 1);
+        for (unsigned g = 0; g < s[i].ngroups; g++) {
+            b_u8(&b, s[i].dt[g] | s[i].ndim[g] << 3);
+            for (unsigned d = 0; d < s[i].ndim[g]; d++) b_u8(&b, s[i].dims[g][d]);
+        }
+        b_u32(&b, (uint32_t)(s[i].nsrc / 2));
+        for (size_t k = 0; k < s[i].nsrc; k++) b_u8(&b, (unsigned)(k * 29 + 7 * i));
+        b_u8(&b, 0x7F); /* e4m3fn NaN */
+        b_u8(&b, 0xFE);
+        b_u8(&b, 0x80); /* -0 */
+        put("fp8_deserialize", s[i].name, b.b, b.n);
+    }
+}
+
+/* fuzz_kv_split: opt, dtypes, u32 nk, u32 nv, blob. */
+static void kv_split_seeds(void)
+{
+    struct {
+        const char *name;
+        kvs_kv_split_store k, v;
+        kvs_kv_split_scale scale;
+        kvs_kv_split_mode mode;
+        kvs_dtype dt;
+        unsigned opt, dts;
+    } s[] = {
+        {"default-f16", KVS_KV_SPLIT_STORE_NATIVE, KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
+         KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_KV, KVS_DTYPE_FLOAT16, 0x0F, 0x05},
+        {"both-fp8-bf16", KVS_KV_SPLIT_STORE_FLOAT8_E5M2, KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
+         KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_KV, KVS_DTYPE_BFLOAT16, 0x0F, 0x0A},
+        {"scale-none-f32", KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN, KVS_KV_SPLIT_STORE_FLOAT8_E5M2,
+         KVS_KV_SPLIT_SCALE_NONE, KVS_KV_SPLIT_MODE_KV, KVS_DTYPE_FLOAT32, 0x0F, 0x30},
+        {"v-only", KVS_KV_SPLIT_STORE_NATIVE, KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
+         KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_V_ONLY, KVS_DTYPE_BFLOAT16, 0x0B, 0x0A},
+        {"native-both", KVS_KV_SPLIT_STORE_NATIVE, KVS_KV_SPLIT_STORE_NATIVE,
+         KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_KV, KVS_DTYPE_FLOAT16, 0x07, 0x00},
+        {"bad-crc", KVS_KV_SPLIT_STORE_NATIVE, KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
+         KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_KV, KVS_DTYPE_FLOAT16, 0x0E, 0x05},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        kvs_kv_split_options o;
+        kvs_kv_split_options_init(&o);
+        o.k_store = s[i].k;
+        o.v_store = s[i].v;
+        o.scale = s[i].scale;
+        o.mode = s[i].mode;
+        kvs_multi_serializer *ser = NULL;
+        check(kvs_kv_split_serde_create(&o, &ser, NULL), "kv_split create");
+        enum { N = 24 };
+        static uint8_t kd[N * 4], vd[N * 4], out[4096];
+        for (size_t k = 0; k < sizeof kd; k++) {
+            kd[k] = (uint8_t)(k * 13 + i);
+            vd[k] = (uint8_t)(k * 7 + 3);
+        }
+        for (size_t k = 1; k < sizeof kd; k += 2) kd[k] = vd[k] = 0x3C; /* sane exponents */
+        kvs_layout lay, flat;
+        check(kvs_layout_flat(&lay, N, s[i].dt), "layout");
+        kvs_memobj ko, vo, dst;
+        check(kvs_memobj_init(&ko, kd, sizeof kd, &lay, KVS_FMT_KV_2TD), "k");
+        check(kvs_memobj_init(&vo, vd, sizeof vd, &lay, KVS_FMT_KV_2TD), "v");
+        check(kvs_layout_flat(&flat, sizeof out, KVS_DTYPE_UINT8), "flat");
+        check(kvs_memobj_init(&dst, out, sizeof out, &flat, KVS_FMT_BINARY), "dst");
+        kvs_memobj *group[2] = {s[i].mode == KVS_KV_SPLIT_MODE_V_ONLY ? NULL : &ko, &vo};
+        size_t nw = 0;
+        check(kvs_multi_serialize(ser, group, 2, &dst, &nw), "serialize");
+        kvs_multi_serializer_destroy(ser);
+        if (strcmp(s[i].name, "bad-crc") == 0) out[nw - 1] ^= 0x40;
+        static buf b;
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        b_u8(&b, s[i].dts);
+        b_u32(&b, N);
+        b_u32(&b, N);
+        b_mem(&b, out, nw);
+        put("kv_split", s[i].name, b.b, b.n);
+    }
+}
+
+/* fuzz_fs_key_path: key 1 (flags, hash len, hash, model len, model, salt
+ * len, salt, rank u64, group u64), mode, [key 2 or a change], path text. */
+static void key(buf *b, unsigned flags, const void *hash, unsigned hlen, const char *model,
+                const char *salt, int64_t rank, int64_t group)
+{
+    b_u8(b, flags);
+    b_u8(b, hlen);
+    b_mem(b, hash, hlen);
+    b_u8(b, (unsigned)strlen(model));
+    b_mem(b, model, strlen(model));
+    b_u8(b, (unsigned)strlen(salt));
+    b_mem(b, salt, strlen(salt));
+    b_u64(b, (uint64_t)rank);
+    b_u64(b, (uint64_t)group);
+}
+
+static void key_seeds(void)
+{
+    static const uint8_t h4[4] = {0, 0, 0, 7};
+    uint8_t h100[100];
+    for (int i = 0; i < 100; i++) h100[i] = (uint8_t)(i * 3);
+    char longname[256];
+    for (int i = 0; i < 255; i++) longname[i] = (char)(i % 3 == 0 ? '%' : i % 3 == 1 ? '.' : 'a');
+    longname[255] = '\0';
+    static buf b;
+
+    b.n = 0;
+    key(&b, 0, h4, 4, "meta-llama/Llama-3-8B", "", 0, 0);
+    b_u8(&b, 1 | (4 << 1)); /* k2 = k1 with rank changed */
+    b_u8(&b, 1);
+    const char *p1 = "meta-llama%2FLlama-3-8B+/00000007,0,0";
+    b_mem(&b, p1, strlen(p1));
+    put("fs_key_path", "llama", b.b, b.n);
+
+    b.n = 0;
+    key(&b, 0, h4 + 3, 1, "..", "s", -1, 3);
+    b_u8(&b, 0);
+    key(&b, 0, h4 + 3, 1, ".", "s.", -1, 3);
+    const char *p2 = "%2E.+s/07,-1,3";
+    b_mem(&b, p2, strlen(p2));
+    put("fs_key_path", "dots", b.b, b.n);
+
+    b.n = 0;
+    key(&b, 0, h100, 100, longname, "salt with spaces", INT64_MIN, INT64_MAX);
+    b_u8(&b, 1 | (2 << 1));
+    b_u8(&b, 200);
+    b_u8(&b, '/');
+    put("fs_key_path", "long", b.b, b.n);
+
+    b.n = 0;
+    static const uint8_t h200[200] = {1, 2, 3};
+    key(&b, 1, h200, 200, "bad@model", "x/y", 5, -2); /* invalid: every field */
+    b_u8(&b, 0);
+    key(&b, 0, h4, 0, "", "", 0, 0);
+    b_mem(&b, "../../etc/passwd", 16);
+    put("fs_key_path", "invalid", b.b, b.n);
+}
+
+/* A plain safetensors file: F16 k, BF16 v, F32 w, I64 scalar, metadata. */
+static void safetensors_seed(void)
+{
+    const char *json =
+        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "\"k\":{\"dtype\":\"F16\",\"shape\":[2,4],\"data_offsets\":[0,16]},"
+        "\"v\":{\"dtype\":\"BF16\",\"shape\":[2,4],\"data_offsets\":[16,32]},"
+        "\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[32,44]},"
+        "\"n\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[44,52]}}";
+    static buf b;
+    b.n = 0;
+    size_t hl = (strlen(json) + 7) / 8 * 8;
+    b_u64(&b, hl);
+    b_mem(&b, json, strlen(json));
+    while (b.n < 8 + hl) b_u8(&b, ' ');
+    static const uint16_t f16[8] = {0x3C00, 0xC000, 0x3800, 0x4200, 0x7BFF, 0x0001, 0x8000, 0x7E00};
+    static const uint16_t bf16[8] = {0x3F80, 0xC000, 0x3F00, 0x4040, 0x7F7F, 0x0001, 0x8000, 0x7FC0};
+    static const float f32[3] = {1.5f, -2.25f, 1e-30f};
+    int64_t n = 42;
+    b_mem(&b, f16, sizeof f16);
+    b_mem(&b, bf16, sizeof bf16);
+    b_mem(&b, f32, sizeof f32);
+    b_mem(&b, &n, sizeof n);
+    put("safetensors", "plain.safetensors", b.b, b.n);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+        return 2;
+    }
+    g_root = argv[1];
+    mkdir(g_root, 0777);
+    json_seeds();
+    fp8_seeds();
+    kv_split_seeds();
+    key_seeds();
+    safetensors_seed();
+    return 0;
+}
