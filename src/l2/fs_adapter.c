@@ -6,11 +6,12 @@
  *     is the shared task queue (task_queue.h).
  *   - A task's keys are cut into up to `workers` contiguous slices, one pool
  *     job each, so one big batch uses every worker (parallel reads, and
- *     parallel fsyncs, which is where a store spends its time). Each slice
- *     records its own hits, bytes and first error in memory of its own; the
- *     last slice to finish (an atomic countdown) merges them in key order
- *     and completes the task.
- *   - `mu` guards the usage counters and the lock counts, and is held
+ *     parallel fsyncs, which is where a store spends its time): the shared
+ *     batch runner (batch_slices.h). Each slice records its own hits, bytes
+ *     and first error in memory of its own; the last slice to finish merges
+ *     them in key order and completes the task.
+ *   - `mu` guards the usage counters and the lock counts (the shared lock
+ *     table, lock_table.h, keyed by the key's path), and is held
  *     across the few metadata calls that must be atomic with them: a
  *     store's stat-of-the-old-file + capacity check + rename, a lookup's
  *     stat + lock, a delete's lock check + unlink. Data is written and read
@@ -27,7 +28,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,9 +44,11 @@
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
 #include "kvserde/registry.h"
+#include "l2/batch_slices.h"
 #include "l2/builtins.h"
 #include "l2/fs_adapter.h"
 #include "l2/fs_names.h"
+#include "l2/lock_table.h"
 #include "l2/task_queue.h"
 #include "util/thread_pool.h"
 
@@ -54,18 +56,11 @@
 #define SCAN_MAX_DEPTH 12 /* the scheme nests at most 8 levels */
 #define MSG_PATH_MAX 200  /* longer paths are shortened in messages */
 
-/* One locked key: its path (the key, injectively) and lock count. */
-typedef struct lock_entry {
-    struct lock_entry *next;
-    uint64_t hash;
-    uint64_t count;
-    char path[];
-} lock_entry;
-
 typedef struct fs_adapter {
     kvs_l2_adapter base;
     kvs_l2_task_queue q;
     kvs_thread_pool *pool;
+    kvs_l2_batch_runner runner; /* runs tasks as slices on pool */
     char *root;          /* the directory as given, without trailing '/' */
     int dirfd;           /* -1 once closed */
     int fsync;
@@ -77,9 +72,7 @@ typedef struct fs_adapter {
     pthread_mutex_t mu;  /* guards the group below */
     uint64_t bytes_used;
     uint64_t nkeys;
-    lock_entry **locks;
-    size_t nbuckets;     /* a power of two */
-    size_t nlocked;
+    kvs_l2_lock_table locks; /* by the key's path */
 
     pthread_rwlock_t dir_lock;
     pthread_mutex_t close_mu;
@@ -89,35 +82,12 @@ typedef struct fs_adapter {
     void *read_hook_arg;
 } fs_adapter;
 
-struct fs_task;
-
-/* A contiguous run of a task's keys, run as one pool job. */
-typedef struct fs_slice {
-    kvs_job job;
-    struct fs_task *task;
-    size_t begin, end;
-    uint64_t bytes;  /* stored by this slice */
-    int status;      /* this slice's first error */
-    char message[KVS_ERROR_MSG_MAX];
-} fs_slice;
-
-/* One submitted task: the queue's record, copies of the caller's arrays,
- * per-key hits, and the slices. */
-typedef struct fs_task {
-    fs_adapter *fs;
-    kvs_l2_task *t;
-    size_t n;
-    kvs_object_key *keys;
-    kvs_memobj **objects; /* stores and loads */
-    uint8_t *hit;         /* lookups and loads */
-    atomic_uint remaining;
-    unsigned nslices;
-    fs_slice slices[];
-} fs_task;
-
 static const struct kvs_l2_adapter_ops fs_ops;
 
 static fs_adapter *fs_of(kvs_l2_adapter *a) { return KVS_CONTAINER_OF(a, fs_adapter, base); }
+
+/* The adapter running a slice (the runner's ctx). */
+static fs_adapter *fs_of_slice(const kvs_l2_slice *s) { return s->batch->runner.ctx; }
 
 /* ---------------------------------------------------------------------
  * Small helpers
@@ -142,27 +112,14 @@ static void msg_path(const fs_adapter *fs, const char *rel, char *out, size_t si
     out[len] = '\0';
 }
 
-static void slice_fail(fs_slice *s, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void slice_fail(fs_slice *s, int status, const char *fmt, ...)
-{
-    if (s->status != KVS_OK) return; /* the slice's first error wins */
-    s->status = status;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->message, sizeof s->message, fmt, ap);
-    va_end(ap);
-}
-
 /* Key i failed in system call `call` with errno `err`. */
-static void slice_fail_sys(fs_slice *s, const char *op, size_t i, const char *call, int err,
-                           const char *rel)
+static void slice_fail_sys(kvs_l2_slice *s, const char *op, size_t i, const char *call,
+                           int err, const char *rel)
 {
     char where[MSG_PATH_MAX + 8];
-    msg_path(s->task->fs, rel, where, sizeof where);
-    slice_fail(s, KVS_EIO, "fs: %s of key %zu: %s: %s (%s)", op, i, call, strerror(err),
-               where);
+    msg_path(fs_of_slice(s), rel, where, sizeof where);
+    kvs_l2_slice_fail(s, KVS_EIO, "fs: %s of key %zu: %s: %s (%s)", op, i, call,
+                      strerror(err), where);
 }
 
 static int write_all(int fd, const void *data, size_t n)
@@ -243,101 +200,17 @@ static int make_dirs(fs_adapter *fs, const char *rel, size_t dlen, const char **
 }
 
 /* ---------------------------------------------------------------------
- * Lock counts (callers hold mu)
- * ------------------------------------------------------------------ */
-
-static uint64_t path_hash(const char *p)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *p; p++) {
-        h ^= (unsigned char)*p;
-        h *= 0x100000001b3ull; /* FNV-1a */
-    }
-    return h;
-}
-
-static lock_entry **lock_slot(fs_adapter *fs, const char *path, uint64_t h)
-{
-    lock_entry **slot = &fs->locks[h & (fs->nbuckets - 1)];
-    while (*slot && !((*slot)->hash == h && strcmp((*slot)->path, path) == 0))
-        slot = &(*slot)->next;
-    return slot;
-}
-
-static uint64_t lock_count(fs_adapter *fs, const char *path)
-{
-    lock_entry *e = *lock_slot(fs, path, path_hash(path));
-    return e ? e->count : 0;
-}
-
-/* Double the bucket array when fuller than one entry per bucket; a failed
- * allocation only keeps the chains longer. */
-static void locks_maybe_grow(fs_adapter *fs)
-{
-    if (fs->nlocked < fs->nbuckets) return;
-    size_t nb = fs->nbuckets * 2;
-    lock_entry **nbk = calloc(nb, sizeof *nbk);
-    if (nbk == NULL) return;
-    for (size_t i = 0; i < fs->nbuckets; i++) {
-        lock_entry *e = fs->locks[i];
-        while (e) {
-            lock_entry *next = e->next;
-            e->next = nbk[e->hash & (nb - 1)];
-            nbk[e->hash & (nb - 1)] = e;
-            e = next;
-        }
-    }
-    free(fs->locks);
-    fs->locks = nbk;
-    fs->nbuckets = nb;
-}
-
-/* One more lock on path; -1 if out of memory. */
-static int lock_add(fs_adapter *fs, const char *path)
-{
-    uint64_t h = path_hash(path);
-    lock_entry **slot = lock_slot(fs, path, h);
-    if (*slot) {
-        (*slot)->count++;
-        return 0;
-    }
-    size_t len = strlen(path);
-    lock_entry *e = malloc(sizeof *e + len + 1);
-    if (e == NULL) return -1;
-    e->next = NULL;
-    e->hash = h;
-    e->count = 1;
-    memcpy(e->path, path, len + 1);
-    *slot = e;
-    fs->nlocked++;
-    locks_maybe_grow(fs);
-    return 0;
-}
-
-static void lock_release(fs_adapter *fs, const char *path)
-{
-    lock_entry **slot = lock_slot(fs, path, path_hash(path));
-    lock_entry *e = *slot;
-    if (e == NULL) return; /* not locked: ignored */
-    if (--e->count == 0) {
-        *slot = e->next;
-        free(e);
-        fs->nlocked--;
-    }
-}
-
-/* ---------------------------------------------------------------------
  * Worker side
  * ------------------------------------------------------------------ */
 
 /* Store key i. 0 on success; else the slice has failed. */
-static int store_one(fs_adapter *fs, fs_slice *s, size_t i)
+static int store_one(fs_adapter *fs, kvs_l2_slice *s, size_t i)
 {
-    fs_task *ft = s->task;
-    const kvs_memobj *obj = ft->objects[i];
+    kvs_l2_batch *b = s->batch;
+    const kvs_memobj *obj = b->objects[i];
     size_t size = kvs_memobj_size(obj);
     char rel[KVS_FS_KEY_PATH_MAX];
-    size_t len = kvs_fs_encode_key(&ft->keys[i], rel);
+    size_t len = kvs_fs_encode_key(&b->keys[i], rel);
     size_t dlen = kvs_fs_dir_len(rel, len);
 
     /* A new temporary file next to the final one (same directory, so the
@@ -383,8 +256,18 @@ static int store_one(fs_adapter *fs, fs_slice *s, size_t i)
 
     pthread_mutex_lock(&fs->mu);
     struct stat st;
-    int existed = fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                  S_ISREG(st.st_mode);
+    int existed = 0;
+    if (fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        existed = S_ISREG(st.st_mode);
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+        /* Unknown whether a key is replaced: the usage count would drift. */
+        err = errno;
+        pthread_mutex_unlock(&fs->mu);
+        unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        slice_fail_sys(s, "store", i, "stat", err, rel);
+        return -1;
+    }
     uint64_t old = existed ? (uint64_t)st.st_size : 0;
     /* Another process may have changed the directory since it was counted:
      * never let the count wrap. */
@@ -396,10 +279,10 @@ static int store_one(fs_adapter *fs, fs_slice *s, size_t i)
         close(fd);
         char where[MSG_PATH_MAX + 8];
         msg_path(fs, rel, where, sizeof where);
-        slice_fail(s, KVS_ENOSPC,
-                   "fs: capacity exceeded storing key %zu: %zu bytes would make %" PRIu64
-                   " bytes used, capacity %" PRIu64 " (%s)",
-                   i, size, after, fs->capacity, where);
+        kvs_l2_slice_fail(s, KVS_ENOSPC,
+                          "fs: capacity exceeded storing key %zu: %zu bytes would make "
+                          "%" PRIu64 " bytes used, capacity %" PRIu64 " (%s)",
+                          i, size, after, fs->capacity, where);
         return -1;
     }
     if (renameat(fs->dirfd, tmp, fs->dirfd, rel) != 0) {
@@ -426,41 +309,41 @@ static int store_one(fs_adapter *fs, fs_slice *s, size_t i)
     return 0;
 }
 
-static void lookup_one(fs_adapter *fs, fs_slice *s, size_t i)
+static void lookup_one(fs_adapter *fs, kvs_l2_slice *s, size_t i)
 {
-    fs_task *ft = s->task;
+    kvs_l2_batch *b = s->batch;
     char rel[KVS_FS_KEY_PATH_MAX];
-    kvs_fs_encode_key(&ft->keys[i], rel);
+    kvs_fs_encode_key(&b->keys[i], rel);
     struct stat st;
     pthread_mutex_lock(&fs->mu);
     int rc = fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW);
     int err = errno;
     int found = rc == 0 && S_ISREG(st.st_mode);
-    int locked = found && lock_add(fs, rel) == 0;
+    int locked = found && kvs_l2_lock_table_add(&fs->locks, rel) == 0;
     pthread_mutex_unlock(&fs->mu);
     if (locked) {
-        ft->hit[i] = 1;
+        b->hit[i] = 1;
         return;
     }
     char where[MSG_PATH_MAX + 8];
     msg_path(fs, rel, where, sizeof where);
     if (found)
-        slice_fail(s, KVS_ENOMEM, "fs: lookup of key %zu: out of memory for its lock (%s)",
-                   i, where);
+        kvs_l2_slice_fail(s, KVS_ENOMEM,
+                          "fs: lookup of key %zu: out of memory for its lock (%s)", i, where);
     else if (rc == 0)
-        slice_fail(s, KVS_ECORRUPT, "fs: lookup of key %zu: not a regular file (%s)", i,
-                   where);
+        kvs_l2_slice_fail(s, KVS_ECORRUPT, "fs: lookup of key %zu: not a regular file (%s)",
+                          i, where);
     else if (err != ENOENT && err != ENOTDIR)
         slice_fail_sys(s, "lookup", i, "stat", err, rel);
     /* else: a plain miss, not an error */
 }
 
-static void load_one(fs_adapter *fs, fs_slice *s, size_t i)
+static void load_one(fs_adapter *fs, kvs_l2_slice *s, size_t i)
 {
-    fs_task *ft = s->task;
-    kvs_memobj *obj = ft->objects[i];
+    kvs_l2_batch *b = s->batch;
+    kvs_memobj *obj = b->objects[i];
     char rel[KVS_FS_KEY_PATH_MAX];
-    kvs_fs_encode_key(&ft->keys[i], rel);
+    kvs_fs_encode_key(&b->keys[i], rel);
     char where[MSG_PATH_MAX + 8];
 
     /* O_NONBLOCK: a FIFO planted at the path must not hang the worker
@@ -470,7 +353,8 @@ static void load_one(fs_adapter *fs, fs_slice *s, size_t i)
         int err = errno;
         if (err == ENOENT || err == ENOTDIR) {
             msg_path(fs, rel, where, sizeof where);
-            slice_fail(s, KVS_ENOTFOUND, "fs: load of key %zu: not found (%s)", i, where);
+            kvs_l2_slice_fail(s, KVS_ENOTFOUND, "fs: load of key %zu: not found (%s)", i,
+                              where);
         } else {
             slice_fail_sys(s, "load", i, "open", err, rel);
         }
@@ -484,17 +368,17 @@ static void load_one(fs_adapter *fs, fs_slice *s, size_t i)
     }
     msg_path(fs, rel, where, sizeof where);
     if (!S_ISREG(st.st_mode)) {
-        slice_fail(s, KVS_ECORRUPT, "fs: load of key %zu: not a regular file (%s)", i,
-                   where);
+        kvs_l2_slice_fail(s, KVS_ECORRUPT, "fs: load of key %zu: not a regular file (%s)",
+                          i, where);
         close(fd);
         return;
     }
     uint64_t size = (uint64_t)st.st_size;
     if (size > obj->capacity) {
-        slice_fail(s, KVS_ENOSPC,
-                   "fs: load of key %zu: stored object is %" PRIu64
-                   " bytes, destination holds %zu (%s)",
-                   i, size, obj->capacity, where);
+        kvs_l2_slice_fail(s, KVS_ENOSPC,
+                          "fs: load of key %zu: stored object is %" PRIu64
+                          " bytes, destination holds %zu (%s)",
+                          i, size, obj->capacity, where);
         close(fd);
         return;
     }
@@ -505,61 +389,28 @@ static void load_one(fs_adapter *fs, fs_slice *s, size_t i)
     if (got < 0 || more < 0)
         slice_fail_sys(s, "load", i, "read", errno, rel);
     else if ((uint64_t)got < size)
-        slice_fail(s, KVS_ECORRUPT,
-                   "fs: load of key %zu: file shrank while reading: %zd of %" PRIu64
-                   " bytes (%s)",
-                   i, got, size, where);
+        kvs_l2_slice_fail(s, KVS_ECORRUPT,
+                          "fs: load of key %zu: file shrank while reading: %zd of %" PRIu64
+                          " bytes (%s)",
+                          i, got, size, where);
     else if (more > 0)
-        slice_fail(s, KVS_ECORRUPT,
-                   "fs: load of key %zu: file grew while reading: more than %" PRIu64
-                   " bytes (%s)",
-                   i, size, where);
+        kvs_l2_slice_fail(s, KVS_ECORRUPT,
+                          "fs: load of key %zu: file grew while reading: more than %" PRIu64
+                          " bytes (%s)",
+                          i, size, where);
     else {
         (void)kvs_memobj_set_used_size(obj, (size_t)size); /* fits: checked above */
-        ft->hit[i] = 1;
+        b->hit[i] = 1;
     }
     close(fd);
 }
 
-static void free_task(fs_task *ft)
+/* The batch runner's run(): this slice's keys, in order; a store stops at
+ * its first failure. */
+static void run_slice(kvs_l2_slice *s)
 {
-    free(ft->keys);
-    free(ft->objects);
-    free(ft->hit);
-    free(ft);
-}
-
-/* Merge the slices in key order and complete the task. */
-static void finish_task(fs_task *ft)
-{
-    kvs_l2_task *t = ft->t;
-    if (t->direction == KVS_L2_STORE) {
-        uint64_t bytes = 0;
-        for (unsigned k = 0; k < ft->nslices; k++) bytes += ft->slices[k].bytes;
-        t->store.bytes_written = bytes;
-    } else {
-        for (size_t i = 0; i < ft->n; i++)
-            if (ft->hit[i]) kvs_l2_tq_hit(t, i);
-    }
-    for (unsigned k = 0; k < ft->nslices; k++) {
-        if (ft->slices[k].status != KVS_OK) {
-            kvs_l2_tq_fail(t, ft->slices[k].status, ft->slices[k].message);
-            break;
-        }
-    }
-    fs_adapter *fs = ft->fs;
-    free_task(ft);
-    /* The queue owns the record from here; the adapter outlives this call
-     * (close joins the workers before anything is freed). */
-    kvs_l2_tq_complete(&fs->q, t);
-}
-
-static void run_slice(kvs_job *job)
-{
-    fs_slice *s = KVS_CONTAINER_OF(job, fs_slice, job);
-    fs_task *ft = s->task;
-    fs_adapter *fs = ft->fs;
-    switch (ft->t->direction) {
+    fs_adapter *fs = fs_of_slice(s);
+    switch (s->batch->t->direction) {
     case KVS_L2_STORE:
         for (size_t i = s->begin; i < s->end; i++)
             if (store_one(fs, s, i) != 0) break;
@@ -571,73 +422,6 @@ static void run_slice(kvs_job *job)
         for (size_t i = s->begin; i < s->end; i++) load_one(fs, s, i);
         break;
     }
-    /* The last slice merges (acq_rel: it sees every other slice's work). */
-    if (atomic_fetch_sub(&ft->remaining, 1) == 1) finish_task(ft);
-}
-
-/* ---------------------------------------------------------------------
- * Submit side
- * ------------------------------------------------------------------ */
-
-static int submit(fs_adapter *fs, kvs_l2_direction d, const kvs_object_key *keys,
-                  kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    /* Everything that can fail happens before the task takes an id. */
-    unsigned nslices = n < fs->workers ? (unsigned)n : fs->workers;
-    if (n > SIZE_MAX / sizeof(kvs_object_key))
-        return kvs_set_error(KVS_ENOMEM, "fs: batch of %zu keys is too large", n);
-    fs_task *ft = calloc(1, sizeof *ft + (size_t)nslices * sizeof(fs_slice));
-    int oom = ft == NULL;
-    if (!oom && n > 0) {
-        ft->keys = malloc(n * sizeof *keys);
-        if (d != KVS_L2_LOOKUP) ft->objects = malloc(n * sizeof *objects);
-        if (d != KVS_L2_STORE) ft->hit = calloc(n, 1);
-        oom = ft->keys == NULL || (d != KVS_L2_LOOKUP && ft->objects == NULL) ||
-              (d != KVS_L2_STORE && ft->hit == NULL);
-    }
-    if (oom) {
-        if (ft) free_task(ft);
-        return kvs_set_error(KVS_ENOMEM, "fs: out of memory for a task of %zu keys", n);
-    }
-    ft->fs = fs;
-    ft->n = n;
-    ft->nslices = nslices;
-    if (n) memcpy(ft->keys, keys, n * sizeof *keys);
-    if (n && ft->objects) memcpy(ft->objects, objects, n * sizeof *objects);
-    atomic_init(&ft->remaining, nslices);
-    size_t begin = 0;
-    for (unsigned k = 0; k < nslices; k++) {
-        fs_slice *s = &ft->slices[k];
-        size_t count = n / nslices + (k < n % nslices);
-        s->job.run = run_slice;
-        s->task = ft;
-        s->begin = begin;
-        s->end = begin + count;
-        begin = s->end;
-    }
-
-    int rc = kvs_l2_tq_begin(&fs->q, d, n, &ft->t);
-    if (rc != KVS_OK) {
-        free_task(ft);
-        return rc;
-    }
-    *id = ft->t->id;
-    if (n == 0) {
-        /* Nothing to do: finish at once (before end_submit, so close cannot
-         * have closed the fd in between). */
-        finish_task(ft);
-    } else {
-        /* ft stays alive until every slice has run, hence until after the
-         * last submit below. */
-        for (unsigned k = 0; k < nslices; k++) {
-            kvs_job *job = &ft->slices[k].job;
-            /* Cannot fail: close stops the pool only after every submit in
-             * progress has ended. Run it here rather than lose the task. */
-            if (kvs_thread_pool_submit(fs->pool, job) != KVS_OK) run_slice(job);
-        }
-    }
-    kvs_l2_tq_end_submit(&fs->q);
-    return KVS_OK;
 }
 
 /* ---------------------------------------------------------------------
@@ -651,7 +435,7 @@ static int fs_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS
 static int fs_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
                            kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
-    return submit(fs_of(a), KVS_L2_STORE, keys, objects, n, id);
+    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_STORE, keys, objects, n, id);
 }
 
 static int fs_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
@@ -664,7 +448,7 @@ static int fs_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, 
 static int fs_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
                             kvs_l2_task_id *id)
 {
-    return submit(fs_of(a), KVS_L2_LOOKUP, keys, NULL, n, id);
+    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_LOOKUP, keys, NULL, n, id);
 }
 
 static int fs_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
@@ -680,7 +464,7 @@ static int fs_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
     for (size_t i = 0; i < n; i++) {
         kvs_fs_encode_key(&keys[i], rel);
         pthread_mutex_lock(&fs->mu);
-        lock_release(fs, rel);
+        kvs_l2_lock_table_release(&fs->locks, rel);
         pthread_mutex_unlock(&fs->mu);
     }
     return KVS_OK;
@@ -689,7 +473,7 @@ static int fs_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
 static int fs_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
-    return submit(fs_of(a), KVS_L2_LOAD, keys, objects, n, id);
+    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_LOAD, keys, objects, n, id);
 }
 
 static int fs_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
@@ -716,7 +500,7 @@ static int fs_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
         int gone = 0, err = 0;
         pthread_mutex_lock(&fs->mu);
         struct stat st;
-        if (lock_count(fs, rel) == 0 &&
+        if (kvs_l2_lock_table_count(&fs->locks, rel) == 0 &&
             fstatat(fs->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
             if (unlinkat(fs->dirfd, rel, 0) == 0) {
                 gone = 1;
@@ -781,7 +565,8 @@ static int fs_status(kvs_l2_adapter *a, json_t **out)
     int dir_ok = !fs->closed && fstat(fs->dirfd, &st) == 0 && st.st_nlink > 0;
     pthread_rwlock_unlock(&fs->dir_lock);
     pthread_mutex_lock(&fs->mu);
-    uint64_t keys = fs->nkeys, used = fs->bytes_used, locked = fs->nlocked;
+    uint64_t keys = fs->nkeys, used = fs->bytes_used;
+    uint64_t locked = kvs_l2_lock_table_nlocked(&fs->locks);
     pthread_mutex_unlock(&fs->mu);
     json_t *s = json_pack("{s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:b}", "type", "fs",
                           "path", fs->root, "is_healthy", !closing && dir_ok, "keys",
@@ -819,26 +604,13 @@ static int fs_close(kvs_l2_adapter *a)
     return KVS_OK;
 }
 
-static void free_locks(fs_adapter *fs)
-{
-    for (size_t b = 0; fs->locks && b < fs->nbuckets; b++) {
-        lock_entry *e = fs->locks[b];
-        while (e) {
-            lock_entry *next = e->next;
-            free(e);
-            e = next;
-        }
-    }
-    free(fs->locks);
-}
-
 static void fs_destroy(kvs_l2_adapter *a)
 {
     fs_adapter *fs = fs_of(a);
     kvs_thread_pool_destroy(fs->pool);
     kvs_l2_tq_destroy(&fs->q);
     if (fs->dirfd >= 0) close(fs->dirfd);
-    free_locks(fs);
+    kvs_l2_lock_table_destroy(&fs->locks);
     pthread_mutex_destroy(&fs->close_mu);
     pthread_rwlock_destroy(&fs->dir_lock);
     pthread_mutex_destroy(&fs->mu);
@@ -907,21 +679,40 @@ static void remove_stale_temp(int dfd, const char *name)
 
 typedef struct scan_totals {
     uint64_t bytes, keys;
+    const char *root; /* for messages */
 } scan_totals;
+
+/* A failure to read part of the directory while counting it: refused, since
+ * a wrong count would let stores pass the capacity unnoticed. */
+static int scan_error(const scan_totals *tot, const char *what, const char *rel)
+{
+    int err = errno;
+    return kvs_set_error(err == ENOMEM ? KVS_ENOMEM : KVS_EIO,
+                         "fs: cannot count the objects in '%s': %s '%s': %s", tot->root,
+                         what, *rel ? rel : ".", strerror(err));
+}
 
 /* Walk the directory open at fd (taken over): count the object files (the
  * regular files whose path is a key path), remove stale temporaries, skip
- * everything else. rel holds the path of fd below the root. */
-static void scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *tot)
+ * everything else. rel holds the path of fd below the root. An entry that
+ * vanishes while we look is skipped; any other error is returned. */
+static int scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *tot)
 {
     DIR *d = fdopendir(fd);
     if (d == NULL) {
+        int rc = scan_error(tot, "fdopendir", rel);
         close(fd);
-        return;
+        return rc;
     }
     int dfd = dirfd(d);
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
+    int rc = KVS_OK;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (de == NULL) {
+            if (errno != 0) rc = scan_error(tot, "readdir", rel);
+            break;
+        }
         const char *name = de->d_name;
         if (strncmp(name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
             remove_stale_temp(dfd, name);
@@ -930,15 +721,17 @@ static void scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *
         if (name[0] == '.') continue; /* ".", "..", and never an object */
         size_t nl = strlen(name);
         if (rel_len + 1 + nl >= KVS_FS_KEY_PATH_MAX) continue; /* never a key path */
-        struct stat st;
-        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
         size_t len = rel_len;
         if (len) rel[len++] = '/';
         memcpy(rel + len, name, nl + 1);
         len += nl;
-        if (S_ISDIR(st.st_mode) && depth < SCAN_MAX_DEPTH) {
+        struct stat st;
+        if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno != ENOENT) rc = scan_error(tot, "stat", rel);
+        } else if (S_ISDIR(st.st_mode) && depth < SCAN_MAX_DEPTH) {
             int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-            if (sub >= 0) scan_dir(sub, rel, len, depth + 1, tot);
+            if (sub >= 0) rc = scan_dir(sub, rel, len, depth + 1, tot);
+            else if (errno != ENOENT) rc = scan_error(tot, "open", rel);
         } else if (S_ISREG(st.st_mode)) {
             kvs_object_key key;
             if (kvs_fs_path_key(rel, &key) == KVS_OK) {
@@ -947,8 +740,10 @@ static void scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *
             }
         }
         rel[rel_len] = '\0';
+        if (rc) break;
     }
     closedir(d);
+    return rc;
 }
 
 /* 1 if "A" and "a" name the same entry in the directory. Not knowable in a
@@ -1000,11 +795,12 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
 
     fs_adapter *fs = calloc(1, sizeof *fs);
     char *root = strdup(opts->path);
-    lock_entry **locks = calloc(64, sizeof *locks);
-    if (fs == NULL || root == NULL || locks == NULL) {
+    kvs_l2_lock_table locks;
+    int locks_oom = kvs_l2_lock_table_init(&locks) != 0;
+    if (fs == NULL || root == NULL || locks_oom) {
         free(fs);
         free(root);
-        free(locks);
+        kvs_l2_lock_table_destroy(&locks);
         return kvs_set_error(KVS_ENOMEM, "fs: out of memory creating the adapter");
     }
     size_t rlen = strlen(root);
@@ -1032,7 +828,7 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
                            root);
         goto fail;
     }
-    scan_totals tot = {0, 0};
+    scan_totals tot = {0, 0, root};
     int scan_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (scan_fd < 0) {
         rc = kvs_set_error(KVS_EIO, "fs: cannot read directory '%s': %s", root,
@@ -1040,7 +836,7 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
         goto fail;
     }
     char rel[KVS_FS_KEY_PATH_MAX] = "";
-    scan_dir(scan_fd, rel, 0, 0, &tot);
+    if ((rc = scan_dir(scan_fd, rel, 0, 0, &tot)) != KVS_OK) goto fail;
 
     fs->base.ops = &fs_ops;
     fs->root = root;
@@ -1053,12 +849,13 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
     fs->bytes_used = tot.bytes;
     fs->nkeys = tot.keys;
     fs->locks = locks;
-    fs->nbuckets = 64;
     if ((rc = kvs_l2_tq_init(&fs->q, "fs")) != KVS_OK) goto fail;
     if ((rc = kvs_thread_pool_create(workers, "kvs-fs", &fs->pool)) != KVS_OK) {
         kvs_l2_tq_destroy(&fs->q);
         goto fail;
     }
+    fs->runner = (kvs_l2_batch_runner){
+        .q = &fs->q, .pool = fs->pool, .max_slices = workers, .run = run_slice, .ctx = fs};
     pthread_mutex_init(&fs->mu, NULL);
     pthread_rwlock_init(&fs->dir_lock, NULL);
     pthread_mutex_init(&fs->close_mu, NULL);
@@ -1068,7 +865,7 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
 fail:
     if (dfd >= 0) close(dfd);
     free(root);
-    free(locks);
+    kvs_l2_lock_table_destroy(&locks); /* fs->locks, if set, is this very table */
     free(fs);
     return rc;
 }

@@ -18,9 +18,10 @@
  *   - The completion plumbing (ids, eventfds, unread results, closed flag)
  *     is the shared task queue (task_queue.h).
  *   - A task's keys are cut into up to `connections` contiguous slices, one
- *     pool job each; each job borrows a connection set (one redisContext
- *     per node) from a free list with as many sets as workers, so a set is
- *     only ever used by one thread at a time and needs no lock of its own.
+ *     pool job each (the shared batch runner, batch_slices.h); each job
+ *     borrows a connection set (one redisContext per node) from a free list
+ *     with as many sets as workers, so a set is only ever used by one
+ *     thread at a time and needs no lock of its own.
  *     The synchronous calls (delete, object sizes, usage) use one more set,
  *     under sync_mu, on the caller's thread.
  *   - state_mu guards the node table (nodes are only ever added, and a
@@ -28,11 +29,12 @@
  *     without the lock), each node's backoff and connection state, and the
  *     counters reported by status.
  *   - map_mu guards the cluster slot map.
- *   - lock_mu guards the lock counts. del_lock (a writer-preferring rwlock)
- *     makes a delete atomic with respect to lookups: a lookup holds it for
- *     reading from its EXISTS to its lock, a delete for writing from its
- *     lock check to its DEL, so a key a lookup reports found and locked is
- *     never deleted by this adapter in between.
+ *   - lock_mu guards the lock counts (the shared lock table, lock_table.h,
+ *     keyed by the key's kvs_fs_key_path). del_lock (a writer-preferring
+ *     rwlock) makes a delete atomic with respect to lookups: a lookup holds
+ *     it for reading from its EXISTS to its lock, a delete for writing from
+ *     its lock check to its DEL, so a key a lookup reports found and locked
+ *     is never deleted by this adapter in between.
  *   - close_mu serializes close() callers.
  */
 #include <errno.h>
@@ -44,7 +46,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,9 @@
 #include "kvserde/l2_fs.h"
 #include "kvserde/l2_redis.h"
 #include "kvserde/registry.h"
+#include "l2/batch_slices.h"
 #include "l2/builtins.h"
+#include "l2/lock_table.h"
 #include "l2/redis_cluster.h"
 #include "l2/task_queue.h"
 #include "util/thread_pool.h"
@@ -104,18 +107,11 @@ typedef struct connset {
     char *rbuf;              /* READ_CHUNK bytes */
 } connset;
 
-/* A lock count, by the key's path (kvs_fs_key_path: injective). */
-typedef struct lock_entry {
-    struct lock_entry *next;
-    uint64_t hash;
-    uint64_t count;
-    char path[];
-} lock_entry;
-
 typedef struct redis_adapter {
     kvs_l2_adapter base;
     kvs_l2_task_queue q;
     kvs_thread_pool *pool;
+    kvs_l2_batch_runner runner; /* runs tasks as slices on pool */
 
     /* configuration (immutable after create) */
     char *prefix;
@@ -146,8 +142,7 @@ typedef struct redis_adapter {
     int sync_closed;
 
     pthread_mutex_t lock_mu;    /* guards the lock table */
-    lock_entry **locks;
-    size_t nbuckets, nlocked;
+    kvs_l2_lock_table locks;    /* by kvs_fs_key_path */
     pthread_rwlock_t del_lock;
 
     pthread_mutex_t close_mu;
@@ -175,28 +170,6 @@ typedef struct rwork {
     size_t err_index;
     char message[KVS_ERROR_MSG_MAX];
 } rwork;
-
-struct rtask;
-
-typedef struct rslice {
-    kvs_job job;
-    struct rtask *task;
-    rwork w;
-} rslice;
-
-/* One submitted task: the queue's record, copies of the caller's arrays,
- * per-key hits, and the slices. */
-typedef struct rtask {
-    redis_adapter *r;
-    kvs_l2_task *t;
-    size_t n;
-    kvs_object_key *keys;
-    kvs_memobj **objects;
-    uint8_t *hit;
-    atomic_uint remaining;
-    unsigned nslices;
-    rslice slices[];
-} rtask;
 
 /* One command: RESP text up to the last argument's bytes (head), then the
  * last argument sent from its own memory (a key, or a value: no copy), then
@@ -384,77 +357,6 @@ static void node_conn_closed(redis_adapter *r, rnode *nd, const char *msg)
         msgf(r->last_error, sizeof r->last_error, "%s", msg);
     }
     pthread_mutex_unlock(&r->state_mu);
-}
-
-/* ---------------------------------------------------------------------
- * Lock counts (callers hold lock_mu)
- * ------------------------------------------------------------------ */
-
-static uint64_t path_hash(const char *p)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *p; p++) {
-        h ^= (unsigned char)*p;
-        h *= 0x100000001b3ull; /* FNV-1a */
-    }
-    return h;
-}
-
-static lock_entry **lock_slot(redis_adapter *r, const char *path, uint64_t h)
-{
-    lock_entry **slot = &r->locks[h & (r->nbuckets - 1)];
-    while (*slot && !((*slot)->hash == h && strcmp((*slot)->path, path) == 0))
-        slot = &(*slot)->next;
-    return slot;
-}
-
-/* One more lock on path; -1 if out of memory. */
-static int lock_add(redis_adapter *r, const char *path)
-{
-    uint64_t h = path_hash(path);
-    lock_entry **slot = lock_slot(r, path, h);
-    if (*slot) {
-        (*slot)->count++;
-        return 0;
-    }
-    size_t len = strlen(path);
-    lock_entry *e = malloc(sizeof *e + len + 1);
-    if (e == NULL) return -1;
-    e->next = NULL;
-    e->hash = h;
-    e->count = 1;
-    memcpy(e->path, path, len + 1);
-    *slot = e;
-    r->nlocked++;
-    if (r->nlocked >= r->nbuckets) { /* grow; a failure only keeps chains longer */
-        size_t nb = r->nbuckets * 2;
-        lock_entry **nbk = calloc(nb, sizeof *nbk);
-        if (nbk) {
-            for (size_t i = 0; i < r->nbuckets; i++) {
-                for (lock_entry *x = r->locks[i], *next; x; x = next) {
-                    next = x->next;
-                    x->next = nbk[x->hash & (nb - 1)];
-                    nbk[x->hash & (nb - 1)] = x;
-                }
-            }
-            free(r->locks);
-            r->locks = nbk;
-            r->nbuckets = nb;
-        }
-    }
-    return 0;
-}
-
-static void lock_release(redis_adapter *r, const char *path)
-{
-    lock_entry **slot = lock_slot(r, path, path_hash(path));
-    lock_entry *e = *slot;
-    if (e == NULL) return; /* not locked: ignored */
-    if (--e->count == 0) {
-        *slot = e->next;
-        free(e);
-        r->nlocked--;
-    }
 }
 
 /* ---------------------------------------------------------------------
@@ -1099,7 +1001,7 @@ static void handle_replies(redis_adapter *r, rwork *w, size_t i, const kstate *k
         if (a->type != REDIS_REPLY_INTEGER) break;
         if (a->integer > 0) {
             pthread_mutex_lock(&r->lock_mu);
-            int rc = lock_add(r, ks->rkey + r->prefix_len);
+            int rc = kvs_l2_lock_table_add(&r->locks, ks->rkey + r->prefix_len);
             pthread_mutex_unlock(&r->lock_mu);
             if (rc != 0)
                 work_fail(w, i, KVS_ENOMEM, "redis: lookup of key %zu: out of memory for its "
@@ -1336,122 +1238,30 @@ out:
  * Worker side
  * ------------------------------------------------------------------ */
 
-static void free_task(rtask *rt)
+/* The batch runner's run(): this slice's keys as one run of run_work, on
+ * a connection set of its own. */
+static void run_slice(kvs_l2_slice *s)
 {
-    free(rt->keys);
-    free(rt->objects);
-    free(rt->hit);
-    free(rt);
-}
-
-/* Merge the slices in key order and complete the task. */
-static void finish_task(rtask *rt)
-{
-    kvs_l2_task *t = rt->t;
-    if (t->direction == KVS_L2_STORE) {
-        uint64_t bytes = 0;
-        for (unsigned k = 0; k < rt->nslices; k++) bytes += rt->slices[k].w.bytes;
-        t->store.bytes_written = bytes;
-    } else {
-        for (size_t i = 0; i < rt->n; i++)
-            if (rt->hit[i]) kvs_l2_tq_hit(t, i);
-    }
-    for (unsigned k = 0; k < rt->nslices; k++) {
-        if (rt->slices[k].w.status != KVS_OK) {
-            kvs_l2_tq_fail(t, rt->slices[k].w.status, rt->slices[k].w.message);
-            break;
-        }
-    }
-    redis_adapter *r = rt->r;
-    free_task(rt);
-    /* The queue owns the record from here; the adapter outlives this call
-     * (close joins the workers before anything is freed). */
-    kvs_l2_tq_complete(&r->q, t);
-}
-
-static void run_slice(kvs_job *job)
-{
-    rslice *s = KVS_CONTAINER_OF(job, rslice, job);
-    rtask *rt = s->task;
-    redis_adapter *r = rt->r;
+    kvs_l2_batch *b = s->batch;
+    redis_adapter *r = b->runner.ctx;
+    kvs_l2_direction d = b->t->direction;
+    rwork w = {0};
+    w.op = d == KVS_L2_STORE ? OP_STORE : d == KVS_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
+    w.keys = b->keys;
+    w.objects = b->objects;
+    w.hit = b->hit;
+    w.begin = s->begin;
+    w.end = s->end;
     int64_t deadline = now_ns() + (int64_t)r->timeout_ms * NS_PER_MS;
     connset *cs = connset_take(r);
-    if (s->w.op == OP_LOOKUP) pthread_rwlock_rdlock(&r->del_lock);
-    run_work(r, cs, &s->w, deadline);
-    if (s->w.op == OP_LOOKUP) pthread_rwlock_unlock(&r->del_lock);
+    if (w.op == OP_LOOKUP) pthread_rwlock_rdlock(&r->del_lock);
+    run_work(r, cs, &w, deadline);
+    if (w.op == OP_LOOKUP) pthread_rwlock_unlock(&r->del_lock);
     connset_put(r, cs);
-    /* The last slice merges (acq_rel: it sees every other slice's work). */
-    if (atomic_fetch_sub(&rt->remaining, 1) == 1) finish_task(rt);
-}
-
-/* ---------------------------------------------------------------------
- * Submit side
- * ------------------------------------------------------------------ */
-
-static int submit(redis_adapter *r, kvs_l2_direction d, const kvs_object_key *keys,
-                  kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    /* Everything that can fail happens before the task takes an id. */
-    unsigned nslices = n < r->connections ? (unsigned)n : r->connections;
-    if (n > SIZE_MAX / sizeof(kvs_object_key))
-        return kvs_set_error(KVS_ENOMEM, "redis: batch of %zu keys is too large", n);
-    rtask *rt = calloc(1, sizeof *rt + (size_t)nslices * sizeof(rslice));
-    int oom = rt == NULL;
-    if (!oom && n > 0) {
-        rt->keys = malloc(n * sizeof *keys);
-        if (d != KVS_L2_LOOKUP) rt->objects = malloc(n * sizeof *objects);
-        if (d != KVS_L2_STORE) rt->hit = calloc(n, 1);
-        oom = rt->keys == NULL || (d != KVS_L2_LOOKUP && rt->objects == NULL) ||
-              (d != KVS_L2_STORE && rt->hit == NULL);
-    }
-    if (oom) {
-        if (rt) free_task(rt);
-        return kvs_set_error(KVS_ENOMEM, "redis: out of memory for a task of %zu keys", n);
-    }
-    rt->r = r;
-    rt->n = n;
-    rt->nslices = nslices;
-    if (n) memcpy(rt->keys, keys, n * sizeof *keys);
-    if (n && rt->objects) memcpy(rt->objects, objects, n * sizeof *objects);
-    atomic_init(&rt->remaining, nslices);
-    rop op = d == KVS_L2_STORE ? OP_STORE : d == KVS_L2_LOOKUP ? OP_LOOKUP : OP_LOAD;
-    size_t begin = 0;
-    for (unsigned k = 0; k < nslices; k++) {
-        rslice *s = &rt->slices[k];
-        size_t count = n / nslices + (k < n % nslices);
-        s->job.run = run_slice;
-        s->task = rt;
-        s->w.op = op;
-        s->w.keys = rt->keys;
-        s->w.objects = rt->objects;
-        s->w.hit = rt->hit;
-        s->w.begin = begin;
-        s->w.end = begin + count;
-        begin = s->w.end;
-    }
-
-    int rc = kvs_l2_tq_begin(&r->q, d, n, &rt->t);
-    if (rc != KVS_OK) {
-        free_task(rt);
-        return rc;
-    }
-    *id = rt->t->id;
-    if (n == 0) {
-        /* Nothing to do: finish at once (before end_submit, so close cannot
-         * have closed the fd in between). */
-        finish_task(rt);
-    } else {
-        /* rt stays alive until every slice has run, hence until after the
-         * last submit below. */
-        for (unsigned k = 0; k < nslices; k++) {
-            kvs_job *job = &rt->slices[k].job;
-            /* Cannot fail: close stops the pool only after every submit in
-             * progress has ended. Run it here rather than lose the task. */
-            if (kvs_thread_pool_submit(r->pool, job) != KVS_OK) run_slice(job);
-        }
-    }
-    kvs_l2_tq_end_submit(&r->q);
-    return KVS_OK;
+    /* Hits are in b->hit already; the bytes and the error (the run's
+     * lowest failing key) are the slice's. */
+    s->bytes = w.bytes;
+    if (w.status != KVS_OK) kvs_l2_slice_fail(s, w.status, "%s", w.message);
 }
 
 /* ---------------------------------------------------------------------
@@ -1465,7 +1275,7 @@ static int rd_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, 
 static int rd_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
                            kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
-    return submit(redis_of(a), KVS_L2_STORE, keys, objects, n, id);
+    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_STORE, keys, objects, n, id);
 }
 
 static int rd_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
@@ -1478,7 +1288,7 @@ static int rd_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, 
 static int rd_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
                             kvs_l2_task_id *id)
 {
-    return submit(redis_of(a), KVS_L2_LOOKUP, keys, NULL, n, id);
+    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_LOOKUP, keys, NULL, n, id);
 }
 
 static int rd_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
@@ -1494,7 +1304,7 @@ static int rd_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
     for (size_t i = 0; i < n; i++) {
         (void)kvs_fs_key_path(&keys[i], path, sizeof path);
         pthread_mutex_lock(&r->lock_mu);
-        lock_release(r, path);
+        kvs_l2_lock_table_release(&r->locks, path);
         pthread_mutex_unlock(&r->lock_mu);
     }
     return KVS_OK;
@@ -1503,7 +1313,7 @@ static int rd_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
 static int rd_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
-    return submit(redis_of(a), KVS_L2_LOAD, keys, objects, n, id);
+    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_LOAD, keys, objects, n, id);
 }
 
 static int rd_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
@@ -1546,7 +1356,7 @@ static int rd_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
     pthread_mutex_lock(&r->lock_mu);
     for (size_t i = 0; i < n; i++) {
         (void)kvs_fs_key_path(&keys[i], path, sizeof path);
-        locked[i] = *lock_slot(r, path, path_hash(path)) != NULL;
+        locked[i] = kvs_l2_lock_table_count(&r->locks, path) != 0;
     }
     pthread_mutex_unlock(&r->lock_mu);
     rwork w = {0};
@@ -1731,7 +1541,7 @@ static int rd_status(kvs_l2_adapter *a, json_t **out)
         return kvs_set_error(KVS_ENOMEM, "redis: out of memory for status");
     }
     pthread_mutex_lock(&r->lock_mu);
-    json_int_t locked = (json_int_t)r->nlocked;
+    json_int_t locked = (json_int_t)kvs_l2_lock_table_nlocked(&r->locks);
     pthread_mutex_unlock(&r->lock_mu);
     if (json_object_set_new(s, "locked_keys", json_integer(locked)) != 0) {
         json_decref(s);
@@ -1782,13 +1592,7 @@ static void rd_destroy(kvs_l2_adapter *a)
     for (unsigned i = 0; r->sets && i < r->connections; i++) connset_free(r, &r->sets[i]);
     connset_free(r, &r->sync_set);
     free(r->sets);
-    for (size_t b = 0; r->locks && b < r->nbuckets; b++) {
-        for (lock_entry *e = r->locks[b], *next; e; e = next) {
-            next = e->next;
-            free(e);
-        }
-    }
-    free(r->locks);
+    kvs_l2_lock_table_destroy(&r->locks);
     for (size_t i = 0; i < r->nnodes; i++) free(r->nodes[i]);
     free(r->nodes);
     free(r->prefix);
@@ -2115,8 +1919,7 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
     r->cluster = o.cluster != 0;
     r->timeout_ms = o.timeout_ms;
     r->connections = o.connections;
-    r->nbuckets = 64;
-    r->locks = calloc(r->nbuckets, sizeof *r->locks);
+    int locks_oom = kvs_l2_lock_table_init(&r->locks) != 0;
     r->sets = calloc(o.connections, sizeof *r->sets);
     pthread_mutex_init(&r->state_mu, NULL);
     pthread_mutex_init(&r->map_mu, NULL);
@@ -2130,7 +1933,7 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
     pthread_rwlock_init(&r->del_lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     int oom = r->prefix == NULL || (user && !r->username) || (pass && !r->password) ||
-              r->locks == NULL || r->sets == NULL || connset_init(&r->sync_set) != 0;
+              locks_oom || r->sets == NULL || connset_init(&r->sync_set) != 0;
     for (unsigned i = 0; !oom && i < o.connections; i++) {
         oom = connset_init(&r->sets[i]) != 0;
         r->sets[i].next_free = r->free_sets;
@@ -2149,6 +1952,11 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
     }
     if ((rc = kvs_thread_pool_create(o.connections, "kvs-redis", &r->pool)) != KVS_OK)
         goto fail;
+    r->runner = (kvs_l2_batch_runner){.q = &r->q,
+                                      .pool = r->pool,
+                                      .max_slices = o.connections,
+                                      .run = run_slice,
+                                      .ctx = r};
     *out = &r->base;
     return KVS_OK;
 
