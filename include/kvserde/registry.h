@@ -148,6 +148,13 @@ KVS_API int kvs_multi_serde_create_json(const json_t *config,
 
 /* ----- Helpers for factories reading their kwargs --------------------- */
 
+/* Refuse any key of the JSON object `obj` not in the NULL-terminated list
+ * `known`, naming what the keys are (`noun`) and the accepted ones:
+ * "fs: unknown key 'paht'; accepted: path, fsync, ...". For adapter specs
+ * and any other JSON options. */
+KVS_API int kvs_json_check_keys(const json_t *obj, const char *component,
+                                const char *noun, const char *const *known);
+
 /* Refuse any key of `kwargs` not in the NULL-terminated list `known`:
  * "fp8: unknown kwarg 'foo'; accepted: fp8_dtype, saturate, max_workers"
  * (max_workers is always accepted, so it always ends the list). */

@@ -889,17 +889,10 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
     if (!json_is_object(spec))
         return kvs_set_error(KVS_EINVAL, "fs: spec must be a JSON object, got %s",
                              spec ? kvs_json_type_name(spec) : "NULL");
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)spec, key, value) {
-        if (strcmp(key, "path") != 0 && strcmp(key, "fsync") != 0 &&
-            strcmp(key, "capacity_bytes") != 0 && strcmp(key, "workers") != 0 &&
-            strcmp(key, "create") != 0)
-            return kvs_set_error(KVS_EINVAL,
-                                 "fs: unknown key '%s'; accepted: path, fsync, "
-                                 "capacity_bytes, workers, create",
-                                 key);
-    }
+    static const char *const known[] = {"path", "fsync", "capacity_bytes", "workers",
+                                        "create", NULL};
+    int rc = kvs_json_check_keys(spec, "fs", "key", known);
+    if (rc) return rc;
     kvs_fs_options o = {0};
     const json_t *path = json_object_get(spec, "path");
     if (path == NULL) return kvs_set_error(KVS_EINVAL, "fs: missing 'path'");
@@ -907,7 +900,7 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
         return kvs_set_error(KVS_EINVAL, "fs: path must be a string, got %s",
                              kvs_json_type_name(path));
     o.path = json_string_value(path);
-    int do_fsync, create, rc;
+    int do_fsync, create;
     if ((rc = kvs_kwargs_get_bool(spec, "fs", "fsync", 1, &do_fsync)) ||
         (rc = kvs_kwargs_get_bool(spec, "fs", "create", 1, &create)))
         return rc;

@@ -713,15 +713,9 @@ int kvs_memory_adapter_clear_faults(kvs_l2_adapter *a)
 int kvs_memory_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out)
 {
     (void)userdata;
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)spec, key, value) {
-        if (strcmp(key, "capacity_bytes") != 0 && strcmp(key, "workers") != 0)
-            return kvs_set_error(KVS_EINVAL,
-                                 "memory: unknown key '%s'; accepted: capacity_bytes, "
-                                 "workers",
-                                 key);
-    }
+    static const char *const known[] = {"capacity_bytes", "workers", NULL};
+    int rc = kvs_json_check_keys(spec, "memory", "key", known);
+    if (rc) return rc;
     kvs_memory_adapter_options o = {0};
     const json_t *cap = json_object_get(spec, "capacity_bytes");
     if (cap != NULL) {
@@ -735,8 +729,8 @@ int kvs_memory_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapte
                                  (long long)json_integer_value(cap));
         o.capacity_bytes = (uint64_t)json_integer_value(cap);
     }
-    int rc = kvs_kwargs_get_positive_int(spec, "memory", "workers",
-                                         KVS_MEMORY_DEFAULT_WORKERS, &o.workers);
+    rc = kvs_kwargs_get_positive_int(spec, "memory", "workers", KVS_MEMORY_DEFAULT_WORKERS,
+                                     &o.workers);
     if (rc) return rc;
     return kvs_memory_adapter_create(&o, out);
 }

@@ -1988,21 +1988,13 @@ int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter
         return kvs_set_error(KVS_EINVAL, "redis: spec must be a JSON object, got %s",
                              spec ? kvs_json_type_name(spec) : "NULL");
     static const char *const known[] = {"url",        "urls",        "cluster",  "key_prefix",
-                                        "timeout_ms", "connections", "username", "password"};
-    const char *key;
-    json_t *value;
-    json_object_foreach((json_t *)spec, key, value) {
-        size_t i = 0;
-        while (i < sizeof known / sizeof *known && strcmp(key, known[i]) != 0) i++;
-        if (i == sizeof known / sizeof *known)
-            return kvs_set_error(KVS_EINVAL,
-                                 "redis: unknown key '%s'; accepted: url, urls, cluster, "
-                                 "key_prefix, timeout_ms, connections, username, password",
-                                 key);
-    }
+                                        "timeout_ms", "connections", "username", "password",
+                                        NULL};
+    int rc = kvs_json_check_keys(spec, "redis", "key", known);
+    if (rc) return rc;
     kvs_redis_options o = {0};
     const char *url = NULL;
-    int rc, cluster;
+    int cluster;
     if ((rc = get_string(spec, "url", &url)) || (rc = get_string(spec, "key_prefix",
                                                                   &o.key_prefix)) ||
         (rc = get_string(spec, "username", &o.username)) ||

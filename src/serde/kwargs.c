@@ -27,34 +27,34 @@ const char *kvs_json_type_name(const json_t *value)
     return "unknown";
 }
 
-/* "a, b, c" from a NULL-terminated list, plus `extra` if not NULL. */
-static void join_names(const char *const *names, const char *extra, char *buf,
-                       size_t size)
+int kvs_json_check_keys(const json_t *obj, const char *component, const char *noun,
+                        const char *const *known)
 {
-    const char *all[64];
-    size_t n = 0;
-    for (; names && names[n] && n < 63; n++) all[n] = names[n];
-    if (extra) all[n++] = extra;
-    kvs_names_join(all, n, "", buf, size);
+    const char *key;
+    const json_t *value;
+    json_object_foreach((json_t *)obj, key, value) {
+        size_t n = 0;
+        while (known && known[n] && strcmp(key, known[n]) != 0) n++;
+        if (known && known[n]) continue;
+        for (n = 0; known && known[n]; n++) {}
+        char list[512];
+        kvs_names_join(known, n, "(none)", list, sizeof list);
+        return kvs_set_error(KVS_EINVAL, "%s: unknown %s '%s'; accepted: %s", component,
+                             noun, key, list);
+    }
+    return KVS_OK;
 }
 
 int kvs_kwargs_check_known(const json_t *kwargs, const char *component,
                            const char *const *known)
 {
-    const char *key;
-    const json_t *value;
-    json_object_foreach((json_t *)kwargs, key, value) {
-        int found = strcmp(key, "max_workers") == 0;
-        for (size_t i = 0; known && known[i] && !found; i++)
-            found = strcmp(key, known[i]) == 0;
-        if (!found) {
-            char list[256];
-            join_names(known, "max_workers", list, sizeof list);
-            return kvs_set_error(KVS_EINVAL, "%s: unknown kwarg '%s'; accepted: %s",
-                                 component, key, list);
-        }
-    }
-    return KVS_OK;
+    /* max_workers is the registry's and always accepted, so it ends the list */
+    const char *all[64];
+    size_t n = 0;
+    for (; known && known[n] && n < 62; n++) all[n] = known[n];
+    all[n++] = "max_workers";
+    all[n] = NULL;
+    return kvs_json_check_keys(kwargs, component, "kwarg", all);
 }
 
 int kvs_kwargs_get_bool(const json_t *kwargs, const char *component, const char *key,
@@ -90,8 +90,10 @@ int kvs_kwargs_get_choice(const json_t *kwargs, const char *component, const cha
             return KVS_OK;
         }
     }
+    size_t n = 0;
+    while (choices[n]) n++;
     char list[256];
-    join_names(choices, NULL, list, sizeof list);
+    kvs_names_join(choices, n, "", list, sizeof list);
     return kvs_set_error(KVS_EINVAL, "%s: %s must be one of %s; got '%s'", component,
                          key, list, s);
 }
