@@ -48,7 +48,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 VALGRIND_OPTIONS ?= --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-fds=yes --trace-children=no
 
-.PHONY: check check-plain check-asan check-tsan fuzz valgrind
+.PHONY: check check-plain check-asan check-tsan fuzz valgrind aarch64
 
 check: setup
 	@failed=""; \
@@ -80,3 +80,7 @@ valgrind: build
 	cd $(BUILD) && ctest -T memcheck -j $(JOBS) --output-on-failure \
 	  --overwrite MemoryCheckCommand=$$(command -v valgrind) \
 	  --overwrite "MemoryCheckCommandOptions=$(VALGRIND_OPTIONS)"
+
+# The library compiles (and links) for aarch64 without the x86 kernels.
+aarch64: setup
+	@bash scripts/check-aarch64.sh

@@ -15,6 +15,7 @@ packages=(
   clang             # fuzz targets (libFuzzer) and the TSan build
   libclang-rt-14-dev  # clang's libFuzzer and sanitizer runtimes (make fuzz)
   valgrind          # make valgrind
+  gcc-aarch64-linux-gnu  # make aarch64: the portable code compiles for aarch64
 )
 
 missing=()

@@ -19,6 +19,7 @@ kvs_crc32c_shift_table kvs_crc32c_short_shift;
 static uint32_t (*active)(uint32_t, const void *, size_t);
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+#if KVS_HAVE_X86 /* the SSE4.2 path's tables; nothing else needs them */
 /* ---- GF(2) operators for appending zeros ------------------------------
  * A CRC register is a vector over GF(2); feeding it one zero bit is a
  * linear map, a 32x32 bit matrix (one uint32_t column per input bit).
@@ -68,6 +69,8 @@ static void build_shift(kvs_crc32c_shift_table *z, size_t len)
     }
 }
 
+#endif /* KVS_HAVE_X86 */
+
 /* ---- portable -------------------------------------------------------- */
 
 static void build_tables(void)
@@ -105,15 +108,13 @@ static uint32_t crc32c_table(uint32_t crc, const void *buf, size_t len)
 
 /* ---- dispatch --------------------------------------------------------- */
 
+#if KVS_HAVE_X86
 static int cpu_has_sse42(void)
 {
-#if KVS_HAVE_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("sse4.2");
-#else
-    return 0;
-#endif
 }
+#endif
 
 static void init(void)
 {
