@@ -20,7 +20,8 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "pkg-config cannot resolve kvserde")
 endif()
 separate_arguments(flags UNIX_COMMAND "${flags}")
-execute_process(COMMAND ${CC} -std=c11 -Wall -Werror ${EXAMPLE} -o ${prefix}/example ${flags}
+execute_process(COMMAND ${CC} -std=c11 -Wall -Werror ${EXTRA_CFLAGS} ${EXAMPLE}
+                        -o ${prefix}/example ${flags}
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the example does not build against the installed library")
@@ -42,6 +43,7 @@ target_link_libraries(example PRIVATE kvserde::kvserde)
 ")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${consumer} -B ${consumer}/build
                         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${CC}
+                        "-DCMAKE_C_FLAGS=${EXTRA_CFLAGS}"
                 RESULT_VARIABLE rc OUTPUT_QUIET)
 if(rc EQUAL 0)
   execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer}/build RESULT_VARIABLE rc
