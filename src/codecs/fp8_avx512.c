@@ -411,22 +411,6 @@ KVS_AI void encode_array(const void *src, uint8_t *dst, size_t n, int wide, int 
         enc_partial(s + i * esize, dst + i, n - i, wide, fmt, sat);
 }
 
-#define DEFINE_ENCODER(name, wide, fmt)                                          \
-    static void name(const void *src, uint8_t *dst, size_t n, int saturate)      \
-    {                                                                            \
-        if (saturate)                                                            \
-            encode_array(src, dst, n, wide, fmt, 1);                             \
-        else                                                                     \
-            encode_array(src, dst, n, wide, fmt, 0);                             \
-    }
-
-DEFINE_ENCODER(e4m3fn_from_f32, KVS_WIDE_F32, KVS_FP8_FMT_E4M3FN)
-DEFINE_ENCODER(e4m3fn_from_f16, KVS_WIDE_F16, KVS_FP8_FMT_E4M3FN)
-DEFINE_ENCODER(e4m3fn_from_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E4M3FN)
-DEFINE_ENCODER(e5m2_from_f32, KVS_WIDE_F32, KVS_FP8_FMT_E5M2)
-DEFINE_ENCODER(e5m2_from_f16, KVS_WIDE_F16, KVS_FP8_FMT_E5M2)
-DEFINE_ENCODER(e5m2_from_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E5M2)
-
 /* ---- decoders ----------------------------------------------------------- */
 
 /* Interleave indexes for 16-bit results: result bytes 2j, 2j+1 = low[j],
@@ -525,50 +509,7 @@ KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int 
         dec_partial(src + i, d + i * esize, n - i, wide, fmt);
 }
 
-#define DEFINE_DECODER(name, wide, fmt)                                          \
-    static void name(const uint8_t *src, void *dst, size_t n)                    \
-    {                                                                            \
-        decode_array(src, dst, n, wide, fmt);                                    \
-    }
+/* ---- the table: the 12 kernels as encode_array / decode_array with
+ * constant arguments (fp8_kernels.h) ---------------------------------------- */
 
-DEFINE_DECODER(e4m3fn_to_f32, KVS_WIDE_F32, KVS_FP8_FMT_E4M3FN)
-DEFINE_DECODER(e4m3fn_to_f16, KVS_WIDE_F16, KVS_FP8_FMT_E4M3FN)
-DEFINE_DECODER(e4m3fn_to_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E4M3FN)
-DEFINE_DECODER(e5m2_to_f32, KVS_WIDE_F32, KVS_FP8_FMT_E5M2)
-DEFINE_DECODER(e5m2_to_f16, KVS_WIDE_F16, KVS_FP8_FMT_E5M2)
-DEFINE_DECODER(e5m2_to_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E5M2)
-
-/* ---- the table ---------------------------------------------------------- */
-
-static const kvs_fp8_kernels kvs_fp8_avx512_kernels = {
-    .isa = "avx512",
-    .encode = {
-        [KVS_FP8_FMT_E4M3FN] = {
-            [KVS_WIDE_F32] = e4m3fn_from_f32,
-            [KVS_WIDE_F16] = e4m3fn_from_f16,
-            [KVS_WIDE_BF16] = e4m3fn_from_bf16,
-        },
-        [KVS_FP8_FMT_E5M2] = {
-            [KVS_WIDE_F32] = e5m2_from_f32,
-            [KVS_WIDE_F16] = e5m2_from_f16,
-            [KVS_WIDE_BF16] = e5m2_from_bf16,
-        },
-    },
-    .decode = {
-        [KVS_FP8_FMT_E4M3FN] = {
-            [KVS_WIDE_F32] = e4m3fn_to_f32,
-            [KVS_WIDE_F16] = e4m3fn_to_f16,
-            [KVS_WIDE_BF16] = e4m3fn_to_bf16,
-        },
-        [KVS_FP8_FMT_E5M2] = {
-            [KVS_WIDE_F32] = e5m2_to_f32,
-            [KVS_WIDE_F16] = e5m2_to_f16,
-            [KVS_WIDE_BF16] = e5m2_to_bf16,
-        },
-    },
-};
-
-const kvs_fp8_kernels *kvs_fp8_kernels_avx512(void)
-{
-    return &kvs_fp8_avx512_kernels;
-}
+KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx512, "avx512")

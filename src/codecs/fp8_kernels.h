@@ -49,4 +49,55 @@ uint8_t kvs_fp8_e5m2_from_f32(float x, int saturate);
 float kvs_fp8_e4m3fn_to_f32(uint8_t code);
 float kvs_fp8_e5m2_to_f32(uint8_t code);
 
+/* A SIMD variant is written as two generic array functions, static and
+ * always inline in its own file:
+ *     encode_array(const void *src, uint8_t *dst, size_t n, int wide, int fmt,
+ *                  int saturate)
+ *     decode_array(const uint8_t *src, void *dst, size_t n, int wide, int fmt)
+ * KVS_FP8_DEFINE_VARIANT(accessor, "isa") then defines its 12 table entries
+ * (each with constant wide / fmt / saturate, so the compiler folds every
+ * branch on them), its table, and `const kvs_fp8_kernels *accessor(void)`. */
+#define KVS_FP8_ENCODER_(name, wide, fmt)                                        \
+    static void name(const void *src, uint8_t *dst, size_t n, int saturate)      \
+    {                                                                            \
+        if (saturate)                                                            \
+            encode_array(src, dst, n, wide, fmt, 1);                             \
+        else                                                                     \
+            encode_array(src, dst, n, wide, fmt, 0);                             \
+    }
+#define KVS_FP8_DECODER_(name, wide, fmt)                                        \
+    static void name(const uint8_t *src, void *dst, size_t n)                    \
+    {                                                                            \
+        decode_array(src, dst, n, wide, fmt);                                    \
+    }
+#define KVS_FP8_DEFINE_VARIANT(accessor, isa_name)                               \
+    KVS_FP8_ENCODER_(e4m3fn_from_f32, KVS_WIDE_F32, KVS_FP8_FMT_E4M3FN)          \
+    KVS_FP8_ENCODER_(e4m3fn_from_f16, KVS_WIDE_F16, KVS_FP8_FMT_E4M3FN)          \
+    KVS_FP8_ENCODER_(e4m3fn_from_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E4M3FN)        \
+    KVS_FP8_ENCODER_(e5m2_from_f32, KVS_WIDE_F32, KVS_FP8_FMT_E5M2)              \
+    KVS_FP8_ENCODER_(e5m2_from_f16, KVS_WIDE_F16, KVS_FP8_FMT_E5M2)              \
+    KVS_FP8_ENCODER_(e5m2_from_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E5M2)            \
+    KVS_FP8_DECODER_(e4m3fn_to_f32, KVS_WIDE_F32, KVS_FP8_FMT_E4M3FN)            \
+    KVS_FP8_DECODER_(e4m3fn_to_f16, KVS_WIDE_F16, KVS_FP8_FMT_E4M3FN)            \
+    KVS_FP8_DECODER_(e4m3fn_to_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E4M3FN)          \
+    KVS_FP8_DECODER_(e5m2_to_f32, KVS_WIDE_F32, KVS_FP8_FMT_E5M2)                \
+    KVS_FP8_DECODER_(e5m2_to_f16, KVS_WIDE_F16, KVS_FP8_FMT_E5M2)                \
+    KVS_FP8_DECODER_(e5m2_to_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E5M2)              \
+    static const kvs_fp8_kernels variant_table_ = {                              \
+        .isa = isa_name,                                                         \
+        .encode = {{[KVS_WIDE_F32] = e4m3fn_from_f32,                            \
+                    [KVS_WIDE_F16] = e4m3fn_from_f16,                            \
+                    [KVS_WIDE_BF16] = e4m3fn_from_bf16},                         \
+                   {[KVS_WIDE_F32] = e5m2_from_f32,                              \
+                    [KVS_WIDE_F16] = e5m2_from_f16,                              \
+                    [KVS_WIDE_BF16] = e5m2_from_bf16}},                          \
+        .decode = {{[KVS_WIDE_F32] = e4m3fn_to_f32,                              \
+                    [KVS_WIDE_F16] = e4m3fn_to_f16,                              \
+                    [KVS_WIDE_BF16] = e4m3fn_to_bf16},                           \
+                   {[KVS_WIDE_F32] = e5m2_to_f32,                                \
+                    [KVS_WIDE_F16] = e5m2_to_f16,                                \
+                    [KVS_WIDE_BF16] = e5m2_to_bf16}},                            \
+    };                                                                           \
+    const kvs_fp8_kernels *accessor(void) { return &variant_table_; }
+
 #endif /* KVSERDE_FP8_KERNELS_H */
