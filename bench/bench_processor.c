@@ -106,7 +106,7 @@ static int bench_latency(int iterations)
     for (int i = -warmup; i < iterations; i++) {
         double t0 = now_s();
         kvs_task_id id;
-        if (kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id) != KVS_OK)
+        if (kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id) != KVS_OK)
             return die("submit");
         struct pollfd pfd = {fd, POLLIN, 0};
         while (poll(&pfd, 1, -1) != 1) {
@@ -146,7 +146,7 @@ static double run_fp8(kvs_processor *p, kvs_memobj **src, kvs_memobj **dst, int 
         kvs_task_id first = 0;
         for (int i = 0; i < n; i++) {
             kvs_task_id id;
-            if (kvs_processor_submit_serialize(p, &src[i], 1, &dst[i], 1, &id) != KVS_OK)
+            if (kvs_processor_submit_serialize(p, &src[i], 1, &dst[i], 1, NULL, &id) != KVS_OK)
                 return -1;
             if (i == 0)
                 first = id;
@@ -296,8 +296,8 @@ static double one_task(kvs_processor *p, int dir, kvs_memobj *src, kvs_memobj *d
                         : kvs_processor_deserialize_event_fd(p);
     kvs_task_id id;
     double t0 = now_s();
-    int rc = dir == SER ? kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id)
-                        : kvs_processor_submit_deserialize(p, &src, 1, &dst, 1, &id);
+    int rc = dir == SER ? kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id)
+                        : kvs_processor_submit_deserialize(p, &src, 1, &dst, 1, NULL, &id);
     if (rc != KVS_OK)
         return -1;
     struct pollfd pfd = {fd, POLLIN, 0};

@@ -25,7 +25,7 @@ int main(void)
     uint8_t bytes[64];
     kvs_memobj_init(&blob, bytes, sizeof bytes, &blob_layout, KVS_FMT_BINARY_BUFFER);
     size_t written;
-    if (kvs_serialize(fp8.serializer, &src, &blob, &written) != KVS_OK) {
+    if (kvs_serialize(fp8.serializer, &src, &blob, NULL, &written) != KVS_OK) {
         fprintf(stderr, "kvserde: %s\n", kvs_last_error());
         return 1;
     }
@@ -34,7 +34,7 @@ int main(void)
     /* Deserialize back into a bfloat16 tensor of the same layout. */
     uint16_t restored[16];
     kvs_memobj_init(&back, restored, sizeof restored, &layout, KVS_FMT_UNDEFINED);
-    if (kvs_deserialize(fp8.deserializer, &blob, &back) != KVS_OK) {
+    if (kvs_deserialize(fp8.deserializer, &blob, &back, NULL) != KVS_OK) {
         fprintf(stderr, "kvserde: %s\n", kvs_last_error());
         return 1;
     }

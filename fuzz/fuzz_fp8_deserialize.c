@@ -31,7 +31,7 @@ static int run(kvs_deserializer *de, const kvs_memobj *src, const kvs_layout *la
     kvs_memobj dst;
     int rc = kvs_memobj_init(&dst, nbytes ? buf : NULL, nbytes, layout, KVS_FMT_KV_2LTD);
     FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
-    rc = kvs_deserialize(de, src, &dst);
+    rc = kvs_deserialize(de, src, &dst, NULL);
     if (rc != KVS_OK) {
         FZ_ASSERT_REFUSAL(rc, "fp8 deserialize");
         FZ_ASSERT(fz_is_canary(buf, nbytes), "a refused deserialize wrote to the destination");

@@ -112,7 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_ASSERT(kvs_layout_flat(&flat, len, KVS_DTYPE_UINT8) == KVS_OK, "flat");
     FZ_ASSERT(kvs_memobj_init(&src, len ? blob : NULL, len, &flat, KVS_FMT_BINARY) == KVS_OK,
               "src init");
-    int rc = kvs_multi_deserialize(g_de, &src, group, n);
+    int rc = kvs_multi_deserialize(g_de, &src, group, n, NULL);
     if (rc == KVS_OK) {
         FZ_ASSERT(n == 2, "a group of length %zu accepted", n);
         FZ_ASSERT(irc == KVS_OK, "deserialize accepted a blob that inspect refuses (%d)", irc);

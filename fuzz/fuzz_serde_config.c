@@ -46,11 +46,11 @@ static void round_trip(const kvs_serde_pair *pair)
         FZ_ASSERT(kvs_memobj_init(&t, tmp, est, &flat, KVS_FMT_BINARY_BUFFER) == KVS_OK, "init");
         FZ_ASSERT(kvs_memobj_init(&b, back, raw, &layout, KVS_FMT_KV_2LTD) == KVS_OK, "init");
         size_t nw = 0;
-        rc = kvs_serialize(pair->serializer, &s, &t, &nw);
+        rc = kvs_serialize(pair->serializer, &s, &t, NULL, &nw);
         if (rc == KVS_OK) {
             FZ_ASSERT(nw <= est, "serialize wrote %zu bytes, estimate %zu", nw, est);
             FZ_ASSERT(kvs_memobj_set_used_size(&t, nw) == KVS_OK, "narrow");
-            rc = kvs_deserialize(pair->deserializer, &t, &b);
+            rc = kvs_deserialize(pair->deserializer, &t, &b, NULL);
             FZ_ASSERT(rc == KVS_OK, "deserialize of a fresh serialize failed: %d", rc);
         } else {
             FZ_ASSERT_REFUSAL(rc, "serialize");

@@ -192,7 +192,7 @@ static void kv_split_seeds(void)
         check(kvs_memobj_init(&dst, out, sizeof out, &flat, KVS_FMT_BINARY), "dst");
         kvs_memobj *group[2] = {s[i].mode == KVS_KV_SPLIT_MODE_V_ONLY ? NULL : &ko, &vo};
         size_t nw = 0;
-        check(kvs_multi_serialize(ser, group, 2, &dst, &nw), "serialize");
+        check(kvs_multi_serialize(ser, group, 2, &dst, NULL, &nw), "serialize");
         kvs_multi_serializer_destroy(ser);
         if (strcmp(s[i].name, "bad-crc") == 0) out[nw - 1] ^= 0x40;
         static buf b;

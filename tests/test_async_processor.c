@@ -117,8 +117,10 @@ static void fake_enter(const kvs_memobj *src, int *calls)
 }
 
 static int fake_serialize(kvs_serializer *self, const kvs_memobj *src, kvs_memobj *dst,
+                          const kvs_object_key *key,
                           size_t *nwritten)
 {
+    (void)key;
     fake_enter(src, &S.ser_calls);
     if (S.close_target != NULL) {
         S.close_rc = kvs_processor_close(S.close_target);
@@ -146,8 +148,9 @@ static void fake_ser_destroy(kvs_serializer *self)
 }
 
 static int fake_deserialize(kvs_deserializer *self, const kvs_memobj *src,
-                            kvs_memobj *dst)
+                            kvs_memobj *dst, const kvs_object_key *key)
 {
+    (void)key;
     fake_enter(src, &S.de_calls);
     if (src->capacity > 0 && ((const uint8_t *)src->data)[0] == FAIL_MARK)
         return kvs_set_error(S.fail_status, "%s", S.fail_message);
@@ -236,8 +239,8 @@ static int query(kvs_processor *p, int dir, kvs_task_id id, kvs_task_result *r)
 static int submit(kvs_processor *p, int dir, kvs_memobj *const *src, size_t nsrc,
                   kvs_memobj *const *dst, size_t ndst, kvs_task_id *id)
 {
-    return dir == SER ? kvs_processor_submit_serialize(p, src, nsrc, dst, ndst, id)
-                      : kvs_processor_submit_deserialize(p, src, nsrc, dst, ndst, id);
+    return dir == SER ? kvs_processor_submit_serialize(p, src, nsrc, dst, ndst, NULL, id)
+                      : kvs_processor_submit_deserialize(p, src, nsrc, dst, ndst, NULL, id);
 }
 
 static int event_fd(kvs_processor *p, int dir)
@@ -432,7 +435,7 @@ static void test_serialize_narrows_dst_to_bytes_written(void)
     CHECK_EQ_U64(b.obj.used_size, OBJ_BYTES);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(b.obj.used_size, 213);
@@ -452,7 +455,7 @@ static void test_serialize_failure_does_not_narrow_dst(void)
     make_obj(&b, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_U64(b.obj.used_size, OBJ_BYTES);
@@ -475,11 +478,11 @@ static void test_serialize_sets_used_size_exactly(void)
     kvs_task_id id;
     kvs_task_result r;
     S.nwritten = OBJ_BYTES;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(b.obj.used_size, OBJ_BYTES);
     S.nwritten = 0;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(b.obj.used_size, 0);
     kvs_processor_destroy(p);
@@ -500,7 +503,7 @@ static void test_serializer_reporting_too_many_bytes_fails(void)
     S.nwritten = OBJ_BYTES + 1;
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_INT(r.status, KVS_EINVAL);
@@ -545,19 +548,19 @@ static void test_task_ids_one_counter_from_zero(void)
     make_obj(&b, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj, &b.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK_EQ_U64(id, 0);
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst, 1, NULL, &id));
     CHECK_EQ_U64(id, 1);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 2);
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, NULL, 0, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 3);
     id = 77;
-    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 2, NULL, &id), KVS_EINVAL,
               "processor: 1 sources but 2 destinations");
     CHECK_EQ_U64(id, 77); /* untouched */
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK_EQ_U64(id, 4);
     kvs_processor_destroy(p);
 }
@@ -626,7 +629,7 @@ static void test_result_recorded_before_signal(void)
     int early = 0;
     for (int i = 0; i < 2000; i++) {
         kvs_task_id id;
-        REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+        REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
         uint64_t c = wait_signal(fd, 2000);
         CHECK_EQ_U64(c, 1);
         kvs_task_result r;
@@ -650,9 +653,9 @@ static void test_other_directions_id_is_pending(void)
     make_obj(&b, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
     kvs_task_id sid, did;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &sid));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &sid));
     CHECK_EQ_U64(wait_signal(kvs_processor_serialize_event_fd(p), 2000), 1);
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst, 1, &did));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst, 1, NULL, &did));
     CHECK_EQ_U64(wait_signal(kvs_processor_deserialize_event_fd(p), 2000), 1);
     kvs_task_result r;
     CHECK_OK(kvs_processor_query_deserialize_result(p, sid, &r));
@@ -688,7 +691,7 @@ static void test_batch_stops_at_first_failure(void)
         dst[i] = &o[N + i].obj;
     }
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, N, dst, N, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, N, dst, N, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_INT(r.status, KVS_ENOSPC);
@@ -732,14 +735,14 @@ static void test_batch_success_and_deserialize_does_not_narrow(void)
     }
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, N, dst, N, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, N, dst, N, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     for (int i = 0; i < N; i++) {
         CHECK_EQ_U64(dst[i]->used_size, 33);
         CHECK_EQ_INT(o[N + i].data[0], 20 + i);
         make_obj(&o[N + i], 0);
     }
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, N, dst, N, &id));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, N, dst, N, NULL, &id));
     CHECK_EQ_INT(wait_done(p, DE, id, &r), KVS_TASK_OK);
     for (int i = 0; i < N; i++) {
         CHECK_EQ_U64(dst[i]->used_size, OBJ_BYTES);
@@ -786,7 +789,7 @@ static void test_bad_submits_refused_and_nothing_queued(void)
     CHECK_EQ_U64(wait_signal(kvs_processor_serialize_event_fd(p), 50), 0);
     CHECK_EQ_U64(wait_signal(kvs_processor_deserialize_event_fd(p), 50), 0);
     CHECK_EQ_INT(fake_get(&S.entered), 0);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 0);
     kvs_processor_destroy(p);
 }
@@ -830,17 +833,17 @@ static void test_submit_after_close_and_close_twice(void)
     make_obj(&b, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
     kvs_task_id done_id, id = 77;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &done_id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &done_id));
     int sfd = kvs_processor_serialize_event_fd(p);
     int dfd = kvs_processor_deserialize_event_fd(p);
     CHECK_OK(kvs_processor_close(p));
     CHECK(!fd_is_open(sfd));
     CHECK(!fd_is_open(dfd));
-    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id), KVS_ECLOSED,
               "processor: submit_serialize after close");
-    CHECK_ERR(kvs_processor_submit_deserialize(p, src, 1, dst, 1, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_processor_submit_deserialize(p, src, 1, dst, 1, NULL, &id), KVS_ECLOSED,
               "processor: submit_deserialize after close");
-    CHECK_ERR(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id), KVS_ECLOSED,
               "processor: submit_serialize after close");
     CHECK_EQ_U64(id, 77);
     CHECK_ERR(kvs_processor_serialize_event_fd(p), KVS_ECLOSED,
@@ -899,9 +902,9 @@ static void test_close_finishes_queued_and_running_tasks(void)
     make_obj(&c, 0);
     kvs_memobj *ok_src[] = {&a.obj}, *bad_src[] = {&b.obj}, *dst[] = {&c.obj};
     kvs_task_id ids[3];
-    REQUIRE_OK(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, &ids[0]));
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, bad_src, 1, dst, 1, &ids[1]));
-    REQUIRE_OK(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, &ids[2]));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, NULL, &ids[0]));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, bad_src, 1, dst, 1, NULL, &ids[1]));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, NULL, &ids[2]));
     CHECK(wait_entered(1)); /* task 0 running, 1 and 2 queued */
     /* Keep the counters readable after close closes the processor's fds. */
     int sdup = dup(kvs_processor_serialize_event_fd(p));
@@ -917,7 +920,7 @@ static void test_close_finishes_queued_and_running_tasks(void)
     CHECK_EQ_INT(fake_get(&S.entered), 1);
     /* Closing: new work is refused already. */
     kvs_task_id id;
-    CHECK_ERR(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_processor_submit_serialize(p, ok_src, 1, dst, 1, NULL, &id), KVS_ECLOSED,
               "processor: submit_serialize after close");
     gate_open();
     pthread_join(t, NULL);
@@ -955,7 +958,7 @@ static void test_concurrent_close(void)
     make_obj(&c, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&c.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK(wait_entered(1));
     struct closer c1 = {.p = p, .mu = PTHREAD_MUTEX_INITIALIZER};
     struct closer c2 = {.p = p, .mu = PTHREAD_MUTEX_INITIALIZER};
@@ -988,7 +991,7 @@ static void test_close_from_worker_refused(void)
     make_obj(&c, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&c.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     pthread_mutex_lock(&S.mu);
@@ -996,7 +999,7 @@ static void test_close_from_worker_refused(void)
     CHECK_EQ_STR(S.close_msg, "processor: close called from a processor thread");
     pthread_mutex_unlock(&S.mu);
     /* Half-closed: no new work, but the fds are still there. */
-    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id), KVS_ECLOSED,
               "processor: submit_serialize after close");
     CHECK(kvs_processor_serialize_event_fd(p) >= 0);
     CHECK_OK(kvs_processor_close(p));
@@ -1023,8 +1026,8 @@ static void test_workers_shared_by_both_directions(void)
     REQUIRE(p != NULL);
     CHECK_EQ_INT(threads_settle(base_threads + 2), base_threads + 2);
     gate_close();
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id1));
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst2, 1, &id2));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id1));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst2, 1, NULL, &id2));
     CHECK(wait_entered(2));
     gate_open();
     CHECK_EQ_INT(wait_done(p, SER, id1, &r), KVS_TASK_OK);
@@ -1036,8 +1039,8 @@ static void test_workers_shared_by_both_directions(void)
     REQUIRE(p != NULL);
     CHECK_EQ_INT(threads_settle(base_threads + 1), base_threads + 1);
     gate_close();
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id1));
-    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst2, 1, &id2));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id1));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p, src, 1, dst2, 1, NULL, &id2));
     CHECK(wait_entered(1));
     usleep(50000);
     CHECK_EQ_INT(fake_get(&S.entered), 1);
@@ -1062,7 +1065,7 @@ static void *query_submit_thread(void *arg)
     kvs_task_result r;
     kvs_task_id id;
     kvs_processor_query_serialize_result(c->p, c->id, &r);
-    kvs_processor_submit_deserialize(c->p, NULL, 0, NULL, 0, &id);
+    kvs_processor_submit_deserialize(c->p, NULL, 0, NULL, 0, NULL, &id);
     kvs_processor_serialize_event_fd(c->p);
     pthread_mutex_lock(&c->mu);
     c->done = 1;
@@ -1083,7 +1086,7 @@ static void test_transform_runs_outside_the_lock(void)
     make_obj(&c, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&c.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     CHECK(wait_entered(1));
     struct caller cl = {.p = p, .id = id, .mu = PTHREAD_MUTEX_INITIALIZER,
                         .cv = PTHREAD_COND_INITIALIZER};
@@ -1118,7 +1121,7 @@ static void test_arrays_copied_at_submit(void)
     make_obj(&d2, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&d1.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     src[0] = &other.obj;
     dst[0] = &d2.obj;
     gate_open();
@@ -1143,7 +1146,7 @@ static void test_long_failure_message_truncated(void)
     make_obj(&c, 0);
     kvs_memobj *src[] = {&a.obj}, *dst[] = {&c.obj};
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, src, 1, dst, 1, NULL, &id));
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_U64(strlen(r.message), KVS_ERROR_MSG_MAX - 1);
@@ -1199,7 +1202,7 @@ static void test_destroy_owns_everything(void)
         kvs_memobj *dst[] = {&c[i].obj};
         REQUIRE_OK(submit(p, i % 2 ? SER : DE, src, 1, dst, 1, &id));
     }
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
     kvs_processor_destroy(p); /* no close first */
     CHECK_EQ_INT(S.entered, N);
     CHECK_EQ_INT(S.ser_destroyed, 1);
@@ -1247,11 +1250,11 @@ static void test_event_fd_consume(void)
     CHECK_OK(kvs_event_fd_consume(fd, &c));
     CHECK_EQ_U64(c, 0); /* EAGAIN is "nothing signalled" */
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
     CHECK_OK(kvs_event_fd_consume(fd, &c));
     CHECK_EQ_U64(c, 2);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, NULL, 0, NULL, 0, NULL, &id));
     CHECK_OK(kvs_event_fd_consume(fd, NULL)); /* drain without reading */
     CHECK_OK(kvs_event_fd_consume(fd, &c));
     CHECK_EQ_U64(c, 0);
@@ -1280,8 +1283,9 @@ static void test_event_fd_consume(void)
 
 static int bad_fd(kvs_processor *self) { return 3; }
 static int bad_submit(kvs_processor *self, kvs_memobj *const *src, kvs_memobj *const *dst,
-                      size_t n, kvs_task_id *id)
+                      size_t n, const kvs_object_key *keys, kvs_task_id *id)
 {
+    (void)keys;
     return KVS_EIO; /* forgets to say why */
 }
 static int bad_query(kvs_processor *self, kvs_task_id id, kvs_task_result *out)
@@ -1314,12 +1318,12 @@ static void test_other_implementations_are_checked(void)
     kvs_layout l;
     kvs_layout_flat(&l, 4, KVS_DTYPE_UINT8);
     CHECK_EQ_INT(kvs_processor_serialize_event_fd(&other), 3);
-    CHECK_ERR(kvs_processor_submit_serialize(&other, objs, 1, objs, 1, &id), KVS_EIO,
+    CHECK_ERR(kvs_processor_submit_serialize(&other, objs, 1, objs, 1, NULL, &id), KVS_EIO,
               "processor: other: submit_serialize failed: I/O error");
-    CHECK_ERR(kvs_processor_submit_deserialize(&other, objs, 1, objs, 1, &id), KVS_EIO,
+    CHECK_ERR(kvs_processor_submit_deserialize(&other, objs, 1, objs, 1, NULL, &id), KVS_EIO,
               "processor: other: submit_deserialize failed: I/O error");
     /* The argument checks come first, whatever the implementation. */
-    CHECK_ERR(kvs_processor_submit_serialize(&other, objs, 1, objs, 0, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_processor_submit_serialize(&other, objs, 1, objs, 0, NULL, &id), KVS_EINVAL,
               "processor: 1 sources but 0 destinations");
     CHECK_ERR(kvs_processor_query_serialize_result(&other, 0, &r), KVS_EINVAL,
               "processor: other: query_serialize_result returned unknown state 7");
@@ -1376,8 +1380,8 @@ static void test_registry_fp8_processors_are_independent(void)
 
     kvs_task_id id1, id2;
     kvs_task_result r;
-    REQUIRE_OK(kvs_processor_submit_serialize(p1, &src, 1, &tmp, 1, &id1));
-    REQUIRE_OK(kvs_processor_submit_serialize(p2, NULL, 0, NULL, 0, &id2));
+    REQUIRE_OK(kvs_processor_submit_serialize(p1, &src, 1, &tmp, 1, NULL, &id1));
+    REQUIRE_OK(kvs_processor_submit_serialize(p2, NULL, 0, NULL, 0, NULL, &id2));
     CHECK_EQ_U64(id1, 0);
     CHECK_EQ_U64(id2, 0); /* each processor counts from 0 */
     CHECK_EQ_INT(wait_done(p1, SER, id1, &r), KVS_TASK_OK);
@@ -1388,7 +1392,7 @@ static void test_registry_fp8_processors_are_independent(void)
 
     /* Closing p2 leaves p1 working. */
     CHECK_OK(kvs_processor_close(p2));
-    REQUIRE_OK(kvs_processor_submit_deserialize(p1, &tmp, 1, &back, 1, &id1));
+    REQUIRE_OK(kvs_processor_submit_deserialize(p1, &tmp, 1, &back, 1, NULL, &id1));
     CHECK_EQ_U64(id1, 1);
     CHECK_EQ_INT(wait_done(p1, DE, id1, &r), KVS_TASK_OK);
     CHECK(memcmp(src->data, back->data, NEL * sizeof(float)) == 0);
@@ -1398,7 +1402,7 @@ static void test_registry_fp8_processors_are_independent(void)
     kvs_memobj *tiny;
     kvs_layout_flat(&small, 10, KVS_DTYPE_UINT8);
     REQUIRE_OK(kvs_memobj_alloc(&small, KVS_FMT_BINARY_BUFFER, &tiny));
-    REQUIRE_OK(kvs_processor_submit_serialize(p1, &src, 1, &tiny, 1, &id1));
+    REQUIRE_OK(kvs_processor_submit_serialize(p1, &src, 1, &tiny, 1, NULL, &id1));
     CHECK_EQ_INT(wait_done(p1, SER, id1, &r), KVS_TASK_FAILED);
     CHECK_EQ_INT(r.status, KVS_ENOSPC);
     CHECK_EQ_STR(r.message, "processor: serialize object 0 of 1 failed: fp8: destination "
@@ -1522,8 +1526,10 @@ static int ranger_range(void *ctx, uint64_t begin, uint64_t end)
 }
 
 static int ranger_serialize(kvs_serializer *self, const kvs_memobj *src, kvs_memobj *dst,
+                            const kvs_object_key *key,
                             size_t *nwritten)
 {
+    (void)key;
     if (src->capacity > 0 && ((const uint8_t *)src->data)[0] == GATE_MARK) {
         fake_enter(src, &S.ser_calls);
         *nwritten = 0;
@@ -1636,7 +1642,7 @@ static void test_split_runs_on_both_workers(void)
     REQUIRE(src && dst);
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_U64(wait_signal(kvs_processor_serialize_event_fd(p), 5000), 1);
     CHECK_OK(kvs_processor_query_serialize_result(p, id, &r));
     CHECK_EQ_INT(r.state, KVS_TASK_OK);
@@ -1666,7 +1672,7 @@ static void test_split_only_when_it_can_help(void)
     kvs_processor *p = make_ranger_proc(2, N + 1, 64);
     REQUIRE(p != NULL);
     ranger_reset(0);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 1);
     CHECK_EQ_INT(ranges_cover(N, NULL), 1);
@@ -1674,14 +1680,14 @@ static void test_split_only_when_it_can_help(void)
     CHECK_OK(kvs_async_processor_set_split(p, N, 64));
     ranger_reset(0);
     ranger_await_second();
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 40);
     CHECK_EQ_INT(ranges_cover(N, NULL), 2);
     /* one piece only (a chunk as large as the object) */
     CHECK_OK(kvs_async_processor_set_split(p, 0, N));
     ranger_reset(0);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 1);
 
@@ -1692,9 +1698,9 @@ static void test_split_only_when_it_can_help(void)
     REQUIRE(held && held_dst);
     gate_close();
     kvs_task_id hid;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &held, 1, &held_dst, 1, &hid));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &held, 1, &held_dst, 1, NULL, &hid));
     CHECK(wait_entered(1));
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 1); /* one call, on the task's own worker */
     CHECK_EQ_INT(ranges_cover(N, NULL), 1);
@@ -1706,7 +1712,7 @@ static void test_split_only_when_it_can_help(void)
     p = make_ranger_proc(1, 0, 64);
     REQUIRE(p != NULL);
     ranger_reset(0);
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 1);
 
@@ -1714,7 +1720,7 @@ static void test_split_only_when_it_can_help(void)
     ranger_reset(0);
     kvs_serializer s = {&ranger_ser_ops};
     size_t nw = 0;
-    CHECK_OK(kvs_serialize(&s, src, dst, &nw));
+    CHECK_OK(kvs_serialize(&s, src, dst, NULL, &nw));
     CHECK_EQ_U64(nw, N);
     CHECK_EQ_INT(ranger_count(), 1);
     CHECK_EQ_INT(ranges_cover(N, &who), 1);
@@ -1767,7 +1773,7 @@ static void test_split_nested_runs_inline(void)
     REQUIRE(src && dst);
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_INT(ranger_count(), 8);
     pthread_mutex_lock(&R.mu);
@@ -1796,7 +1802,7 @@ static void test_split_failure_is_the_first_by_position(void)
         R.fail_from = 64 * 11;
         R.fail_silent = silent;
         pthread_mutex_unlock(&R.mu);
-        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
         CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
         CHECK_EQ_INT(ranger_count(), 30);
         CHECK_EQ_INT(ranges_cover(N, NULL) > 0, 1);
@@ -1825,7 +1831,7 @@ static void test_close_during_split(void)
     kvs_memobj *src = alloc_u8(N, 1), *dst = alloc_u8(N, 0);
     REQUIRE(src && dst);
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id));
     for (int i = 0; i < 2000 && ranger_count() < 2; i++) usleep(500);
     CHECK_OK(kvs_processor_close(p));
     kvs_task_result r;
@@ -1876,16 +1882,16 @@ static int fp8_both_ways(kvs_processor *p, kvs_serializer *ser, kvs_deserializer
 {
     if (p == NULL) {
         size_t nw;
-        int rc = kvs_serialize(ser, src, blob, &nw);
+        int rc = kvs_serialize(ser, src, blob, NULL, &nw);
         if (rc == KVS_OK) rc = kvs_memobj_set_used_size(blob, nw);
-        return rc == KVS_OK ? kvs_deserialize(de, blob, back) : rc;
+        return rc == KVS_OK ? kvs_deserialize(de, blob, back, NULL) : rc;
     }
     kvs_task_id id;
     kvs_task_result r;
-    if (kvs_processor_submit_serialize(p, &src, 1, &blob, 1, &id) != KVS_OK ||
+    if (kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id) != KVS_OK ||
         wait_done(p, SER, id, &r) != KVS_TASK_OK)
         return KVS_EIO;
-    if (kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, &id) != KVS_OK ||
+    if (kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id) != KVS_OK ||
         wait_done(p, DE, id, &r) != KVS_TASK_OK)
         return KVS_EIO;
     return KVS_OK;
@@ -2005,7 +2011,7 @@ static void test_split_fp8_refusals_unchanged(void)
         kvs_memobj *small = alloc_u8(NEL - 1, 0x77), *big = alloc_u8(4 * NEL, 0x77);
         REQUIRE(small && big);
         /* destination too small */
-        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &small, 1, &id));
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &small, 1, NULL, &id));
         CHECK_EQ_INT(wait_done(p, SER, id, &r[w]), KVS_TASK_FAILED);
         CHECK_EQ_INT(r[w].status, KVS_ENOSPC);
         CHECK_EQ_STR(r[w].message, "processor: serialize object 0 of 1 failed: fp8: "
@@ -2013,7 +2019,7 @@ static void test_split_fp8_refusals_unchanged(void)
         CHECK_EQ_U64(small->used_size, NEL - 1);
         CHECK_EQ_INT(((uint8_t *)small->data)[0], 0x77);
         /* an unsupported group */
-        REQUIRE_OK(kvs_processor_submit_serialize(p, &bsrc, 1, &big, 1, &id));
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &bsrc, 1, &big, 1, NULL, &id));
         CHECK_EQ_INT(wait_done(p, SER, id, &r[w]), KVS_TASK_FAILED);
         CHECK_EQ_STR(r[w].message, "processor: serialize object 0 of 1 failed: fp8: "
                                    "unsupported source dtype 'uint8' in group 1; expected "
@@ -2021,7 +2027,7 @@ static void test_split_fp8_refusals_unchanged(void)
         CHECK_EQ_INT(((uint8_t *)big->data)[0], 0x77);
         /* a truncated blob */
         REQUIRE_OK(kvs_memobj_set_used_size(small, 10));
-        REQUIRE_OK(kvs_processor_submit_deserialize(p, &small, 1, &src, 1, &id));
+        REQUIRE_OK(kvs_processor_submit_deserialize(p, &small, 1, &src, 1, NULL, &id));
         CHECK_EQ_INT(wait_done(p, DE, id, &r[w]), KVS_TASK_FAILED);
         CHECK_EQ_INT(r[w].status, KVS_ECORRUPT);
         CHECK_EQ_STR(r[w].message, "processor: deserialize object 0 of 1 failed: fp8: "

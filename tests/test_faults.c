@@ -687,9 +687,9 @@ static int setup_data(void)
         rc |= kvs_memobj_init(&enc, fp8, sizeof fp8, &flat, KVS_FMT_BINARY_BUFFER);
         rc |= kvs_memobj_init(&dec, g_expect[o], sizeof g_expect[o], &g_layout,
                               KVS_FMT_KV_2LTD);
-        rc |= kvs_serialize(ser, &g_src_obj[o], &enc, &nw);
+        rc |= kvs_serialize(ser, &g_src_obj[o], &enc, NULL, &nw);
         rc |= kvs_memobj_set_used_size(&enc, nw);
-        rc |= kvs_deserialize(de, &enc, &dec);
+        rc |= kvs_deserialize(de, &enc, &dec, NULL);
     }
     kvs_serializer_destroy(ser);
     kvs_deserializer_destroy(de);

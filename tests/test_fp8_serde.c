@@ -95,7 +95,7 @@ static void test_roundtrip_bf16_randn(void)
     for (size_t i = 0; i < numel; i++) x[i] = bf16_of(randn());
 
     size_t n = 0;
-    CHECK_OK(kvs_serialize(ser, src, temp, &n));
+    CHECK_OK(kvs_serialize(ser, src, temp, NULL, &n));
     CHECK_EQ_U64(n, numel);
     CHECK_EQ_U64(temp->used_size, tl.groups[0].shape.dims[0]); /* not narrowed here */
     const uint8_t *codes = temp->data;
@@ -106,7 +106,7 @@ static void test_roundtrip_bf16_randn(void)
         }
     }
     CHECK_OK(kvs_memobj_set_used_size(temp, n)); /* as the async layer does */
-    CHECK_OK(kvs_deserialize(de, temp, back));
+    CHECK_OK(kvs_deserialize(de, temp, back, NULL));
     const uint16_t *y = back->data;
     double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
     size_t mismatches = 0;
@@ -152,7 +152,7 @@ static void test_multi_group_packing(void)
     kvs_memobj temp;
     REQUIRE_OK(kvs_memobj_init(&temp, buf, sizeof buf, &bl, KVS_FMT_BINARY_BUFFER));
     size_t n = 0;
-    REQUIRE_OK(kvs_serialize(ser, src, &temp, &n));
+    REQUIRE_OK(kvs_serialize(ser, src, &temp, NULL, &n));
     CHECK_EQ_U64(n, 15);
     /* e4m3fn codes: 0=0x00 0.5=0x30 1=0x38 1.5=0x3C 2=0x40 3=0x44 | 1=0x38
      * -2=0xC0 0.5=0x30 4=0x48 | 1.5=0x3C 2=0x40 3=0x44 4=0x48 -0.5=0xB0 */
@@ -161,7 +161,7 @@ static void test_multi_group_packing(void)
     CHECK(memcmp(buf, expect, 15) == 0);
     CHECK_EQ_INT(buf[15], 0xAA); /* nothing past the bytes written */
     CHECK_OK(kvs_memobj_set_used_size(&temp, n));
-    REQUIRE_OK(kvs_deserialize(de, &temp, back));
+    REQUIRE_OK(kvs_deserialize(de, &temp, back, NULL));
     CHECK(memcmp(src->data, back->data, (size_t)kvs_layout_nbytes(&l)) == 0);
     kvs_memobj_free(src);
     kvs_memobj_free(back);
@@ -181,7 +181,7 @@ static void test_dst_too_small(void)
     kvs_memobj dst;
     REQUIRE_OK(kvs_memobj_init(&dst, buf, sizeof buf, &bl, KVS_FMT_BINARY_BUFFER));
     size_t n = 99;
-    CHECK_ERR(kvs_serialize(ser, src, &dst, &n), KVS_ENOSPC,
+    CHECK_ERR(kvs_serialize(ser, src, &dst, NULL, &n), KVS_ENOSPC,
               "fp8: destination too small: 1024 bytes, need 4096");
     CHECK_EQ_U64(n, 99);
     size_t touched = 0;
@@ -205,7 +205,7 @@ static void test_src_truncated(void)
     kvs_memobj src;
     REQUIRE_OK(kvs_memobj_init(&src, codes, sizeof codes, &bl, KVS_FMT_BINARY_BUFFER));
     REQUIRE_OK(kvs_memobj_set_used_size(&src, 99));
-    CHECK_ERR(kvs_deserialize(de, &src, dst), KVS_ECORRUPT,
+    CHECK_ERR(kvs_deserialize(de, &src, dst, NULL), KVS_ECORRUPT,
               "fp8: source too small: 99 bytes, need 100");
     const uint8_t *d = dst->data;
     size_t touched = 0;
@@ -213,7 +213,7 @@ static void test_src_truncated(void)
     CHECK_EQ_U64(touched, 0);
     /* a larger (padded) source is fine: only dst's element count is read */
     REQUIRE_OK(kvs_memobj_set_used_size(&src, 100));
-    CHECK_OK(kvs_deserialize(de, &src, dst));
+    CHECK_OK(kvs_deserialize(de, &src, dst, NULL));
     CHECK_EQ_INT(((uint16_t *)dst->data)[99], 0x3C00); /* 1.0 in float16 */
     kvs_memobj_free(dst);
 }
@@ -234,11 +234,11 @@ static void test_unsupported_dtypes(void)
     kvs_memobj raw;
     REQUIRE_OK(kvs_memobj_init(&raw, buf, sizeof buf, &bl, KVS_FMT_BINARY_BUFFER));
     size_t n;
-    CHECK_ERR(kvs_serialize(ser, obj, &raw, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(ser, obj, &raw, NULL, &n), KVS_EINVAL,
               "fp8: unsupported source dtype 'uint8' in group 1; expected float32, "
               "float16 or bfloat16");
     CHECK_EQ_INT(buf[0], 0x11);
-    CHECK_ERR(kvs_deserialize(de, &raw, obj), KVS_EINVAL,
+    CHECK_ERR(kvs_deserialize(de, &raw, obj, NULL), KVS_EINVAL,
               "fp8: unsupported destination dtype 'uint8' in group 1; expected float32, "
               "float16 or bfloat16");
     CHECK_EQ_INT(((uint8_t *)obj->data)[0], 0);
@@ -274,9 +274,9 @@ static void test_null_objects(void)
     kvs_memobj obj;
     REQUIRE_OK(kvs_memobj_init(&obj, &v, sizeof v, &l, KVS_FMT_UNDEFINED));
     size_t n;
-    CHECK_ERR(kvs_serialize(ser, NULL, &obj, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(ser, NULL, &obj, NULL, &n), KVS_EINVAL,
               "serde: serialize: NULL argument");
-    CHECK_ERR(kvs_deserialize(de, &obj, NULL), KVS_EINVAL,
+    CHECK_ERR(kvs_deserialize(de, &obj, NULL, NULL), KVS_EINVAL,
               "serde: deserialize: NULL argument");
 }
 
@@ -297,7 +297,7 @@ static void test_e5m2_all_destination_dtypes(void)
     kvs_memobj temp;
     REQUIRE_OK(kvs_memobj_init(&temp, codes, sizeof codes, &bl, KVS_FMT_BINARY_BUFFER));
     size_t n;
-    REQUIRE_OK(kvs_serialize(s5, &src, &temp, &n));
+    REQUIRE_OK(kvs_serialize(s5, &src, &temp, NULL, &n));
     static const uint8_t expect[6] = {0x3C, 0xC2, 0x7B, 0x7B, 0x00, 0x3E};
     CHECK(memcmp(codes, expect, 6) == 0);
     REQUIRE_OK(kvs_memobj_set_used_size(&temp, n));
@@ -306,13 +306,13 @@ static void test_e5m2_all_destination_dtypes(void)
     REQUIRE_OK(kvs_layout_flat(&hl, 6, KVS_DTYPE_FLOAT16));
     kvs_memobj half;
     REQUIRE_OK(kvs_memobj_init(&half, f16, sizeof f16, &hl, KVS_FMT_UNDEFINED));
-    REQUIRE_OK(kvs_deserialize(d5, &temp, &half));
+    REQUIRE_OK(kvs_deserialize(d5, &temp, &half, NULL));
     static const uint16_t f16_expect[6] = {0x3C00, 0xC200, 0x7B00, 0x7B00, 0x0000, 0x3E00};
     CHECK(memcmp(f16, f16_expect, sizeof f16) == 0);
     float back[6];
     kvs_memobj fobj;
     REQUIRE_OK(kvs_memobj_init(&fobj, back, sizeof back, &l, KVS_FMT_UNDEFINED));
-    REQUIRE_OK(kvs_deserialize(d5, &temp, &fobj));
+    REQUIRE_OK(kvs_deserialize(d5, &temp, &fobj, NULL));
     static const float f32_expect[6] = {1.0f, -3.0f, 57344.0f, 57344.0f, 0.0f, 1.5f};
     CHECK(memcmp(back, f32_expect, sizeof back) == 0);
     kvs_serializer_destroy(s5);

@@ -202,7 +202,7 @@ static kvs_memobj *serialize_exact(kvs_multi_serializer *s, kvs_memobj *k, kvs_m
     if (kvs_multi_estimate_serialized_size(s, layouts, 2, &est)) return NULL;
     kvs_memobj *buf = obj_new(est, KVS_DTYPE_UINT8);
     kvs_memobj *src[2] = {k, v};
-    if (!buf || kvs_multi_serialize(s, src, 2, buf, n) || *n != est ||
+    if (!buf || kvs_multi_serialize(s, src, 2, buf, NULL, n) || *n != est ||
         kvs_memobj_set_used_size(buf, *n)) {
         kvs_memobj_free(buf);
         return NULL;
@@ -353,7 +353,7 @@ static void test_round_trip_matrix(void)
                      info.slots[0].numel == 257 &&
                      info.slots[0].scale == expected_scale(k, kst, !sc);
             kvs_memobj *dst[2] = {ko, vo};
-            if (!ok || kvs_multi_deserialize(d, blob, dst, 2) != KVS_OK) {
+            if (!ok || kvs_multi_deserialize(d, blob, dst, 2, NULL) != KVS_OK) {
                 fprintf(stderr, "%s: header or deserialize failed: %s\n", ctx, kvs_last_error());
                 failures++;
             } else {
@@ -388,8 +388,8 @@ static void test_deterministic(void)
     memset(b2->data, 0xFF, 4096);
     kvs_memobj *src[2] = {k, v};
     size_t n1, n2;
-    CHECK_OK(kvs_multi_serialize(s, src, 2, b1, &n1));
-    CHECK_OK(kvs_multi_serialize(s, src, 2, b2, &n2));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, b1, NULL, &n1));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, b2, NULL, &n2));
     CHECK_EQ_INT(n1, n2);
     CHECK(memcmp(b1->data, b2->data, n1) == 0);
     kvs_memobj_free(k);
@@ -424,7 +424,7 @@ static void test_multi_group_and_empty_slots(void)
     CHECK_EQ_INT(n, 84 + 22 * 2);
     kvs_memobj *ko = obj_new(22, KVS_DTYPE_FLOAT16), *vo = obj_new(0, KVS_DTYPE_BFLOAT16);
     kvs_memobj *dst[2] = {ko, vo};
-    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
     CHECK(memcmp(k->data, ko->data, 44) == 0);
     kvs_kv_split_info info;
     CHECK_OK(kvs_kv_split_inspect(blob->data, n, &info));
@@ -470,9 +470,9 @@ static void test_misaligned_buffers(void)
     kvs_memobj *src[2] = {&k, &v}, *dst[2] = {&ko, &vo};
     size_t n;
     for (int pass = 0; pass < 2; pass++) {
-        REQUIRE_OK(kvs_multi_serialize(pass ? s8 : s, src, 2, &bo, &n));
+        REQUIRE_OK(kvs_multi_serialize(pass ? s8 : s, src, 2, &bo, NULL, &n));
         REQUIRE_OK(kvs_memobj_set_used_size(&bo, n));
-        REQUIRE_OK(kvs_multi_deserialize(d, &bo, dst, 2));
+        REQUIRE_OK(kvs_multi_deserialize(d, &bo, dst, 2, NULL));
         kvs_kv_split_info info;
         REQUIRE_OK(kvs_kv_split_inspect(bo.data, n, &info));
         CHECK_EQ_INT(check_values(&k, &ko, info.slots[0].stored_dtype, info.slots[0].scale,
@@ -511,7 +511,7 @@ static void test_large(void)
         REQUIRE(blob);
         CHECK_EQ_INT(n, 84 + 2 * N + N + 1);
         kvs_memobj *dst[2] = {ko, vo};
-        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
         kvs_kv_split_info info;
         CHECK_OK(kvs_kv_split_inspect(blob->data, n, &info));
         CHECK_EQ_INT(check_values(k, ko, KVS_DTYPE_FLOAT16, 1.0f, "large K"), 0);
@@ -553,7 +553,7 @@ static void test_per_tensor_no_nan_for_huge(void)
         kvs_memobj *blob = serialize_exact(s, k, v, &n);
         REQUIRE(blob);
         kvs_memobj *dst[2] = {ko, vo};
-        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
         kvs_kv_split_info info;
         CHECK_OK(kvs_kv_split_inspect(blob->data, n, &info));
         const float *kf = ko->data, *vf = vo->data;
@@ -598,7 +598,7 @@ static void test_zero_and_tiny_slots(void)
     kvs_memobj *dst[2] = {ko, vo};
     sentinel(ko);
     sentinel(vo);
-    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
     const float *ok = ko->data, *ov = vo->data;
     int bad = 0;
     for (int i = 0; i < 16; i++) {
@@ -614,7 +614,7 @@ static void test_zero_and_tiny_slots(void)
     REQUIRE(blob);
     CHECK_OK(kvs_kv_split_inspect(blob->data, n, &info));
     CHECK(info.slots[0].scale == 1e-30f / 448.0f);
-    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
     CHECK_EQ_INT(check_values(k, ko, KVS_DTYPE_FLOAT8_E4M3FN, info.slots[0].scale, "tiny K"), 0);
     kvs_memobj_free(blob);
     kvs_memobj_free(k);
@@ -648,7 +648,7 @@ static void test_non_finite_inputs(void)
         float scale = 3.0f / fp8_max(fp8);
         CHECK(info.slots[1].scale == scale);
         kvs_memobj *dst[2] = {NULL, vo};
-        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
         const float *o = vo->data;
         CHECK(isnan(o[2]));
         if (sat) {
@@ -702,19 +702,19 @@ static void test_scale_none_matches_fp8_serde(void)
         const uint8_t *b = blob->data;
         kvs_memobj *fk = obj_new(1050, KVS_DTYPE_UINT8), *fv = obj_new(500, KVS_DTYPE_UINT8);
         size_t nk, nv;
-        CHECK_OK(kvs_serialize(fs, k, fk, &nk));
-        CHECK_OK(kvs_serialize(fs, v, fv, &nv));
+        CHECK_OK(kvs_serialize(fs, k, fk, NULL, &nk));
+        CHECK_OK(kvs_serialize(fs, v, fv, NULL, &nv));
         bad += nk != 700 || memcmp(b + 80, fk->data, 700) != 0;
         bad += nv != 333 || memcmp(b + 780, fv->data, 333) != 0;
         for (int od = 0; od < 3; od++) {
             kvs_memobj *ko = obj_new(700, wide[od]), *vo = obj_new(333, wide[od]);
             kvs_memobj *rk = obj_new(700, wide[od]), *rv = obj_new(333, wide[od]);
             kvs_memobj *dst[2] = {ko, vo};
-            CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+            CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
             CHECK_OK(kvs_memobj_set_used_size(fk, 700));
             CHECK_OK(kvs_memobj_set_used_size(fv, 333));
-            CHECK_OK(kvs_deserialize(fd, fk, rk));
-            CHECK_OK(kvs_deserialize(fd, fv, rv));
+            CHECK_OK(kvs_deserialize(fd, fk, rk, NULL));
+            CHECK_OK(kvs_deserialize(fd, fv, rv, NULL));
             bad += memcmp(ko->data, rk->data, ko->used_size) != 0;
             bad += memcmp(vo->data, rv->data, vo->used_size) != 0;
             kvs_memobj_free(ko);
@@ -841,7 +841,7 @@ static void test_scaled_read_exhaustive(void)
         reseal(b, nb);
         kvs_memobj *vo = obj_new(N, wide[od]);
         kvs_memobj *dst[2] = {NULL, vo};
-        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+        CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
         kvs_memobj *want = obj_new(N, wide[od]);
         for (int i = 0; i < N; i++)
             set_elem(want->data, wide[od], (size_t)i,
@@ -968,7 +968,7 @@ static void test_golden_blob(void)
     CHECK_EQ_U64(crc, 0x5E993525u);
     kvs_memobj *ko = obj_new(4, KVS_DTYPE_FLOAT32), *vo = obj_new(4, KVS_DTYPE_FLOAT32);
     kvs_memobj *dst[2] = {ko, vo};
-    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
     const float *kf = ko->data, *vf = vo->data;
     for (int i = 0; i < 4; i++) CHECK(kf[i] == kv[i]);
     for (int i = 0; i < 4; i++) CHECK(fabsf(vf[i] - vv[i]) <= fabsf(vv[i]) / 16);
@@ -1014,7 +1014,7 @@ static void test_serialize_refusals(void)
 
 #define SER_ERR(ser, grp, cnt, code, msg)                              \
     do {                                                               \
-        CHECK_ERR(kvs_multi_serialize(ser, grp, cnt, dst, &n), code, msg); \
+        CHECK_ERR(kvs_multi_serialize(ser, grp, cnt, dst, NULL, &n), code, msg); \
         CHECK(untouched(dst));                                         \
         CHECK_EQ_INT(n, 12345);                                        \
     } while (0)
@@ -1041,7 +1041,7 @@ static void test_serialize_refusals(void)
     CHECK_OK(kvs_memobj_set_used_size(dst, 0));
     kvs_memobj small = *dst;
     small.capacity = 107;
-    CHECK_ERR(kvs_multi_serialize(s, both, 2, &small, &n), KVS_ENOSPC,
+    CHECK_ERR(kvs_multi_serialize(s, both, 2, &small, NULL, &n), KVS_ENOSPC,
               "kv_split: destination too small: 107 bytes, need 108");
     CHECK(untouched(dst));
     /* A hand-built source whose buffer is smaller than its layout. */
@@ -1050,7 +1050,7 @@ static void test_serialize_refusals(void)
     kvs_memobj *lying[2] = {k, &liar};
     SER_ERR(s, lying, 2, KVS_EINVAL, "kv_split: V source holds 10 bytes, its layout needs 16");
     small.capacity = 108;
-    CHECK_OK(kvs_multi_serialize(s, both, 2, &small, &n));
+    CHECK_OK(kvs_multi_serialize(s, both, 2, &small, NULL, &n));
     CHECK_EQ_INT(n, 108);
 
     /* Estimates refuse the same patterns, for layouts. */
@@ -1171,7 +1171,7 @@ static void put32(uint8_t *p, uint32_t v)
 static int run(fixture *f)
 {
     kvs_memobj *dst[2] = {f->ko, f->vo};
-    return kvs_multi_deserialize(f->d, f->work, dst, 2);
+    return kvs_multi_deserialize(f->d, f->work, dst, 2, NULL);
 }
 
 #define DE_ERR(f, code, msg)                                 \
@@ -1193,7 +1193,7 @@ static void test_deserialize_refusals(void)
     /* Group length. */
     b = fresh(&f);
     kvs_memobj *one[1] = {f.ko};
-    CHECK_ERR(kvs_multi_deserialize(f.d, f.work, one, 1), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(f.d, f.work, one, 1, NULL), KVS_EINVAL,
               "multi: dst group length 1 does not match expected 2");
     CHECK(untouched(f.ko));
 
@@ -1211,11 +1211,11 @@ static void test_deserialize_refusals(void)
         sentinel(f.ko);
         sentinel(f.vo);
         kvs_memobj *dst[2] = {f.ko, f.vo};
-        CHECK_ERR(kvs_multi_deserialize(f.d, vblob, dst, 2), KVS_EINVAL,
+        CHECK_ERR(kvs_multi_deserialize(f.d, vblob, dst, 2, NULL), KVS_EINVAL,
                   "kv_split: K (slot 0) requested but the blob holds no K");
         CHECK(untouched(f.ko) && untouched(f.vo));
         kvs_memobj *vonly[2] = {NULL, f.vo};
-        CHECK_OK(kvs_multi_deserialize(f.d, vblob, vonly, 2));
+        CHECK_OK(kvs_multi_deserialize(f.d, vblob, vonly, 2, NULL));
         CHECK(untouched(f.ko) && !untouched(f.vo));
         kvs_memobj_free(v);
         kvs_memobj_free(vblob);
@@ -1229,11 +1229,11 @@ static void test_deserialize_refusals(void)
         sentinel(v9);
         sentinel(u8);
         kvs_memobj *dst[2] = {f.ko, v9};
-        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst, 2), KVS_EINVAL,
+        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst, 2, NULL), KVS_EINVAL,
                   "kv_split: V element count mismatch: blob holds 8, destination has 9");
         CHECK(untouched(f.ko) && untouched(v9));
         kvs_memobj *dst2[2] = {u8, f.vo};
-        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst2, 2), KVS_EINVAL,
+        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst2, 2, NULL), KVS_EINVAL,
                   "kv_split: K destination dtype 'uint8' unsupported; expected float32, "
                   "float16 or bfloat16");
         CHECK(untouched(u8) && untouched(f.vo));
@@ -1247,7 +1247,7 @@ static void test_deserialize_refusals(void)
         kvs_memobj liar = *f.work;
         liar.used_size = 300;
         kvs_memobj *dst[2] = {f.ko, f.vo};
-        CHECK_ERR(kvs_multi_deserialize(f.d, &liar, dst, 2), KVS_EINVAL,
+        CHECK_ERR(kvs_multi_deserialize(f.d, &liar, dst, 2, NULL), KVS_EINVAL,
                   "kv_split: source used size 300 exceeds its capacity 256");
         CHECK(untouched(f.ko) && untouched(f.vo));
     }
@@ -1477,7 +1477,7 @@ static void test_factory_kwargs(void)
                        "\"k_dtype\": \"float8_e4m3fn\", \"scale\": \"per_tensor\"}", &p));
     kvs_memobj *dst = obj_new(256, KVS_DTYPE_UINT8);
     kvs_memobj *both[2] = {k, v};
-    CHECK_ERR(kvs_multi_serialize(p.serializer, both, 2, dst, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(p.serializer, both, 2, dst, NULL, &n), KVS_EINVAL,
               "kv_split: K (slot 0) must be absent in mode 'v_only' but the src slot is present");
     blob = serialize_exact(p.serializer, NULL, v, &n);
     REQUIRE(blob);

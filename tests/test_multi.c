@@ -38,8 +38,9 @@ static uint32_t get_le32(const uint8_t *p)
 }
 
 static int concat_serialize(kvs_multi_serializer *s, kvs_memobj *const *src, size_t n,
-                            kvs_memobj *dst, size_t *nwritten)
+                            kvs_memobj *dst, const kvs_object_key *key, size_t *nwritten)
 {
+    (void)key;
     int rc = kvs_validate_group_size(n, s->group_size, "src");
     if (rc) return rc;
     size_t total = 5 * n;
@@ -81,8 +82,9 @@ static const struct kvs_multi_serializer_ops concat_ser_ops = {
     "concat", concat_serialize, concat_estimate, concat_ser_destroy};
 
 static int concat_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
-                              kvs_memobj *const *dst, size_t n)
+                              kvs_memobj *const *dst, size_t n, const kvs_object_key *key)
 {
+    (void)key;
     int rc = kvs_validate_group_size(n, d->group_size, "dst");
     if (rc) return rc;
     const uint8_t *in = src->data;
@@ -145,8 +147,10 @@ static int concat_create(long group_size, kvs_multi_serializer **ser,
  * ------------------------------------------------------------------ */
 
 static int id_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                        const kvs_object_key *key,
                         size_t *nwritten)
 {
+    (void)key;
     if (dst->capacity < src->used_size)
         return kvs_set_error(KVS_ENOSPC, "identity: destination too small");
     memcpy(dst->data, src->data, src->used_size);
@@ -165,8 +169,10 @@ static void id_ser_destroy(kvs_serializer *s) { free(s); }
 static const struct kvs_serializer_ops id_ser_ops = {"identity", id_serialize, id_estimate,
                                                      id_ser_destroy};
 
-static int id_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst)
+static int id_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                          const kvs_object_key *key)
 {
+    (void)key;
     if (src->used_size < dst->used_size)
         return kvs_set_error(KVS_ECORRUPT, "identity: source too small");
     memcpy(dst->data, src->data, dst->used_size);
@@ -297,11 +303,11 @@ static void test_f39_round_trip(void)
     CHECK_EQ_INT(est, 10 + 2 * 128);
     kvs_memobj *buf = obj_new(est, KVS_DTYPE_UINT8);
     kvs_memobj *src[2] = {k, v}, *dst[2] = {ko, vo};
-    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, &n));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, NULL, &n));
     CHECK(n <= buf->capacity);
     CHECK_EQ_INT(n, est);
     CHECK_OK(kvs_memobj_set_used_size(buf, n));
-    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2, NULL));
     CHECK(same_bytes(k, ko));
     CHECK(same_bytes(v, vo));
     kvs_memobj_free(k);
@@ -330,10 +336,10 @@ static void test_f40_f41_absent_k(void)
     CHECK_OK(kvs_multi_estimate_serialized_size(s, layouts, 2, &est));
     kvs_memobj *buf = obj_new(est, KVS_DTYPE_UINT8);
     kvs_memobj *src[2] = {NULL, v}, *dst[2] = {NULL, vo};
-    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, &n));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, NULL, &n));
     CHECK_EQ_INT(n, 2 * 5 + v->used_size);
     CHECK_OK(kvs_memobj_set_used_size(buf, n));
-    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2, NULL));
     CHECK(same_bytes(v, vo));
     int untouched = 1;
     for (int i = 0; i < 64; i++) untouched &= kf[i] == 42.0f;
@@ -368,15 +374,15 @@ static void test_f42_bridge_equivalence(void)
     CHECK_EQ_INT(est1, est2);
     kvs_memobj *b1 = obj_new(est1, KVS_DTYPE_UINT8), *b2 = obj_new(est2, KVS_DTYPE_UINT8);
     kvs_memobj *grp[1] = {x};
-    CHECK_OK(kvs_serialize(direct, x, b1, &n1));
-    CHECK_OK(kvs_multi_serialize(ms, grp, 1, b2, &n2));
+    CHECK_OK(kvs_serialize(direct, x, b1, NULL, &n1));
+    CHECK_OK(kvs_multi_serialize(ms, grp, 1, b2, NULL, &n2));
     CHECK_EQ_INT(n1, n2);
     CHECK(memcmp(b1->data, b2->data, n1) == 0);
 
     kvs_memobj *o1 = bf16_248(), *o2 = bf16_248();
     kvs_memobj *og[1] = {o2};
-    CHECK_OK(kvs_deserialize(direct_de, b1, o1));
-    CHECK_OK(kvs_multi_deserialize(md, b2, og, 1));
+    CHECK_OK(kvs_deserialize(direct_de, b1, o1, NULL));
+    CHECK_OK(kvs_multi_deserialize(md, b2, og, 1, NULL));
     CHECK(same_bytes(o1, o2));
     CHECK(same_bytes(o1, x));
 
@@ -416,14 +422,14 @@ static void test_f42_bridge_equivalence_fp8(void)
     CHECK_EQ_INT(e1, e2);
     kvs_memobj *b1 = obj_new(e1, KVS_DTYPE_UINT8), *b2 = obj_new(e2, KVS_DTYPE_UINT8);
     kvs_memobj *grp[1] = {x};
-    CHECK_OK(kvs_serialize(fs, x, b1, &n1));
-    CHECK_OK(kvs_multi_serialize(ms, grp, 1, b2, &n2));
+    CHECK_OK(kvs_serialize(fs, x, b1, NULL, &n1));
+    CHECK_OK(kvs_multi_serialize(ms, grp, 1, b2, NULL, &n2));
     CHECK_EQ_INT(n1, n2);
     CHECK(memcmp(b1->data, b2->data, e1) == 0);
     kvs_memobj *o1 = obj_new(1000, KVS_DTYPE_FLOAT32), *o2 = obj_new(1000, KVS_DTYPE_FLOAT32);
     kvs_memobj *og[1] = {o2};
-    CHECK_OK(kvs_deserialize(fd, b1, o1));
-    CHECK_OK(kvs_multi_deserialize(md, b2, og, 1));
+    CHECK_OK(kvs_deserialize(fd, b1, o1, NULL));
+    CHECK_OK(kvs_multi_deserialize(md, b2, og, 1, NULL));
     CHECK(same_bytes(o1, o2));
     kvs_memobj_free(x);
     kvs_memobj_free(b1);
@@ -447,17 +453,17 @@ static void test_f43_bridge_group_of_two(void)
     memset(buf->data, 0xAB, 64);
     kvs_memobj *two[2] = {x, x};
     size_t n = 777;
-    CHECK_ERR(kvs_multi_serialize(ms, two, 2, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(ms, two, 2, buf, NULL, &n), KVS_EINVAL,
               "single-to-multi(identity): expected group of size 1, got 2");
     CHECK_EQ_INT(n, 777);
     CHECK(all_bytes(buf, 0xAB));
     const kvs_layout *layouts[2] = {&x->layout, &x->layout};
     CHECK_ERR(kvs_multi_estimate_serialized_size(ms, layouts, 2, &n), KVS_EINVAL,
               "single-to-multi(identity): expected layout group of size 1, got 2");
-    CHECK_ERR(kvs_multi_serialize(ms, two, 0, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(ms, two, 0, buf, NULL, &n), KVS_EINVAL,
               "single-to-multi(identity): expected group of size 1, got 0");
     memset(x->data, 0xCD, 16);
-    CHECK_ERR(kvs_multi_deserialize(md, buf, two, 2), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(md, buf, two, 2, NULL), KVS_EINVAL,
               "single-to-multi(identity): expected group of size 1, got 2");
     CHECK(all_bytes(x, 0xCD));
     kvs_memobj_free(x);
@@ -474,7 +480,7 @@ static void test_f44_bridge_absent_src(void)
     kvs_memobj *buf = obj_new(64, KVS_DTYPE_UINT8);
     kvs_memobj *none[1] = {NULL};
     size_t n = 0;
-    CHECK_ERR(kvs_multi_serialize(ms, none, 1, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(ms, none, 1, buf, NULL, &n), KVS_EINVAL,
               "single-to-multi(identity): the single-tensor serializer does not admit an "
               "absent src slot");
     const kvs_layout *layouts[1] = {NULL};
@@ -492,7 +498,7 @@ static void test_f45_bridge_absent_dst(void)
     REQUIRE_OK(kvs_single_to_multi_deserializer(id_de_new(), &md));
     kvs_memobj *buf = obj_new(0, KVS_DTYPE_UINT8);
     kvs_memobj *none[1] = {NULL};
-    CHECK_OK(kvs_multi_deserialize(md, buf, none, 1));
+    CHECK_OK(kvs_multi_deserialize(md, buf, none, 1, NULL));
     kvs_memobj_free(buf);
     kvs_multi_deserializer_destroy(md);
 }
@@ -500,14 +506,16 @@ static void test_f45_bridge_absent_dst(void)
 /* The checked calls refuse NULLs, and give a failing implementation that
  * forgot its message one that names it. */
 static int mute_serialize(kvs_multi_serializer *s, kvs_memobj *const *src, size_t n,
-                          kvs_memobj *dst, size_t *nwritten)
+                          kvs_memobj *dst, const kvs_object_key *key, size_t *nwritten)
 {
+    (void)key;
     return KVS_ECORRUPT;
 }
 
 static int mute_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
-                            kvs_memobj *const *dst, size_t n)
+                            kvs_memobj *const *dst, size_t n, const kvs_object_key *key)
 {
+    (void)key;
     return KVS_EIO;
 }
 
@@ -520,26 +528,26 @@ static void test_checked_calls(void)
     kvs_memobj *g[1] = {x};
     const kvs_layout *l[1] = {&x->layout};
     size_t n;
-    CHECK_ERR(kvs_multi_serialize(NULL, g, 1, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(NULL, g, 1, buf, NULL, &n), KVS_EINVAL,
               "multi: serialize: NULL argument");
-    CHECK_ERR(kvs_multi_serialize(s, NULL, 1, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(s, NULL, 1, buf, NULL, &n), KVS_EINVAL,
               "multi: serialize: NULL argument");
-    CHECK_ERR(kvs_multi_serialize(s, g, 1, NULL, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(s, g, 1, NULL, NULL, &n), KVS_EINVAL,
               "multi: serialize: NULL argument");
-    CHECK_ERR(kvs_multi_serialize(s, g, 1, buf, NULL), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(s, g, 1, buf, NULL, NULL), KVS_EINVAL,
               "multi: serialize: NULL argument");
     CHECK_ERR(kvs_multi_estimate_serialized_size(s, NULL, 1, &n), KVS_EINVAL,
               "multi: estimate: NULL argument");
     CHECK_ERR(kvs_multi_estimate_serialized_size(s, l, 1, NULL), KVS_EINVAL,
               "multi: estimate: NULL argument");
-    CHECK_ERR(kvs_multi_deserialize(d, NULL, g, 1), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(d, NULL, g, 1, NULL), KVS_EINVAL,
               "multi: deserialize: NULL argument");
-    CHECK_ERR(kvs_multi_deserialize(d, buf, NULL, 1), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(d, buf, NULL, 1, NULL), KVS_EINVAL,
               "multi: deserialize: NULL argument");
     /* A NULL group of length 0 reaches the implementation, which refuses it. */
-    CHECK_ERR(kvs_multi_serialize(s, NULL, 0, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(s, NULL, 0, buf, NULL, &n), KVS_EINVAL,
               "multi: src group length 0 does not match expected 1");
-    CHECK_ERR(kvs_multi_deserialize(d, buf, NULL, 0), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(d, buf, NULL, 0, NULL), KVS_EINVAL,
               "multi: dst group length 0 does not match expected 1");
 
     static const struct kvs_multi_serializer_ops mute_ops = {"mute", mute_serialize, NULL,
@@ -548,9 +556,9 @@ static void test_checked_calls(void)
                                                                   NULL};
     kvs_multi_serializer mute = {&mute_ops, 1};
     kvs_multi_deserializer mute_de = {&mute_de_ops, 1};
-    CHECK_ERR(kvs_multi_serialize(&mute, g, 1, buf, &n), KVS_ECORRUPT,
+    CHECK_ERR(kvs_multi_serialize(&mute, g, 1, buf, NULL, &n), KVS_ECORRUPT,
               "mute: serialize failed: corrupt input");
-    CHECK_ERR(kvs_multi_deserialize(&mute_de, buf, g, 1), KVS_EIO,
+    CHECK_ERR(kvs_multi_deserialize(&mute_de, buf, g, 1, NULL), KVS_EIO,
               "mute: deserialize failed: I/O error");
 
     CHECK_ERR(kvs_single_to_multi_serializer(NULL, &s), KVS_EINVAL,
@@ -581,16 +589,16 @@ static void test_group_of_three(void)
     kvs_memobj *src[3] = {a, NULL, c}, *dst[3] = {ao, NULL, co};
     kvs_memobj *buf = obj_new(64, KVS_DTYPE_UINT8);
     size_t n;
-    CHECK_OK(kvs_multi_serialize(s, src, 3, buf, &n));
+    CHECK_OK(kvs_multi_serialize(s, src, 3, buf, NULL, &n));
     CHECK_EQ_INT(n, 15 + 12);
     CHECK_OK(kvs_memobj_set_used_size(buf, n));
-    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 3));
+    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 3, NULL));
     CHECK(same_bytes(a, ao) && same_bytes(c, co));
-    CHECK_ERR(kvs_multi_serialize(s, src, 2, buf, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_serialize(s, src, 2, buf, NULL, &n), KVS_EINVAL,
               "multi: src group length 2 does not match expected 3");
     kvs_memobj *b = obj_new(3, KVS_DTYPE_UINT8);
     kvs_memobj *want_b[3] = {NULL, b, NULL};
-    CHECK_ERR(kvs_multi_deserialize(d, buf, want_b, 3), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_deserialize(d, buf, want_b, 3, NULL), KVS_EINVAL,
               "concat: slot 1 not in the blob");
     kvs_memobj_free(a);
     kvs_memobj_free(b);
@@ -622,9 +630,9 @@ static void test_g46_local_round_trip(void)
     CHECK_OK(kvs_multi_estimate_serialized_size(s, layouts, 2, &est));
     kvs_memobj *buf = obj_new(est, KVS_DTYPE_UINT8);
     kvs_memobj *src[2] = {k, v}, *dst[2] = {ko, vo};
-    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, &n));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, NULL, &n));
     CHECK_OK(kvs_memobj_set_used_size(buf, n));
-    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2, NULL));
     CHECK_EQ_INT(ko->used_size, 4096);
     CHECK_EQ_INT(vo->used_size, 2048);
     CHECK(all_bytes(ko, 0x11));
@@ -652,9 +660,9 @@ static void test_g47_absent_k(void)
     kvs_memobj *buf = obj_new(4096, KVS_DTYPE_UINT8);
     kvs_memobj *src[2] = {NULL, v}, *dst[2] = {NULL, vo};
     size_t n;
-    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, &n));
+    CHECK_OK(kvs_multi_serialize(s, src, 2, buf, NULL, &n));
     CHECK_OK(kvs_memobj_set_used_size(buf, n));
-    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2));
+    CHECK_OK(kvs_multi_deserialize(d, buf, dst, 2, NULL));
     CHECK(all_bytes(kdst, 0xEE));
     CHECK(all_bytes(vo, 0x22));
     kvs_memobj_free(v);
@@ -679,9 +687,9 @@ static void test_g48_single_bridge(void)
     CHECK_OK(kvs_multi_estimate_serialized_size(ms, layouts, 1, &est));
     kvs_memobj *buf = obj_new(est, KVS_DTYPE_UINT8);
     kvs_memobj *src[1] = {x}, *dst[1] = {xo};
-    CHECK_OK(kvs_multi_serialize(ms, src, 1, buf, &n));
+    CHECK_OK(kvs_multi_serialize(ms, src, 1, buf, NULL, &n));
     CHECK_EQ_INT(n, 1024);
-    CHECK_OK(kvs_multi_deserialize(md, buf, dst, 1));
+    CHECK_OK(kvs_multi_deserialize(md, buf, dst, 1, NULL));
     CHECK(all_bytes(xo, 0x5A));
     kvs_memobj_free(x);
     kvs_memobj_free(xo);
@@ -706,8 +714,8 @@ static void test_g49_byte_accounting(void)
     kvs_memobj *buf = obj_new(4 * N + 1024, KVS_DTYPE_UINT8);
     size_t fp16 = k->used_size + v->used_size, all, vo;
     kvs_memobj *both[2] = {k, v}, *just_v[2] = {NULL, v};
-    CHECK_OK(kvs_multi_serialize(kv, both, 2, buf, &all));
-    CHECK_OK(kvs_multi_serialize(vonly, just_v, 2, buf, &vo));
+    CHECK_OK(kvs_multi_serialize(kv, both, 2, buf, NULL, &all));
+    CHECK_OK(kvs_multi_serialize(vonly, just_v, 2, buf, NULL, &vo));
     size_t hdr = KVS_KV_SPLIT_HEADER_SIZE + KVS_KV_SPLIT_TRAILER_SIZE;
     CHECK_EQ_INT(hdr, 84);
     CHECK_EQ_INT((all - hdr) * 4, fp16 * 3);  /* 0.75x */

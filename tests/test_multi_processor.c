@@ -130,8 +130,9 @@ static int copy_range(void *ctx, uint64_t begin, uint64_t end)
 }
 
 static int toy_serialize(kvs_multi_serializer *s, kvs_memobj *const *src, size_t n,
-                         kvs_memobj *dst, size_t *nwritten)
+                         kvs_memobj *dst, const kvs_object_key *key, size_t *nwritten)
 {
+    (void)key;
     int rc = kvs_validate_group_size(n, s->group_size, "src");
     if (rc) return rc;
     toy_enter();
@@ -186,8 +187,9 @@ static const struct kvs_multi_serializer_ops toy_ser_ops = {
 };
 
 static int toy_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
-                           kvs_memobj *const *dst, size_t n)
+                           kvs_memobj *const *dst, size_t n, const kvs_object_key *key)
 {
+    (void)key;
     int rc = kvs_validate_group_size(n, d->group_size, "dst");
     if (rc) return rc;
     toy_enter();
@@ -416,7 +418,7 @@ static void test_round_trip_signals_and_pops(void)
     make_obj(&v2, 24, 0);
     kvs_memobj *group[2] = {&k.obj, &v.obj}, *blobs[1] = {&blob.obj};
     kvs_task_id id = 99;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, NULL, &id));
     CHECK_EQ_U64(id, 0);
     CHECK_EQ_U64(wait_signal(kvs_multi_processor_serialize_event_fd(p), 2000), 1);
     kvs_task_result r;
@@ -428,7 +430,7 @@ static void test_round_trip_signals_and_pops(void)
     CHECK_EQ_U64(blob.obj.used_size, 10 + 40 + 24);
 
     kvs_memobj *out[2] = {&k2.obj, &v2.obj};
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, NULL, &id));
     CHECK_EQ_U64(id, 1);
     CHECK_EQ_U64(wait_signal(kvs_multi_processor_deserialize_event_fd(p), 2000), 1);
     CHECK_OK(kvs_multi_processor_query_deserialize_result(p, id, &r));
@@ -454,21 +456,21 @@ static void test_ids_shared_from_zero_and_pending(void)
     make_obj(&blob, 4096, 0);
     kvs_memobj *group[2] = {&k.obj, &v.obj}, *blobs[1] = {&blob.obj};
     kvs_task_id sid, did, id;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, &sid));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, NULL, &sid));
     CHECK_EQ_U64(sid, 0);
     kvs_task_result r;
     CHECK_EQ_INT(wait_done(p, SER, sid, &r), KVS_TASK_OK);
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, group, 1, 2, &did));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, group, 1, 2, NULL, &did));
     CHECK_EQ_U64(did, 1);
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 2);
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, NULL, 0, NULL, 0, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, NULL, 0, NULL, 0, 2, NULL, &id));
     CHECK_EQ_U64(id, 3);
     id = 77;
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 2, NULL, &id), KVS_EINVAL,
               "processor: 1 source groups but 2 destinations");
     CHECK_EQ_U64(id, 77);
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 4);
 
     /* the deserialize id asked of the serialize side: pending, not consumed */
@@ -504,10 +506,10 @@ static void test_empty_batch(void)
         kvs_task_id id;
         int fd;
         if (dir == SER) {
-            REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, some, 0, &id));
+            REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, some, 0, NULL, &id));
             fd = kvs_multi_processor_serialize_event_fd(p);
         } else {
-            REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, some, 0, NULL, 0, 2, &id));
+            REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, some, 0, NULL, 0, 2, NULL, &id));
             fd = kvs_multi_processor_deserialize_event_fd(p);
         }
         uint64_t count = 0;
@@ -538,41 +540,41 @@ static void test_bad_submits_refused(void)
     kvs_task_id id = 77;
 
     /* count mismatch */
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, one, 1, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, one, 1, NULL, &id), KVS_EINVAL,
               "processor: 2 source groups but 1 destinations");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, one, 1, g4, 2, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, one, 1, g4, 2, 2, NULL, &id), KVS_EINVAL,
               "processor: 1 sources but 2 destination groups");
     /* group length mismatch, with the role */
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 1, one, 1, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 1, one, 1, NULL, &id), KVS_EINVAL,
               "multi: src group length 1 does not match expected 2");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 3, one, 1, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 3, one, 1, NULL, &id), KVS_EINVAL,
               "multi: src group length 3 does not match expected 2");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, one, 1, g4, 1, 3, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, one, 1, g4, 1, 3, NULL, &id), KVS_EINVAL,
               "multi: dst group length 3 does not match expected 2");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 0, 1, NULL, 0, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 0, 1, NULL, 0, NULL, &id), KVS_EINVAL,
               "multi: src group length 1 does not match expected 2");
     /* NULL arrays and elements; NULL slots in a group are fine (absent) */
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 2, 2, two, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 2, 2, two, 2, NULL, &id), KVS_EINVAL,
               "processor: source group array is NULL with 2 groups");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, NULL, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, NULL, 2, NULL, &id), KVS_EINVAL,
               "processor: destination array is NULL with 2 objects");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, with_null, 2, &id),
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 2, 2, with_null, 2, NULL, &id),
               KVS_EINVAL, "processor: destination 1 is NULL");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, with_null, 2, g4, 2, 2, &id),
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, with_null, 2, g4, 2, 2, NULL, &id),
               KVS_EINVAL, "processor: source 1 is NULL");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, NULL, 2, g4, 2, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, NULL, 2, g4, 2, 2, NULL, &id), KVS_EINVAL,
               "processor: source array is NULL with 2 objects");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, two, 2, NULL, 2, 2, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, two, 2, NULL, 2, 2, NULL, &id), KVS_EINVAL,
               "processor: destination group array is NULL with 2 groups");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 2, one, 1, NULL), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, g4, 1, 2, one, 1, NULL, NULL), KVS_EINVAL,
               "processor: task id pointer is NULL");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(NULL, g4, 1, 2, one, 1, &id), KVS_EINVAL,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(NULL, g4, 1, 2, one, 1, NULL, &id), KVS_EINVAL,
               "processor: processor is NULL");
     CHECK_EQ_U64(id, 77);
     CHECK_EQ_U64(wait_signal(kvs_multi_processor_serialize_event_fd(p), 50), 0);
     CHECK_EQ_U64(wait_signal(kvs_multi_processor_deserialize_event_fd(p), 50), 0);
     CHECK_EQ_INT(toy_get(&T.entered), 0);
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, NULL, &id));
     CHECK_EQ_U64(id, 0);
     kvs_multi_processor_destroy(p);
 }
@@ -591,19 +593,19 @@ static void test_absent_slots(void)
     kvs_memobj *group[2] = {NULL, &v.obj}, *blobs[1] = {&blob.obj};
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, blobs, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(blob.obj.used_size, 2 * 5 + 32);
     CHECK_EQ_INT(blob.data[0], 0);
     CHECK_EQ_INT(blob.data[1], 1);
     kvs_memobj *out[2] = {NULL, &v2.obj};
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, NULL, &id));
     CHECK_EQ_INT(wait_done(p, DE, id, &r), KVS_TASK_OK);
     CHECK(memcmp(v2.data, v.data, 32) == 0);
     for (int i = 0; i < 32; i++) CHECK_EQ_INT(k_sentinel.data[i], 0xEE);
     /* asking for the absent slot is the serde's refusal, with the index */
     kvs_memobj *want_k[2] = {&k_sentinel.obj, NULL};
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, want_k, 1, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 1, want_k, 1, 2, NULL, &id));
     CHECK_EQ_INT(wait_done(p, DE, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_INT(r.status, KVS_EINVAL);
     CHECK_EQ_STR(r.message, "processor: deserialize object 0 of 1 failed: toy: slot 0 "
@@ -632,7 +634,7 @@ static void test_failure_names_the_object(void)
     }
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, groups, N, 2, blobs, N, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, groups, N, 2, blobs, N, NULL, &id));
     CHECK_EQ_U64(wait_signal(kvs_multi_processor_serialize_event_fd(p), 2000), 1);
     CHECK_OK(kvs_multi_processor_query_serialize_result(p, id, &r));
     CHECK_EQ_INT(r.state, KVS_TASK_FAILED);
@@ -695,9 +697,9 @@ static void test_close_semantics(void)
     kvs_memobj *ok_group[2] = {&k.obj, &v.obj}, *bad_group[2] = {&k.obj, &bad.obj};
     kvs_memobj *d1[1] = {&b1.obj}, *d2[1] = {&b2.obj}, *d3[1] = {&b3.obj};
     kvs_task_id ids[3];
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, &ids[0]));
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, bad_group, 1, 2, d2, 1, &ids[1]));
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d3, 1, &ids[2]));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, NULL, &ids[0]));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, bad_group, 1, 2, d2, 1, NULL, &ids[1]));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d3, 1, NULL, &ids[2]));
     CHECK(wait_entered(1));
     int sfd = kvs_multi_processor_serialize_event_fd(p);
     int dfd = kvs_multi_processor_deserialize_event_fd(p);
@@ -710,7 +712,7 @@ static void test_close_semantics(void)
     usleep(100000);
     CHECK(!closer_done(&cl));
     kvs_task_id id = 77;
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, &id),
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, NULL, &id),
               KVS_ECLOSED, "processor: submit_serialize after close");
     gate_open();
     pthread_join(t, NULL);
@@ -732,11 +734,11 @@ static void test_close_semantics(void)
     CHECK(!fd_is_open(dfd));
     CHECK_EQ_INT(threads_settle(base_threads), base_threads);
 
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, &id),
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, ok_group, 1, 2, d1, 1, NULL, &id),
               KVS_ECLOSED, "processor: submit_serialize after close");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, d1, 1, ok_group, 1, 2, &id),
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(p, d1, 1, ok_group, 1, 2, NULL, &id),
               KVS_ECLOSED, "processor: submit_deserialize after close");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, &id), KVS_ECLOSED,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(p, NULL, 0, 2, NULL, 0, NULL, &id), KVS_ECLOSED,
               "processor: submit_serialize after close");
     CHECK_EQ_U64(id, 77);
     CHECK_ERR(kvs_multi_processor_serialize_event_fd(p), KVS_ECLOSED,
@@ -845,7 +847,7 @@ static void test_destroy_owns_everything(void)
     for (int i = 0; i < N; i++) {
         make_obj(&b[i], 4096, 0);
         kvs_memobj *d[1] = {&b[i].obj};
-        REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, d, 1, &id));
+        REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, d, 1, NULL, &id));
     }
     kvs_multi_processor_destroy(p);
     CHECK_EQ_INT(toy_get(&T.entered), N);
@@ -872,7 +874,7 @@ static void *submit_many(void *arg)
         /* each task its own blob: tasks in flight must not share objects */
         kvs_memobj *blob = alloc_blob(64);
         kvs_memobj *d[1] = {blob};
-        if (blob == NULL || kvs_multi_processor_submit_serialize(s->p, group, 1, 2, d, 1,
+        if (blob == NULL || kvs_multi_processor_submit_serialize(s->p, group, 1, 2, d, 1, NULL,
                                                                  &s->ids[i]) != KVS_OK) {
             s->rc = 1;
             return NULL;
@@ -934,7 +936,7 @@ static void test_split_gives_the_same_bytes(void)
         REQUIRE(p != NULL);
         CHECK_OK(kvs_async_multi_processor_set_split(p, split ? 0 : SIZE_MAX, 4096));
         kvs_memobj *d[1] = {split ? b2 : b1};
-        REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, d, 1, &id));
+        REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, d, 1, NULL, &id));
         CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
         kvs_multi_processor_destroy(p);
     }
@@ -954,8 +956,9 @@ static void test_split_gives_the_same_bytes(void)
  * calls hold them to the contract. */
 static int bad_fd(kvs_multi_processor *self) { return 3; }
 static int bad_submit(kvs_multi_processor *self, kvs_memobj *const *a,
-                      kvs_memobj *const *b, size_t n, kvs_task_id *id)
+                      kvs_memobj *const *b, size_t n, const kvs_object_key *keys, kvs_task_id *id)
 {
+    (void)keys;
     return KVS_EIO; /* forgets to say why */
 }
 static int bad_query(kvs_multi_processor *self, kvs_task_id id, kvs_task_result *out)
@@ -998,11 +1001,11 @@ static void test_other_implementations_are_checked(void)
     kvs_layout_flat(&l, 4, KVS_DTYPE_UINT8);
     const kvs_layout *lg[2] = {&l, &l};
     CHECK_EQ_INT(kvs_multi_processor_serialize_event_fd(&other), 3);
-    CHECK_ERR(kvs_multi_processor_submit_serialize(&other, objs, 1, 2, objs, 1, &id), KVS_EIO,
+    CHECK_ERR(kvs_multi_processor_submit_serialize(&other, objs, 1, 2, objs, 1, NULL, &id), KVS_EIO,
               "processor: other: submit_serialize failed: I/O error");
-    CHECK_ERR(kvs_multi_processor_submit_deserialize(&other, objs, 1, objs, 1, 2, &id),
+    CHECK_ERR(kvs_multi_processor_submit_deserialize(&other, objs, 1, objs, 1, 2, NULL, &id),
               KVS_EIO, "processor: other: submit_deserialize failed: I/O error");
-    CHECK_ERR(kvs_multi_processor_submit_serialize(&other, objs, 1, 1, objs, 1, &id),
+    CHECK_ERR(kvs_multi_processor_submit_serialize(&other, objs, 1, 1, objs, 1, NULL, &id),
               KVS_EINVAL, "multi: src group length 1 does not match expected 2");
     CHECK_ERR(kvs_multi_processor_query_serialize_result(&other, 0, &r), KVS_EINVAL,
               "processor: other: query_serialize_result returned unknown state 7");
@@ -1050,11 +1053,11 @@ static void check_case_50(const char *json, int v_exact)
     kvs_memobj *group[2] = {k, v}, *bufs[1] = {buf}, *out[2] = {k2, v2};
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, bufs, 1, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, group, 1, 2, bufs, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(buf->used_size, est);
     CHECK_EQ_U64(buf->capacity, est + 1024);
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, bufs, 1, out, 1, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, bufs, 1, out, 1, 2, NULL, &id));
     CHECK_EQ_INT(wait_done(p, DE, id, &r), KVS_TASK_OK);
     CHECK(memcmp(k2->data, k->data, 4096) == 0);
     if (v_exact) {
@@ -1119,7 +1122,7 @@ static void test_registry_kv_split_processor(void)
     kvs_memobj *groups[4] = {objs[0], objs[1], objs[2], objs[3]}, *blobs[2] = {b0, b1};
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, groups, 2, 2, blobs, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, groups, 2, 2, blobs, 2, NULL, &id));
     CHECK_EQ_U64(id, 0);
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(b0->used_size, est);
@@ -1128,7 +1131,7 @@ static void test_registry_kv_split_processor(void)
     CHECK_EQ_INT(info.slots[0].stored_dtype, KVS_DTYPE_FLOAT16);
     CHECK_EQ_INT(info.slots[1].stored_dtype, KVS_DTYPE_FLOAT8_E5M2);
     kvs_memobj *outs[4] = {objs[4], objs[5], objs[6], objs[7]};
-    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 2, outs, 2, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_deserialize(p, blobs, 2, outs, 2, 2, NULL, &id));
     CHECK_EQ_INT(wait_done(p, DE, id, &r), KVS_TASK_OK);
     /* K native: exact. V e5m2 with a per-tensor scale: within 2^-3 relative
      * (half an e5m2 ulp) plus the bfloat16 rounding of the result. */
@@ -1149,7 +1152,7 @@ static void test_registry_kv_split_processor(void)
 
     /* a real codec failure travels with its item: K absent in mode kv */
     kvs_memobj *missing_k[4] = {objs[0], objs[1], NULL, objs[3]};
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, missing_k, 2, 2, blobs, 2, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, missing_k, 2, 2, blobs, 2, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_FAILED);
     CHECK_EQ_INT(r.status, KVS_EINVAL);
     CHECK_EQ_U64(r.failed_index, 1);
@@ -1186,9 +1189,9 @@ static void test_bridged_fp8_matches_single_processor(void)
     kvs_memobj *g[1] = {src}, *bb1[1] = {b1}, *bb2[1] = {b2};
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(mp, g, 1, 1, bb1, 1, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(mp, g, 1, 1, bb1, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(mp, SER, id, &r), KVS_TASK_OK);
-    REQUIRE_OK(kvs_processor_submit_serialize(sp, g, 1, bb2, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(sp, g, 1, bb2, 1, NULL, &id));
     for (int i = 0; i < 5000; i++) {
         CHECK_OK(kvs_processor_query_serialize_result(sp, id, &r));
         if (r.state != KVS_TASK_PENDING) break;
@@ -1337,7 +1340,7 @@ static void test_register_multi_factory(void)
     kvs_memobj *g[3] = {&a.obj, NULL, &a.obj}, *b[1] = {&blob.obj};
     kvs_task_id id;
     kvs_task_result r;
-    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, g, 1, 3, b, 1, &id));
+    REQUIRE_OK(kvs_multi_processor_submit_serialize(p, g, 1, 3, b, 1, NULL, &id));
     CHECK_EQ_INT(wait_done(p, SER, id, &r), KVS_TASK_OK);
     CHECK_EQ_U64(blob.obj.used_size, 15 + 10);
     kvs_multi_processor_destroy(p);

@@ -67,8 +67,10 @@ static int stress_transform(const kvs_memobj *src, kvs_memobj *dst, const char *
 }
 
 static int s_serialize(kvs_serializer *self, const kvs_memobj *src, kvs_memobj *dst,
+                       const kvs_object_key *key,
                        size_t *nwritten)
 {
+    (void)key;
     int rc = stress_transform(src, dst, "serialize");
     if (rc == KVS_OK)
         *nwritten = ((const uint8_t *)src->data)[6];
@@ -81,8 +83,10 @@ static int s_estimate(const kvs_serializer *self, const kvs_layout *l, size_t *n
     return KVS_OK;
 }
 
-static int s_deserialize(kvs_deserializer *self, const kvs_memobj *src, kvs_memobj *dst)
+static int s_deserialize(kvs_deserializer *self, const kvs_memobj *src, kvs_memobj *dst,
+                         const kvs_object_key *key)
 {
+    (void)key;
     return stress_transform(src, dst, "deserialize");
 }
 
@@ -215,8 +219,8 @@ static void *submitter_main(void *arg)
             dst[i] = &sl->dst[i];
         }
         kvs_task_id id;
-        int rc = dir == SER ? kvs_processor_submit_serialize(proc, src, n, dst, n, &id)
-                            : kvs_processor_submit_deserialize(proc, src, n, dst, n, &id);
+        int rc = dir == SER ? kvs_processor_submit_serialize(proc, src, n, dst, n, NULL, &id)
+                            : kvs_processor_submit_deserialize(proc, src, n, dst, n, NULL, &id);
         if (rc == KVS_OK) {
             sl->busy = 1;
             sl->id = id;

@@ -20,8 +20,10 @@ typedef struct dummy_de {
 } dummy_de;
 
 static int dummy_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                           const kvs_object_key *key,
                            size_t *n)
 {
+    (void)key;
     *n = 7;
     return KVS_OK;
 }
@@ -31,8 +33,10 @@ static int dummy_estimate(const kvs_serializer *s, const kvs_layout *l, size_t *
     return KVS_OK;
 }
 static void dummy_ser_destroy(kvs_serializer *s) { free(KVS_CONTAINER_OF(s, dummy_ser, base)); }
-static int dummy_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst)
+static int dummy_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                             const kvs_object_key *key)
 {
+    (void)key;
     return KVS_OK;
 }
 static void dummy_de_destroy(kvs_deserializer *d) { free(KVS_CONTAINER_OF(d, dummy_de, base)); }
@@ -122,7 +126,7 @@ static void test_create_processor(void)
     REQUIRE_OK(kvs_memobj_init(&dst, code, sizeof code, &bl, KVS_FMT_BINARY_BUFFER));
     kvs_memobj *sp = &src, *dp = &dst;
     kvs_task_id id;
-    REQUIRE_OK(kvs_processor_submit_serialize(p, &sp, 1, &dp, 1, &id));
+    REQUIRE_OK(kvs_processor_submit_serialize(p, &sp, 1, &dp, 1, NULL, &id));
     CHECK_EQ_U64(id, 0);
     REQUIRE_OK(kvs_processor_close(p)); /* finishes the task */
     kvs_task_result r;
@@ -321,20 +325,20 @@ static void test_fp8_kwargs(void)
     REQUIRE_OK(kvs_layout_flat(&bl, 2, KVS_DTYPE_UINT8));
     REQUIRE_OK(kvs_memobj_init(&dst, out, sizeof out, &bl, KVS_FMT_BINARY_BUFFER));
     size_t n = 0;
-    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, &n));
+    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, NULL, &n));
     CHECK_EQ_INT(n, 1);
     CHECK_EQ_INT(out[0], 0x7C);
     kvs_serde_pair_destroy(&pair);
 
     /* defaults: e4m3fn, saturating: 1e6 -> 448 (0x7E) */
     REQUIRE_OK(kvs_serde_create_pair("{\"type\": \"fp8\"}", &pair));
-    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, &n));
+    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, NULL, &n));
     CHECK_EQ_INT(out[0], 0x7E);
     kvs_serde_pair_destroy(&pair);
 
     REQUIRE_OK(kvs_serde_create_pair(
         "{\"type\": \"fp8\", \"fp8_dtype\": \"float8_e4m3fn\", \"saturate\": false}", &pair));
-    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, &n));
+    CHECK_OK(kvs_serialize(pair.serializer, &src, &dst, NULL, &n));
     CHECK_EQ_INT(out[0], 0x7F);
     kvs_serde_pair_destroy(&pair);
 }

@@ -326,8 +326,10 @@ struct tde {
 };
 
 static int tser_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                          const kvs_object_key *key,
                           size_t *nwritten)
 {
+    (void)key;
     struct tser *t = KVS_CONTAINER_OF(s, struct tser, base);
     if (t->mode == TS_FAIL)
         return kvs_set_error(KVS_ECORRUPT, "tserde: injected serialize failure");
@@ -349,8 +351,10 @@ static int tser_estimate(const kvs_serializer *s, const kvs_layout *l, size_t *n
 
 static void tser_destroy(kvs_serializer *s) { free(KVS_CONTAINER_OF(s, struct tser, base)); }
 
-static int tde_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst)
+static int tde_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                           const kvs_object_key *key)
 {
+    (void)key;
     struct tde *t = KVS_CONTAINER_OF(d, struct tde, base);
     if (t->fail) return kvs_set_error(KVS_ECORRUPT, "tserde: injected deserialize failure");
     size_t n = kvs_memobj_size(src), cap = kvs_memobj_size(dst);

@@ -144,8 +144,10 @@ static int ts_estimate(const kvs_serializer *s, const kvs_layout *layout, size_t
 }
 
 static int ts_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                        const kvs_object_key *key,
                         size_t *nwritten)
 {
+    (void)key;
     struct test_ser *self = KVS_CONTAINER_OF(s, struct test_ser, base);
     if (self->mode == TS_SILENT_FAIL) return self->fail_code;
     if (self->mode == TS_OWN_MESSAGE)
@@ -185,8 +187,10 @@ struct test_de {
     int destroyed;
 };
 
-static int td_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst)
+static int td_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                          const kvs_object_key *key)
 {
+    (void)key;
     struct test_de *self = KVS_CONTAINER_OF(d, struct test_de, base);
     if (self->mode == TS_SILENT_FAIL) return self->fail_code;
     if (self->mode == TS_OWN_MESSAGE)
@@ -311,13 +315,13 @@ static void test_checked_null_arguments(void)
     REQUIRE_OK(kvs_memobj_init(&dst, dbuf, sizeof dbuf, &sl, KVS_FMT_BINARY_BUFFER));
     size_t n = 12345;
 
-    CHECK_ERR(kvs_serialize(NULL, &src, &dst, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(NULL, &src, &dst, NULL, &n), KVS_EINVAL,
               "serde: serialize: NULL argument");
-    CHECK_ERR(kvs_serialize(&ts.base, NULL, &dst, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(&ts.base, NULL, &dst, NULL, &n), KVS_EINVAL,
               "serde: serialize: NULL argument");
-    CHECK_ERR(kvs_serialize(&ts.base, &src, NULL, &n), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, NULL, NULL, &n), KVS_EINVAL,
               "serde: serialize: NULL argument");
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL), KVS_EINVAL,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, NULL), KVS_EINVAL,
               "serde: serialize: NULL argument");
     CHECK_EQ_U64(n, 12345);
 
@@ -329,11 +333,11 @@ static void test_checked_null_arguments(void)
               "serde: estimate: NULL argument");
     CHECK_EQ_U64(n, 12345);
 
-    CHECK_ERR(kvs_deserialize(NULL, &dst, &src), KVS_EINVAL,
+    CHECK_ERR(kvs_deserialize(NULL, &dst, &src, NULL), KVS_EINVAL,
               "serde: deserialize: NULL argument");
-    CHECK_ERR(kvs_deserialize(&td.base, NULL, &src), KVS_EINVAL,
+    CHECK_ERR(kvs_deserialize(&td.base, NULL, &src, NULL), KVS_EINVAL,
               "serde: deserialize: NULL argument");
-    CHECK_ERR(kvs_deserialize(&td.base, &dst, NULL), KVS_EINVAL,
+    CHECK_ERR(kvs_deserialize(&td.base, &dst, NULL, NULL), KVS_EINVAL,
               "serde: deserialize: NULL argument");
 }
 
@@ -355,7 +359,7 @@ static void test_checked_success(void)
     REQUIRE_OK(kvs_serialized_layout(&ts.base, &l, &sl));
     REQUIRE_OK(kvs_memobj_init(&dst, dbuf, sizeof dbuf, &sl, KVS_FMT_BINARY_BUFFER));
     n = 0;
-    REQUIRE_OK(kvs_serialize(&ts.base, &src, &dst, &n));
+    REQUIRE_OK(kvs_serialize(&ts.base, &src, &dst, NULL, &n));
     CHECK_EQ_U64(n, 99);
     CHECK(dbuf[0] == 0xAB && dbuf[98] == 0xAB && dbuf[99] == 0);
 
@@ -364,14 +368,14 @@ static void test_checked_success(void)
     kvs_layout fl;
     REQUIRE_OK(kvs_layout_flat(&fl, 50, KVS_DTYPE_UINT8));
     REQUIRE_OK(kvs_memobj_init(&dst, small, sizeof small, &fl, KVS_FMT_BINARY_BUFFER));
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, &n), KVS_ENOSPC,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, &n), KVS_ENOSPC,
               "tst: need 99 bytes, have 50");
 
     struct test_de td;
     td_init(&td, TS_OK, 0);
     memset(sbuf, 0xFF, sizeof sbuf);
     REQUIRE_OK(kvs_memobj_init(&dst, dbuf, sizeof dbuf, &sl, KVS_FMT_BINARY_BUFFER));
-    CHECK_OK(kvs_deserialize(&td.base, &dst, &src));
+    CHECK_OK(kvs_deserialize(&td.base, &dst, &src, NULL));
     CHECK(sbuf[0] == 0 && sbuf[95] == 0);
 }
 
@@ -389,14 +393,14 @@ static void test_checked_fallback_message(void)
     REQUIRE_OK(kvs_memobj_init(&dst, dbuf, sizeof dbuf, &sl, KVS_FMT_BINARY_BUFFER));
     size_t n = 0;
 
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, &n), KVS_ENOSPC,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, &n), KVS_ENOSPC,
               "tst: serialize failed: no space");
     CHECK_EQ_INT(kvs_last_error_code(), KVS_ENOSPC);
 
     /* A stale message from an earlier failure with the same code must not
      * be passed off as this failure's reason. */
     kvs_set_error(KVS_ENOSPC, "stale message from before");
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, &n), KVS_ENOSPC,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, &n), KVS_ENOSPC,
               "tst: serialize failed: no space");
     kvs_set_error(KVS_EINVAL, "stale estimate message");
     ts.fail_code = KVS_EINVAL;
@@ -406,12 +410,12 @@ static void test_checked_fallback_message(void)
     /* Without a name the fallback says "serde". */
     ts.base.ops = &ts_ops_noname;
     ts.fail_code = KVS_EIO;
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, &n), KVS_EIO,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, &n), KVS_EIO,
               "serde: serialize failed: I/O error");
 
     struct test_de td;
     td_init(&td, TS_SILENT_FAIL, KVS_ECORRUPT);
-    CHECK_ERR(kvs_deserialize(&td.base, &dst, &src), KVS_ECORRUPT,
+    CHECK_ERR(kvs_deserialize(&td.base, &dst, &src, NULL), KVS_ECORRUPT,
               "tde: deserialize failed: corrupt input");
 }
 
@@ -426,13 +430,13 @@ static void test_checked_own_message_kept(void)
     REQUIRE_OK(kvs_memobj_init(&src, sbuf, sizeof sbuf, &l, KVS_FMT_KV_2LTD));
     REQUIRE_OK(kvs_memobj_init(&dst, dbuf, sizeof dbuf, &l, KVS_FMT_BINARY_BUFFER));
     size_t n = 0;
-    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, &n), KVS_EUNSUPPORTED,
+    CHECK_ERR(kvs_serialize(&ts.base, &src, &dst, NULL, &n), KVS_EUNSUPPORTED,
               "tst: serialize refused (7)");
     CHECK_ERR(kvs_estimate_serialized_size(&ts.base, &l, &n), KVS_EUNSUPPORTED,
               "tst: estimate refused (11)");
     struct test_de td;
     td_init(&td, TS_OWN_MESSAGE, KVS_ECORRUPT);
-    CHECK_ERR(kvs_deserialize(&td.base, &dst, &src), KVS_ECORRUPT,
+    CHECK_ERR(kvs_deserialize(&td.base, &dst, &src, NULL), KVS_ECORRUPT,
               "tde: bad header byte 3");
 }
 

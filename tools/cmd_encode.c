@@ -80,7 +80,7 @@ static int serialize_tensor(encode_ctx *ctx, size_t ti, kvs_dtype dtype, size_t 
         rc = kvs_memobj_init(&src, (void *)(uintptr_t)data, nbytes, &layout, KVS_FMT_UNDEFINED);
     if (rc == KVS_OK)
         rc = kvs_memobj_init(&dst, ctx->scratch, est, &out_layout, KVS_FMT_BINARY_BUFFER);
-    if (rc == KVS_OK) rc = kvs_serialize(ctx->serde->serializer, &src, &dst, nwritten);
+    if (rc == KVS_OK) rc = kvs_serialize(ctx->serde->serializer, &src, &dst, NULL, nwritten);
     if (rc) {
         char msg[KVS_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvs_last_error());

@@ -1072,7 +1072,7 @@ int kvs_enc_decode_tensor(const kvs_st_file *file, kvs_enc_file *enc, size_t i, 
     void *buf = via == dtype ? dst : malloc(nbytes);
     if (buf == NULL) return oom();
     rc = kvs_memobj_init(&out, buf, nbytes, &dst_layout, KVS_FMT_UNDEFINED);
-    if (rc == KVS_OK) rc = kvs_deserialize(enc->serde.deserializer, &src, &out);
+    if (rc == KVS_OK) rc = kvs_deserialize(enc->serde.deserializer, &src, &out, NULL);
     if (rc == KVS_OK && buf != dst) kvs_convert_floats(buf, via, dst, dtype, (size_t)info->numel);
     if (buf != dst) free(buf);
     if (rc) {

@@ -74,7 +74,8 @@ struct kvs_multi_serializer_ops {
      * dst->capacity bytes); set *nwritten to the bytes written. Does not
      * change dst->used_size (the async layer narrows it). */
     int (*serialize)(kvs_multi_serializer *self, kvs_memobj *const *src_group,
-                     size_t n, kvs_memobj *dst, size_t *nwritten);
+                     size_t n, kvs_memobj *dst, const kvs_object_key *key,
+                     size_t *nwritten);
     /* The buffer size to allocate for serializing a group of these layouts
      * (NULL where serialize will see an absent slot). */
     int (*estimate_serialized_size)(const kvs_multi_serializer *self,
@@ -94,9 +95,11 @@ struct kvs_multi_serializer {
 struct kvs_multi_deserializer_ops {
     const char *name;
     /* Read the serialized bytes of src (its first used_size bytes) and fill
-     * the present slots of dst_group[0..n); NULL slots are left alone. */
+     * the present slots of dst_group[0..n); NULL slots are left alone.
+     * key: the object's key or NULL, as in serde.h. */
     int (*deserialize)(kvs_multi_deserializer *self, const kvs_memobj *src,
-                       kvs_memobj *const *dst_group, size_t n);
+                       kvs_memobj *const *dst_group, size_t n,
+                       const kvs_object_key *key);
     void (*destroy)(kvs_multi_deserializer *self);
 };
 
@@ -105,20 +108,23 @@ struct kvs_multi_deserializer {
     size_t group_size; /* as for the serializer */
 };
 
-/* Checked calls through the ops tables. A NULL serde, dst, src, nwritten or
- * nbytes, or a NULL group array with n > 0, is refused with KVS_EINVAL
+/* Checked calls through the ops tables. key may be NULL (serde.h). A NULL
+ * serde, dst, src, nwritten or nbytes, or a NULL group array with n > 0, is
+ * refused with KVS_EINVAL
  * ("multi: serialize: NULL argument"). Otherwise they return what the
  * implementation returns (which refuses a group whose length is not its
  * group_size), and make sure a failing implementation left a message. */
 KVS_API int kvs_multi_serialize(kvs_multi_serializer *ser,
                                 kvs_memobj *const *src_group, size_t n,
-                                kvs_memobj *dst, size_t *nwritten);
+                                kvs_memobj *dst, const kvs_object_key *key,
+                                size_t *nwritten);
 KVS_API int kvs_multi_estimate_serialized_size(const kvs_multi_serializer *ser,
                                                const kvs_layout *const *layouts,
                                                size_t n, size_t *nbytes);
 KVS_API int kvs_multi_deserialize(kvs_multi_deserializer *de,
                                   const kvs_memobj *src,
-                                  kvs_memobj *const *dst_group, size_t n);
+                                  kvs_memobj *const *dst_group, size_t n,
+                                  const kvs_object_key *key);
 
 /* The fixed group length (0 for NULL). */
 KVS_API size_t kvs_multi_serializer_group_size(const kvs_multi_serializer *ser);

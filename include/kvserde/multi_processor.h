@@ -77,16 +77,18 @@ struct kvs_multi_processor_ops {
     /* The fd (>= 0), or a negative status (KVS_ECLOSED after close). */
     int (*serialize_event_fd)(kvs_multi_processor *self);
     int (*deserialize_event_fd)(kvs_multi_processor *self);
-    /* Queue src_groups[i * group_size ..] -> dst[i] for i < n. */
+    /* Queue src_groups[i * group_size ..] -> dst[i] for i < n; keys: n keys
+     * or NULL (copied before this returns). */
     int (*submit_serialize)(kvs_multi_processor *self,
                             kvs_memobj *const *src_groups,
-                            kvs_memobj *const *dst, size_t n, kvs_task_id *id);
+                            kvs_memobj *const *dst, size_t n,
+                            const kvs_object_key *keys, kvs_task_id *id);
     int (*query_serialize_result)(kvs_multi_processor *self, kvs_task_id id,
                                   kvs_task_result *out);
     /* Queue src[i] -> dst_groups[i * group_size ..] for i < n. */
     int (*submit_deserialize)(kvs_multi_processor *self, kvs_memobj *const *src,
                               kvs_memobj *const *dst_groups, size_t n,
-                              kvs_task_id *id);
+                              const kvs_object_key *keys, kvs_task_id *id);
     int (*query_deserialize_result)(kvs_multi_processor *self, kvs_task_id id,
                                     kvs_task_result *out);
     /* The blob size to allocate for a group of these layouts (n ==
@@ -137,11 +139,15 @@ KVS_API int kvs_multi_processor_deserialize_event_fd(kvs_multi_processor *p);
  *               destination NULL ("processor: destination 1 is NULL")
  *   KVS_ECLOSED after close
  *   KVS_ENOMEM  the task could not be allocated */
+/* keys: NULL, or one key per item (keys[i] is passed to item i's
+ * serialize), copied before this returns, as for kvs_processor_submit_*. */
 KVS_API int kvs_multi_processor_submit_serialize(kvs_multi_processor *p,
                                                  kvs_memobj *const *src_groups,
                                                  size_t ngroups, size_t group_size,
                                                  kvs_memobj *const *dst,
-                                                 size_t ndst, kvs_task_id *id);
+                                                 size_t ndst,
+                                                 const kvs_object_key *keys,
+                                                 kvs_task_id *id);
 
 /* Deserialize blob src[i] (its used size) into group i (dst_groups[i *
  * group_size ..], NULL = leave that slot alone), for every i < nsrc. Nothing
@@ -154,6 +160,7 @@ KVS_API int kvs_multi_processor_submit_deserialize(kvs_multi_processor *p,
                                                    kvs_memobj *const *dst_groups,
                                                    size_t ngroups,
                                                    size_t group_size,
+                                                   const kvs_object_key *keys,
                                                    kvs_task_id *id);
 
 /* The task's result, popped (as kvs_processor_query_*_result). */

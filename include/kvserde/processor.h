@@ -93,15 +93,17 @@ struct kvs_processor_ops {
     /* The fd (>= 0), or a negative status (KVS_ECLOSED after close). */
     int (*serialize_event_fd)(kvs_processor *self);
     int (*deserialize_event_fd)(kvs_processor *self);
-    /* Queue src[i] -> dst[i] for i < n (the kvs_processor_* wrapper has
-     * already checked nsrc == ndst == n and that no pointer is NULL). */
+    /* Queue src[i] -> dst[i] for i < n, with key keys[i] (keys NULL: no
+     * keys). The kvs_processor_* wrapper has already checked nsrc == ndst
+     * == n and that no pointer is NULL. */
     int (*submit_serialize)(kvs_processor *self, kvs_memobj *const *src,
-                            kvs_memobj *const *dst, size_t n, kvs_task_id *id);
+                            kvs_memobj *const *dst, size_t n,
+                            const kvs_object_key *keys, kvs_task_id *id);
     int (*query_serialize_result)(kvs_processor *self, kvs_task_id id,
                                   kvs_task_result *out);
     int (*submit_deserialize)(kvs_processor *self, kvs_memobj *const *src,
                               kvs_memobj *const *dst, size_t n,
-                              kvs_task_id *id);
+                              const kvs_object_key *keys, kvs_task_id *id);
     int (*query_deserialize_result)(kvs_processor *self, kvs_task_id id,
                                     kvs_task_result *out);
     int (*estimate_serialized_size)(kvs_processor *self,
@@ -133,7 +135,12 @@ KVS_API int kvs_processor_deserialize_event_fd(kvs_processor *p);
  * Returns at once with the task's id in *id; the work runs on the
  * processor's threads.
  *
- * The two arrays are copied, so the caller may reuse them when this returns;
+ * keys is NULL (no keys: every serialize sees key NULL) or an array of nsrc
+ * keys, keys[i] being the key of object i, which its serialize receives
+ * (serde.h: a serde may bind or encrypt per key). A caller storing to L2
+ * passes the objects' real keys.
+ *
+ * The arrays (keys included) are copied, so the caller may reuse them when this returns;
  * the objects themselves must stay valid, and must not be touched by the
  * caller, until the task's result has been read (as upstream).
  *
@@ -155,6 +162,7 @@ KVS_API int kvs_processor_deserialize_event_fd(kvs_processor *p);
 KVS_API int kvs_processor_submit_serialize(kvs_processor *p,
                                            kvs_memobj *const *src, size_t nsrc,
                                            kvs_memobj *const *dst, size_t ndst,
+                                           const kvs_object_key *keys,
                                            kvs_task_id *id);
 
 /* The serialize task's result, popped: the first query after the task
@@ -172,7 +180,9 @@ KVS_API int kvs_processor_submit_deserialize(kvs_processor *p,
                                              kvs_memobj *const *src,
                                              size_t nsrc,
                                              kvs_memobj *const *dst,
-                                             size_t ndst, kvs_task_id *id);
+                                             size_t ndst,
+                                             const kvs_object_key *keys,
+                                             kvs_task_id *id);
 KVS_API int kvs_processor_query_deserialize_result(kvs_processor *p,
                                                    kvs_task_id id,
                                                    kvs_task_result *out);

@@ -10,7 +10,8 @@
  *
  *     struct my_ser { kvs_serializer base; int level; };
  *     static int my_serialize(kvs_serializer *s, const kvs_memobj *src,
- *                             kvs_memobj *dst, size_t *nwritten) {
+ *                             kvs_memobj *dst, const kvs_object_key *key,
+ *                             size_t *nwritten) {
  *         struct my_ser *self = KVS_CONTAINER_OF(s, struct my_ser, base);
  *         ...
  *     }
@@ -25,6 +26,14 @@
  *     thread's error message says why (kvs_set_error).
  *   - serialize and deserialize may be called from several threads at once
  *     on different objects.
+ *
+ * The object key (upstream PR #4203). serialize and deserialize receive the
+ * key of the object they transform, or NULL where no key exists (a serde
+ * used directly on a file, a test). A serde may use it to bind a blob to
+ * its key (framed pipelines record a fingerprint of it) or to encrypt per
+ * key; a serde that needs a key refuses NULL with KVS_EINVAL and a message
+ * that says so. A serde that does not use it ignores it. The key is only
+ * read during the call.
  */
 #ifndef KVSERDE_SERDE_H
 #define KVSERDE_SERDE_H
@@ -49,7 +58,8 @@ struct kvs_serializer_ops {
      * bytes) and set *nwritten to the bytes written. Does not change
      * dst->used_size (the async layer narrows it). */
     int (*serialize)(kvs_serializer *self, const kvs_memobj *src,
-                     kvs_memobj *dst, size_t *nwritten);
+                     kvs_memobj *dst, const kvs_object_key *key,
+                     size_t *nwritten);
     /* The buffer size to allocate for serializing an object of `layout`. */
     int (*estimate_serialized_size)(const kvs_serializer *self,
                                     const kvs_layout *layout, size_t *nbytes);
@@ -64,9 +74,9 @@ struct kvs_serializer {
 struct kvs_deserializer_ops {
     const char *name;
     /* Read serialized bytes from src (its first used_size bytes) and fill
-     * dst, whose layout says what to produce. */
+     * dst, whose layout says what to produce. key as for serialize. */
     int (*deserialize)(kvs_deserializer *self, const kvs_memobj *src,
-                       kvs_memobj *dst);
+                       kvs_memobj *dst, const kvs_object_key *key);
     void (*destroy)(kvs_deserializer *self);
 };
 
@@ -74,16 +84,18 @@ struct kvs_deserializer {
     const struct kvs_deserializer_ops *ops;
 };
 
-/* Checked calls through the ops tables. NULL arguments are refused with
- * KVS_EINVAL; otherwise they return what the implementation returns, and
+/* Checked calls through the ops tables. NULL arguments (other than key,
+ * which may be NULL) are refused with KVS_EINVAL; otherwise they return
+ * what the implementation returns, and
  * make sure a failing implementation left a message. */
 KVS_API int kvs_serialize(kvs_serializer *ser, const kvs_memobj *src,
-                          kvs_memobj *dst, size_t *nwritten);
+                          kvs_memobj *dst, const kvs_object_key *key,
+                          size_t *nwritten);
 KVS_API int kvs_estimate_serialized_size(const kvs_serializer *ser,
                                          const kvs_layout *layout,
                                          size_t *nbytes);
 KVS_API int kvs_deserialize(kvs_deserializer *de, const kvs_memobj *src,
-                            kvs_memobj *dst);
+                            kvs_memobj *dst, const kvs_object_key *key);
 /* Destroy through the ops table; NULL is a no-op. */
 KVS_API void kvs_serializer_destroy(kvs_serializer *ser);
 KVS_API void kvs_deserializer_destroy(kvs_deserializer *de);

@@ -99,9 +99,12 @@ static int fp8_range(void *ctx, uint64_t begin, uint64_t end)
     return KVS_OK;
 }
 
+/* The key is not used: plain fp8 writes upstream's bytes, which carry no
+ * binding to a key (a framed pipeline adds one). */
 static int fp8_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
-                         size_t *nwritten)
+                         const kvs_object_key *key, size_t *nwritten)
 {
+    (void)key;
     fp8_serializer *self = KVS_CONTAINER_OF(s, fp8_serializer, base);
     int rc = check_groups(&src->layout, "source");
     if (rc) return rc;
@@ -144,8 +147,10 @@ static const struct kvs_serializer_ops fp8_serializer_ops = {
     .destroy = fp8_serializer_destroy,
 };
 
-static int fp8_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst)
+static int fp8_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                           const kvs_object_key *key)
 {
+    (void)key;
     fp8_deserializer *self = KVS_CONTAINER_OF(d, fp8_deserializer, base);
     int rc = check_groups(&dst->layout, "destination");
     if (rc) return rc;

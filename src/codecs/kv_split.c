@@ -489,9 +489,13 @@ static int probe_fp8(const slot_plan plan[NSLOTS], int decode)
     return KVS_OK;
 }
 
+/* The key is not used: the blob's own CRC32C covers damage; binding to a
+ * key is the frame's job (a pipeline). */
 static int kv_split_serialize(kvs_multi_serializer *s, kvs_memobj *const *src_group,
-                              size_t n, kvs_memobj *dst, size_t *nwritten)
+                              size_t n, kvs_memobj *dst, const kvs_object_key *key,
+                              size_t *nwritten)
 {
+    (void)key;
     kv_split_serializer *self = KVS_CONTAINER_OF(s, kv_split_serializer, base);
     int rc = kvs_validate_group_size(n, NSLOTS, "src");
     if (rc) return rc;
@@ -764,8 +768,10 @@ static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *in, uin
 }
 
 static int kv_split_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
-                                kvs_memobj *const *dst_group, size_t n)
+                                kvs_memobj *const *dst_group, size_t n,
+                                const kvs_object_key *key)
 {
+    (void)key;
     int rc = kvs_validate_group_size(n, NSLOTS, "dst");
     if (rc) return rc;
     if (src->used_size > src->capacity || (src->data == NULL && src->used_size > 0))

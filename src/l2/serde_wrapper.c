@@ -90,7 +90,8 @@ struct wtask {
     enum phase phase;
     uint64_t sub_id;            /* the processor's or the inner adapter's id */
     size_t n;
-    kvs_object_key *keys;       /* store: copied at submit, used later */
+    kvs_object_key *keys;       /* the caller's keys, copied at submit: the
+                                   serde sees these, never temp keys */
     kvs_memobj **objs;          /* the caller's objects */
     struct temp **temps;        /* n temps */
     kvs_memobj **tobjs;         /* &temps[i]->obj, the arrays handed on */
@@ -100,6 +101,7 @@ struct wtask {
     int inner_status;
     char inner_message[KVS_ERROR_MSG_MAX];
     kvs_memobj **sel_src, **sel_dst; /* the found keys' temps / destinations */
+    kvs_object_key *sel_keys;   /* and their keys */
     struct wtask *prev, *next;  /* the phase's list */
 };
 
@@ -290,6 +292,7 @@ static void wtask_free(struct wtask *wt)
     free(wt->hits);
     free(wt->sel_src);
     free(wt->sel_dst);
+    free(wt->sel_keys);
     free(wt);
 }
 
@@ -302,16 +305,17 @@ static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *ob
     int ok = (wt->objs = calloc(n, sizeof *wt->objs)) != NULL &&
              (wt->temps = calloc(n, sizeof *wt->temps)) != NULL &&
              (wt->tobjs = calloc(n, sizeof *wt->tobjs)) != NULL;
-    if (ok && is_store) ok = (wt->keys = malloc(n * sizeof *wt->keys)) != NULL;
+    if (ok) ok = (wt->keys = malloc(n * sizeof *wt->keys)) != NULL;
     if (ok && !is_store)
         ok = (wt->hits = calloc(n, 1)) != NULL &&
              (wt->sel_src = calloc(n, sizeof *wt->sel_src)) != NULL &&
-             (wt->sel_dst = calloc(n, sizeof *wt->sel_dst)) != NULL;
+             (wt->sel_dst = calloc(n, sizeof *wt->sel_dst)) != NULL &&
+             (wt->sel_keys = malloc(n * sizeof *wt->sel_keys)) != NULL;
     if (!ok) {
         wtask_free(wt);
         return NULL;
     }
-    if (is_store) memcpy(wt->keys, keys, n * sizeof *keys);
+    memcpy(wt->keys, keys, n * sizeof *keys);
     memcpy(wt->objs, objs, n * sizeof *objs);
     return wt;
 }
@@ -440,6 +444,7 @@ static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
             if (wt->hits[i]) {
                 wt->sel_src[nsel] = wt->tobjs[i];
                 wt->sel_dst[nsel] = wt->objs[i];
+                wt->sel_keys[nsel] = wt->keys[i];
                 nsel++;
             }
         }
@@ -453,7 +458,8 @@ static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
         } else {
             kvs_task_id pid;
             int rc = kvs_processor_submit_deserialize(w->proc, wt->sel_src, nsel,
-                                                      wt->sel_dst, nsel, &pid);
+                                                      wt->sel_dst, nsel, wt->sel_keys,
+                                                      &pid);
             if (rc != KVS_OK) {
                 kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* every bit clear */
                 finish_locked(w, wt, to_free);
@@ -615,7 +621,8 @@ static int wr_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
         struct temp *to_free = NULL;
         pthread_mutex_lock(&w->mu);
         kvs_task_id pid;
-        rc = kvs_processor_submit_serialize(w->proc, wt->objs, wt->n, wt->tobjs, wt->n, &pid);
+        rc = kvs_processor_submit_serialize(w->proc, wt->objs, wt->n, wt->tobjs, wt->n,
+                                            wt->keys, &pid);
         w->inflight++;
         if (rc == KVS_OK) {
             wt->sub_id = pid;
@@ -694,7 +701,8 @@ static int wr_lookup_event_fd(kvs_l2_adapter *a)
     return kvs_l2_lookup_event_fd(w->inner);
 }
 
-static int wr_submit_lookup_and_lock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+static int wr_submit_lookup_and_lock(kvs_l2_adapter *a,
+                                     const kvs_object_key *keys, size_t n,
                                      kvs_l2_task_id *id)
 {
     struct wrapper *w = wr_of(a);

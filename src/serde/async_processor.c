@@ -65,8 +65,9 @@ struct core;
  * kind) and at its one object on the other side. */
 struct transform {
     int (*serialize)(struct core *c, kvs_memobj *const *src, kvs_memobj *dst,
-                     size_t *nwritten);
-    int (*deserialize)(struct core *c, kvs_memobj *src, kvs_memobj *const *dst);
+                     const kvs_object_key *key, size_t *nwritten);
+    int (*deserialize)(struct core *c, kvs_memobj *src, kvs_memobj *const *dst,
+                       const kvs_object_key *key);
     void (*destroy_serde)(struct core *c);
 };
 
@@ -78,6 +79,7 @@ struct task {
     kvs_task_result result;
     size_t n;           /* batch items */
     size_t nsrc;        /* pointers in the source part (n, or n x group_size) */
+    kvs_object_key *keys; /* n keys copied at submit (after objs), or NULL */
     kvs_memobj *objs[]; /* sources then destinations, copied at submit */
 };
 
@@ -119,14 +121,15 @@ static _Thread_local struct core *tl_core;
  * ------------------------------------------------------------------ */
 
 static int single_serialize(struct core *c, kvs_memobj *const *src, kvs_memobj *dst,
-                            size_t *nwritten)
+                            const kvs_object_key *key, size_t *nwritten)
 {
-    return kvs_serialize(c->ser.single, src[0], dst, nwritten);
+    return kvs_serialize(c->ser.single, src[0], dst, key, nwritten);
 }
 
-static int single_deserialize(struct core *c, kvs_memobj *src, kvs_memobj *const *dst)
+static int single_deserialize(struct core *c, kvs_memobj *src, kvs_memobj *const *dst,
+                              const kvs_object_key *key)
 {
-    return kvs_deserialize(c->de.single, src, dst[0]);
+    return kvs_deserialize(c->de.single, src, dst[0], key);
 }
 
 static void single_destroy_serde(struct core *c)
@@ -142,14 +145,15 @@ static const struct transform single_transform = {
 };
 
 static int multi_serialize(struct core *c, kvs_memobj *const *src, kvs_memobj *dst,
-                           size_t *nwritten)
+                           const kvs_object_key *key, size_t *nwritten)
 {
-    return kvs_multi_serialize(c->ser.multi, src, c->group_size, dst, nwritten);
+    return kvs_multi_serialize(c->ser.multi, src, c->group_size, dst, key, nwritten);
 }
 
-static int multi_deserialize(struct core *c, kvs_memobj *src, kvs_memobj *const *dst)
+static int multi_deserialize(struct core *c, kvs_memobj *src, kvs_memobj *const *dst,
+                             const kvs_object_key *key)
 {
-    return kvs_multi_deserialize(c->de.multi, src, dst, c->group_size);
+    return kvs_multi_deserialize(c->de.multi, src, dst, c->group_size, key);
 }
 
 static void multi_destroy_serde(struct core *c)
@@ -181,16 +185,17 @@ static void transform(struct task *t)
 
     for (size_t i = 0; i < t->n; i++) {
         int rc;
+        const kvs_object_key *key = t->keys ? &t->keys[i] : NULL;
         if (t->dir == DIR_SERIALIZE) {
             size_t nwritten = 0;
-            rc = c->xf->serialize(c, src + i * src_stride, dst[i], &nwritten);
+            rc = c->xf->serialize(c, src + i * src_stride, dst[i], key, &nwritten);
             /* Narrow only after success, so an L2 adapter stores just the
              * bytes written; a serializer that claims more than dst holds
              * is broken and fails the object (memobj says why). */
             if (rc == KVS_OK)
                 rc = kvs_memobj_set_used_size(dst[i], nwritten);
         } else {
-            rc = c->xf->deserialize(c, src[i], dst + i * dst_stride);
+            rc = c->xf->deserialize(c, src[i], dst + i * dst_stride, key);
         }
         if (rc != KVS_OK) {
             t->result.state = KVS_TASK_FAILED;
@@ -239,18 +244,26 @@ static void run_task(kvs_job *job)
 
 /* Queue n items: the source part holds n x group_size pointers when
  * serializing (groups in, blobs out), n otherwise; the destination part the
- * other way round. The caller has checked the arrays. */
+ * other way round; keys (NULL = none) n keys, copied after the pointers so
+ * the caller may reuse its array. The caller has checked the arrays. */
 static int core_submit(struct core *c, enum direction dir, kvs_memobj *const *src,
-                       kvs_memobj *const *dst, size_t n, kvs_task_id *id)
+                       kvs_memobj *const *dst, size_t n, const kvs_object_key *keys,
+                       kvs_task_id *id)
 {
+    /* Bytes per batch item: its pointers, then its key if there are keys.
+     * Pointers are 8 bytes and a key's alignment is 8, so the keys that
+     * follow the pointer part are aligned. */
     size_t per_item = c->group_size + 1; /* pointers per batch item */
+    size_t item_bytes = per_item * sizeof(kvs_memobj *) + (keys ? sizeof *keys : 0);
+    _Static_assert(_Alignof(kvs_object_key) <= sizeof(kvs_memobj *),
+                   "keys after the pointer part must be aligned");
     /* Allocate before taking the lock or an id: if this fails, nothing has
      * happened. */
-    if (n > (SIZE_MAX - sizeof(struct task)) / per_item / sizeof(kvs_memobj *))
+    if (n > (SIZE_MAX - sizeof(struct task)) / item_bytes)
         return kvs_set_error(KVS_ENOMEM, "processor: batch of %zu objects is too large", n);
     size_t nsrc = dir == DIR_SERIALIZE ? n * c->group_size : n;
     size_t ndst = n * per_item - nsrc;
-    struct task *t = malloc(sizeof *t + n * per_item * sizeof(kvs_memobj *));
+    struct task *t = malloc(sizeof *t + n * item_bytes);
     if (t == NULL)
         return kvs_set_error(KVS_ENOMEM, "processor: out of memory for a task of %zu objects", n);
     t->job.next = NULL;
@@ -263,9 +276,14 @@ static int core_submit(struct core *c, enum direction dir, kvs_memobj *const *sr
     t->result.message[0] = '\0';
     t->n = n;
     t->nsrc = nsrc;
+    t->keys = NULL;
     if (n > 0) {
         memcpy(t->objs, src, nsrc * sizeof *src);
         memcpy(t->objs + nsrc, dst, ndst * sizeof *dst);
+        if (keys) {
+            t->keys = (kvs_object_key *)(void *)(t->objs + n * per_item);
+            memcpy(t->keys, keys, n * sizeof *keys);
+        }
     }
 
     pthread_mutex_lock(&c->mu);
@@ -452,15 +470,17 @@ static int ap_deserialize_event_fd(kvs_processor *p)
 }
 
 static int ap_submit_serialize(kvs_processor *p, kvs_memobj *const *src,
-                               kvs_memobj *const *dst, size_t n, kvs_task_id *id)
+                               kvs_memobj *const *dst, size_t n,
+                               const kvs_object_key *keys, kvs_task_id *id)
 {
-    return core_submit(ap_core(p), DIR_SERIALIZE, src, dst, n, id);
+    return core_submit(ap_core(p), DIR_SERIALIZE, src, dst, n, keys, id);
 }
 
 static int ap_submit_deserialize(kvs_processor *p, kvs_memobj *const *src,
-                                 kvs_memobj *const *dst, size_t n, kvs_task_id *id)
+                                 kvs_memobj *const *dst, size_t n,
+                                 const kvs_object_key *keys, kvs_task_id *id)
 {
-    return core_submit(ap_core(p), DIR_DESERIALIZE, src, dst, n, id);
+    return core_submit(ap_core(p), DIR_DESERIALIZE, src, dst, n, keys, id);
 }
 
 static int ap_query_serialize_result(kvs_processor *p, kvs_task_id id,
@@ -574,15 +594,17 @@ static int amp_deserialize_event_fd(kvs_multi_processor *p)
 }
 
 static int amp_submit_serialize(kvs_multi_processor *p, kvs_memobj *const *src_groups,
-                                kvs_memobj *const *dst, size_t n, kvs_task_id *id)
+                                kvs_memobj *const *dst, size_t n,
+                                const kvs_object_key *keys, kvs_task_id *id)
 {
-    return core_submit(amp_core(p), DIR_SERIALIZE, src_groups, dst, n, id);
+    return core_submit(amp_core(p), DIR_SERIALIZE, src_groups, dst, n, keys, id);
 }
 
 static int amp_submit_deserialize(kvs_multi_processor *p, kvs_memobj *const *src,
-                                  kvs_memobj *const *dst_groups, size_t n, kvs_task_id *id)
+                                  kvs_memobj *const *dst_groups, size_t n,
+                                  const kvs_object_key *keys, kvs_task_id *id)
 {
-    return core_submit(amp_core(p), DIR_DESERIALIZE, src, dst_groups, n, id);
+    return core_submit(amp_core(p), DIR_DESERIALIZE, src, dst_groups, n, keys, id);
 }
 
 static int amp_query_serialize_result(kvs_multi_processor *p, kvs_task_id id,
@@ -937,19 +959,20 @@ int kvs_processor_deserialize_event_fd(kvs_processor *p)
 
 int kvs_processor_submit_serialize(kvs_processor *p, kvs_memobj *const *src,
                                    size_t nsrc, kvs_memobj *const *dst, size_t ndst,
-                                   kvs_task_id *id)
+                                   const kvs_object_key *keys, kvs_task_id *id)
 {
     REQUIRE_PROCESSOR(p);
     int rc = check_batch(src, nsrc, dst, ndst, id);
     if (rc != KVS_OK)
         return rc;
     kvs_clear_error();
-    return checked(p, "submit_serialize", p->ops->submit_serialize(p, src, dst, nsrc, id));
+    return checked(p, "submit_serialize", p->ops->submit_serialize(p, src, dst, nsrc, keys, id));
 }
 
 int kvs_processor_submit_deserialize(kvs_processor *p, kvs_memobj *const *src,
                                      size_t nsrc, kvs_memobj *const *dst,
-                                     size_t ndst, kvs_task_id *id)
+                                     size_t ndst, const kvs_object_key *keys,
+                                     kvs_task_id *id)
 {
     REQUIRE_PROCESSOR(p);
     int rc = check_batch(src, nsrc, dst, ndst, id);
@@ -957,7 +980,7 @@ int kvs_processor_submit_deserialize(kvs_processor *p, kvs_memobj *const *src,
         return rc;
     kvs_clear_error();
     return checked(p, "submit_deserialize",
-                   p->ops->submit_deserialize(p, src, dst, nsrc, id));
+                   p->ops->submit_deserialize(p, src, dst, nsrc, keys, id));
 }
 
 static int checked_query(kvs_processor *p, const char *op, int rc, kvs_task_result *out)
@@ -1099,7 +1122,8 @@ int kvs_multi_processor_deserialize_event_fd(kvs_multi_processor *p)
 int kvs_multi_processor_submit_serialize(kvs_multi_processor *p,
                                          kvs_memobj *const *src_groups, size_t ngroups,
                                          size_t group_size, kvs_memobj *const *dst,
-                                         size_t ndst, kvs_task_id *id)
+                                         size_t ndst, const kvs_object_key *keys,
+                                         kvs_task_id *id)
 {
     REQUIRE_MULTI_PROCESSOR(p);
     int rc = check_multi_batch(p, 1, src_groups, ngroups, group_size, dst, ndst, id);
@@ -1107,13 +1131,13 @@ int kvs_multi_processor_submit_serialize(kvs_multi_processor *p,
         return rc;
     kvs_clear_error();
     return mchecked(p, "submit_serialize",
-                    p->ops->submit_serialize(p, src_groups, dst, ngroups, id));
+                    p->ops->submit_serialize(p, src_groups, dst, ngroups, keys, id));
 }
 
 int kvs_multi_processor_submit_deserialize(kvs_multi_processor *p, kvs_memobj *const *src,
                                            size_t nsrc, kvs_memobj *const *dst_groups,
                                            size_t ngroups, size_t group_size,
-                                           kvs_task_id *id)
+                                           const kvs_object_key *keys, kvs_task_id *id)
 {
     REQUIRE_MULTI_PROCESSOR(p);
     int rc = check_multi_batch(p, 0, dst_groups, ngroups, group_size, src, nsrc, id);
@@ -1121,7 +1145,7 @@ int kvs_multi_processor_submit_deserialize(kvs_multi_processor *p, kvs_memobj *c
         return rc;
     kvs_clear_error();
     return mchecked(p, "submit_deserialize",
-                    p->ops->submit_deserialize(p, src, dst_groups, nsrc, id));
+                    p->ops->submit_deserialize(p, src, dst_groups, nsrc, keys, id));
 }
 
 static int mchecked_query(kvs_multi_processor *p, const char *op, int rc,

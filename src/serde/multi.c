@@ -25,12 +25,13 @@ int kvs_validate_group_size(size_t n, size_t expected, const char *role)
 }
 
 int kvs_multi_serialize(kvs_multi_serializer *ser, kvs_memobj *const *src_group,
-                        size_t n, kvs_memobj *dst, size_t *nwritten)
+                        size_t n, kvs_memobj *dst, const kvs_object_key *key,
+                        size_t *nwritten)
 {
     if (ser == NULL || (src_group == NULL && n > 0) || dst == NULL || nwritten == NULL)
         return kvs_set_error(KVS_EINVAL, "multi: serialize: NULL argument");
     kvs_clear_error();
-    return ensure_message(ser->ops->serialize(ser, src_group, n, dst, nwritten),
+    return ensure_message(ser->ops->serialize(ser, src_group, n, dst, key, nwritten),
                           ser->ops->name, "serialize");
 }
 
@@ -46,12 +47,13 @@ int kvs_multi_estimate_serialized_size(const kvs_multi_serializer *ser,
 }
 
 int kvs_multi_deserialize(kvs_multi_deserializer *de, const kvs_memobj *src,
-                          kvs_memobj *const *dst_group, size_t n)
+                          kvs_memobj *const *dst_group, size_t n,
+                          const kvs_object_key *key)
 {
     if (de == NULL || src == NULL || (dst_group == NULL && n > 0))
         return kvs_set_error(KVS_EINVAL, "multi: deserialize: NULL argument");
     kvs_clear_error();
-    return ensure_message(de->ops->deserialize(de, src, dst_group, n), de->ops->name,
+    return ensure_message(de->ops->deserialize(de, src, dst_group, n, key), de->ops->name,
                           "deserialize");
 }
 
@@ -100,7 +102,8 @@ typedef struct bridge_deserializer {
 } bridge_deserializer;
 
 static int bridge_serialize(kvs_multi_serializer *s, kvs_memobj *const *src_group,
-                            size_t n, kvs_memobj *dst, size_t *nwritten)
+                            size_t n, kvs_memobj *dst, const kvs_object_key *key,
+                            size_t *nwritten)
 {
     bridge_serializer *self = KVS_CONTAINER_OF(s, bridge_serializer, base);
     const char *name = self->inner->ops->name;
@@ -113,7 +116,7 @@ static int bridge_serialize(kvs_multi_serializer *s, kvs_memobj *const *src_grou
                              "single-to-multi(%s): the single-tensor serializer does "
                              "not admit an absent src slot",
                              name);
-    return kvs_serialize(self->inner, src_group[0], dst, nwritten);
+    return kvs_serialize(self->inner, src_group[0], dst, key, nwritten);
 }
 
 static int bridge_estimate(const kvs_multi_serializer *s,
@@ -149,7 +152,8 @@ static const struct kvs_multi_serializer_ops bridge_serializer_ops = {
 };
 
 static int bridge_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
-                              kvs_memobj *const *dst_group, size_t n)
+                              kvs_memobj *const *dst_group, size_t n,
+                              const kvs_object_key *key)
 {
     bridge_deserializer *self = KVS_CONTAINER_OF(d, bridge_deserializer, base);
     if (n != 1)
@@ -160,7 +164,7 @@ static int bridge_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src,
      * through uniformly even when they chose not to materialize the only
      * output. */
     if (dst_group[0] == NULL) return KVS_OK;
-    return kvs_deserialize(self->inner, src, dst_group[0]);
+    return kvs_deserialize(self->inner, src, dst_group[0], key);
 }
 
 static void bridge_deserializer_destroy(kvs_multi_deserializer *d)

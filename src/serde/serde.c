@@ -17,12 +17,12 @@ static int ensure_message(int rc, unsigned long serial, const char *name,
 }
 
 int kvs_serialize(kvs_serializer *ser, const kvs_memobj *src, kvs_memobj *dst,
-                  size_t *nwritten)
+                  const kvs_object_key *key, size_t *nwritten)
 {
     if (ser == NULL || src == NULL || dst == NULL || nwritten == NULL)
         return kvs_set_error(KVS_EINVAL, "serde: serialize: NULL argument");
     unsigned long serial = kvs_error_serial();
-    return ensure_message(ser->ops->serialize(ser, src, dst, nwritten), serial,
+    return ensure_message(ser->ops->serialize(ser, src, dst, key, nwritten), serial,
                           ser->ops->name, "serialize");
 }
 
@@ -36,12 +36,13 @@ int kvs_estimate_serialized_size(const kvs_serializer *ser, const kvs_layout *la
                           serial, ser->ops->name, "estimate_serialized_size");
 }
 
-int kvs_deserialize(kvs_deserializer *de, const kvs_memobj *src, kvs_memobj *dst)
+int kvs_deserialize(kvs_deserializer *de, const kvs_memobj *src, kvs_memobj *dst,
+                    const kvs_object_key *key)
 {
     if (de == NULL || src == NULL || dst == NULL)
         return kvs_set_error(KVS_EINVAL, "serde: deserialize: NULL argument");
     unsigned long serial = kvs_error_serial();
-    return ensure_message(de->ops->deserialize(de, src, dst), serial, de->ops->name,
+    return ensure_message(de->ops->deserialize(de, src, dst, key), serial, de->ops->name,
                           "deserialize");
 }
 
