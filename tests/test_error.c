@@ -25,12 +25,14 @@ static void test_strerror_every_code(void)
     CHECK_EQ_STR(kvs_strerror(KVS_ECLOSED), "closed");
     CHECK_EQ_STR(kvs_strerror(KVS_EIO), "I/O error");
     CHECK_EQ_STR(kvs_strerror(KVS_EUNSUPPORTED), "unsupported");
+    CHECK_EQ_STR(kvs_strerror(KVS_EKEY), "written for another key");
+    CHECK_EQ_STR(kvs_strerror(KVS_EAUTH), "authentication failed");
 }
 
 static void test_strerror_unknown(void)
 {
     CHECK_EQ_STR(kvs_strerror(1), "unknown kvserde status");
-    CHECK_EQ_STR(kvs_strerror(-10), "unknown kvserde status");
+    CHECK_EQ_STR(kvs_strerror(-12), "unknown kvserde status");
     CHECK_EQ_STR(kvs_strerror(12345), "unknown kvserde status");
     CHECK_EQ_STR(kvs_strerror(-2147483647 - 1), "unknown kvserde status");
 }
@@ -47,6 +49,8 @@ static void test_status_values_are_abi(void)
     CHECK_EQ_INT(KVS_ECLOSED, -7);
     CHECK_EQ_INT(KVS_EIO, -8);
     CHECK_EQ_INT(KVS_EUNSUPPORTED, -9);
+    CHECK_EQ_INT(KVS_EKEY, -10);
+    CHECK_EQ_INT(KVS_EAUTH, -11);
 }
 
 static void test_set_and_read(void)

@@ -27,7 +27,11 @@ enum kvs_status {
     KVS_ENOTFOUND = -6,    /* no such entry */
     KVS_ECLOSED = -7,      /* object already closed */
     KVS_EIO = -8,          /* an operating-system call failed */
-    KVS_EUNSUPPORTED = -9, /* valid request this build or CPU cannot serve */
+    KVS_EUNSUPPORTED = -9, /* valid request this build or CPU cannot serve;
+                              also a blob of an unknown format version or stage */
+    KVS_EKEY = -10,        /* a framed blob written for another object key */
+    KVS_EAUTH = -11,       /* authentication failed: wrong encryption key, or
+                              ciphertext, header or key tampered with */
 };
 
 /* The fixed, static description of a status code ("invalid argument").

@@ -25,6 +25,8 @@ const char *kvs_strerror(int status)
     case KVS_ECLOSED: return "closed";
     case KVS_EIO: return "I/O error";
     case KVS_EUNSUPPORTED: return "unsupported";
+    case KVS_EKEY: return "written for another key";
+    case KVS_EAUTH: return "authentication failed";
     default: return "unknown kvserde status";
     }
 }

@@ -1,0 +1,150 @@
+/* stage.h - internal: the stage types of framed pipelines (pipeline.h) and
+ * their registry.
+ *
+ * A pipeline is one typed stage (tensor -> bytes) followed by bytes ->
+ * bytes stages. Every stage type has a fixed numeric id and a name; a frame
+ * records, per stage, its id and its parameters, so a reader rebuilds the
+ * chain from the frame alone (only secret keys come from outside). That is
+ * why decoding is an operation of the *type*, fed the parameters read from
+ * the frame, while encoding is an operation of an *instance* created from
+ * the JSON configuration.
+ *
+ * Ids are part of the frame format (docs/frame_format.md) and never change
+ * meaning: a reader that meets an id it does not know refuses the blob with
+ * KVS_EUNSUPPORTED.
+ */
+#ifndef KVSERDE_FRAME_STAGE_H
+#define KVSERDE_FRAME_STAGE_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvserde/memobj.h"
+
+/* Stage ids. Typed stages 1-63, bytes stages 64-127. */
+enum kvs_stage_id {
+    KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
+    KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
+    KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
+    KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
+    KVS_STAGE_AES_GCM = 66 /* transform: AES-256-GCM, 16-byte tag appended */
+};
+
+/* What a stage does to the bytes, which fixes where it may stand. */
+typedef enum kvs_stage_kind {
+    KVS_STAGE_TYPED,     /* tensor -> bytes: first, exactly once */
+    KVS_STAGE_CHECK,     /* appends a digest of the bytes before it */
+    KVS_STAGE_TRANSFORM, /* rewrites the bytes (compression, encryption) */
+} kvs_stage_kind;
+
+/* Largest parameter block any stage writes (the frame caps it too). */
+#define KVS_STAGE_PARAMS_MAX 64
+
+/* What decoding needs beyond the bytes: the object key the caller passed
+ * (NULL = none), the frame header (authenticated by encryption), and the
+ * secret keys the pipeline was configured with. */
+typedef struct kvs_keyring kvs_keyring;
+typedef struct kvs_stage_ctx {
+    const kvs_object_key *key;
+    const uint8_t *header; /* the frame header, its CRC included */
+    size_t header_len;
+    const kvs_keyring *keyring; /* NULL when no key files were configured */
+} kvs_stage_ctx;
+
+typedef struct kvs_stage kvs_stage;
+typedef struct kvs_stage_type kvs_stage_type;
+
+struct kvs_stage_type {
+    const char *name; /* the JSON "type" */
+    uint16_t id;
+    kvs_stage_kind kind;
+
+    /* Build an instance from its JSON object (the "type" member included;
+     * unknown members refused with the list of known ones). */
+    int (*create)(const json_t *config, kvs_stage **out);
+
+    /* ---- typed stages ------------------------------------------------ */
+    /* Upper bound of the bytes encode writes for an object of `layout`;
+     * refuses layouts the stage cannot encode (dtype, format). */
+    int (*typed_bound)(const kvs_stage *self, const kvs_layout *layout, size_t *nbytes);
+    /* Encode src into out[0..cap); *n = bytes written. May use
+     * kvs_serde_parallel_for. */
+    int (*typed_encode)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                        size_t cap, size_t *n);
+    /* Optional: the output is one byte range per source item and byte b of
+     * the output depends on the source alone (fp8: element b; bytes: byte
+     * b), so the pipeline may produce it block by block and checksum each
+     * block while it is in cache. Encodes output bytes [begin, end). NULL
+     * for stages without that property. */
+    int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                              uint64_t begin, uint64_t end);
+    /* Decode in[0..n) into dst, with the parameters read from the frame.
+     * Checks the parameters and that n is exactly what dst's layout needs
+     * before writing any byte of dst. */
+    int (*typed_decode)(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
+                        kvs_memobj *dst);
+
+    /* ---- bytes stages (check and transform) -------------------------- */
+    /* Upper bound of the output for n input bytes. */
+    size_t (*bytes_bound)(const kvs_stage *self, size_t n);
+    /* Check: the digest state is streamed, so the pipeline can feed it
+     * block by block as the typed stage writes. digest_size bytes. */
+    size_t digest_size;
+    void (*check_digest)(const uint8_t *in, size_t n, uint8_t *digest);
+    int (*check_stream_new)(void **state);
+    void (*check_stream_update)(void *state, const uint8_t *in, size_t n);
+    void (*check_stream_final)(void *state, uint8_t *digest); /* frees state */
+    /* Transform: encode in[0..n) into out (capacity cap; out == in allowed
+     * when in_place is set), *outn = bytes written. */
+    int in_place;
+    int (*transform_encode)(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                            const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
+                            uint8_t *out, size_t cap, size_t *outn);
+    /* Transform decode: in -> out (out never aliases in), refusing damaged
+     * or unauthenticated input with nothing useful left in out. */
+    int (*transform_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                            const uint8_t *in, size_t n, uint8_t *out, size_t cap,
+                            size_t *outn);
+
+    /* ---- every stage ------------------------------------------------- */
+    /* The parameter block this instance records in a frame: at most
+     * KVS_STAGE_PARAMS_MAX bytes, the same size for every blob of this
+     * instance (nparams). Fresh per blob where the stage wants it (a
+     * nonce): called once per serialize. */
+    size_t (*params_size)(const kvs_stage *self);
+    int (*write_params)(const kvs_stage *self, uint8_t *params);
+    /* Check a parameter block read from a frame (before anything is
+     * decoded), with a message naming the stage and the numbers. */
+    int (*check_params)(const uint8_t *params, size_t nparams);
+    /* The parameters as JSON, for inspect ("fp8_dtype": "float8_e4m3fn"). */
+    json_t *(*describe_params)(const uint8_t *params, size_t nparams);
+    void (*destroy)(kvs_stage *self);
+};
+
+/* An instance: its type first, then what the type keeps. */
+struct kvs_stage {
+    const kvs_stage_type *type;
+};
+
+/* The registry: every built-in stage type, by name or by id. NULL if none. */
+const kvs_stage_type *kvs_stage_type_by_name(const char *name);
+const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
+/* Names in registry order, for messages and listings: up to cap into
+ * names; returns the total count. */
+size_t kvs_stage_type_names(const char **names, size_t cap);
+
+/* The stage types (one file each). */
+extern const kvs_stage_type kvs_stage_bytes_type;
+extern const kvs_stage_type kvs_stage_fp8_type;
+extern const kvs_stage_type kvs_stage_crc32c_type;
+extern const kvs_stage_type kvs_stage_xxh3_type;
+extern const kvs_stage_type kvs_stage_aes_gcm_type;
+
+/* The secret keys of aes_gcm, from the key files of a pipeline's config
+ * (stage_aes_gcm.c). kvs_keyring_from_config collects the key files of
+ * every aes_gcm stage of a "stages" array (NULL *out when there are none). */
+int kvs_keyring_from_config(const json_t *stages, kvs_keyring **out);
+void kvs_keyring_free(kvs_keyring *kr);
+
+#endif /* KVSERDE_FRAME_STAGE_H */
