@@ -15,7 +15,8 @@ int kvs_cmd_list(int argc, char **argv)
         fprintf(help ? stdout : stderr,
                 "usage: kvserde list\n\nLists the registered serde types with their kind "
                 "(single: one tensor per blob; multi: a group of\ntensors per blob, such as "
-                "K and V), the L2 adapter types and the fp8 kernel variants.\n");
+                "K and V), the stage types of pipelines, the L2 adapter types and the fp8\n"
+                "kernel variants.\n");
         return help ? 0 : 2;
     }
     const char *names[MAX_LISTED];
@@ -32,6 +33,11 @@ int kvs_cmd_list(int argc, char **argv)
                             : "unknown";
         printf("  %-*s  %s\n", width, names[i], k);
     }
+
+    n = kvs_pipeline_stage_types(names, MAX_LISTED);
+    if (n > MAX_LISTED) n = MAX_LISTED;
+    printf("\npipeline stages (docs/frame_format.md):\n");
+    for (size_t i = 0; i < n; i++) printf("  %s\n", names[i]);
 
     n = kvs_l2_types(names, MAX_LISTED);
     if (n > MAX_LISTED) n = MAX_LISTED;

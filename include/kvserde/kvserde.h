@@ -19,6 +19,7 @@
 #include "multi_processor.h"
 #include "processor.h"
 #include "registry.h"
+#include "pipeline.h"
 #include "serde.h"
 
 #define KVS_VERSION_MAJOR 0

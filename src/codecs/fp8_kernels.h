@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "kvserde/dtype.h"
+#include "kvserde/memobj.h"
 
 enum { KVS_FP8_FMT_E4M3FN = 0, KVS_FP8_FMT_E5M2 = 1, KVS_FP8_NFMT = 2 };
 enum { KVS_WIDE_F32 = 0, KVS_WIDE_F16 = 1, KVS_WIDE_BF16 = 2, KVS_NWIDE = 3 };
@@ -40,6 +41,20 @@ int kvs_fp8_kernels_get(const kvs_fp8_kernels **out);
 
 /* Map dtypes to table indexes; -1 if not an fp8 / wide dtype. */
 int kvs_fp8_fmt_index(kvs_dtype dtype);
+
+/* Object-level conversion, shared by the fp8 serde and the pipeline's fp8
+ * stage (fp8_serde.c). check_layout: every group a float dtype the kernels
+ * convert (`role` "source" / "destination" names it in the message);
+ * kernels_ready: the kernels can run. convert_range: elements [begin, end)
+ * of `wide` (counted through its groups) <-> codes[begin, end) on this
+ * thread, encoding unless `decode`; convert_all: the whole object, which
+ * may be spread over the processor's workers (kvs_serde_parallel_for). */
+int kvs_fp8_check_layout(const kvs_layout *layout, const char *role);
+int kvs_fp8_kernels_ready(const kvs_layout *layout);
+int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
+                          int saturate, int decode, uint64_t begin, uint64_t end);
+int kvs_fp8_convert_all(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
+                        int saturate, int decode);
 int kvs_fp8_wide_index(kvs_dtype dtype);
 
 /* Scalar element conversions (the reference), used by the scalar kernels and

@@ -23,7 +23,7 @@ typedef struct fp8_deserializer {
 
 /* Every group must be a float type the kernels convert; checked for all
  * groups before any byte is written. `role` is "source" or "destination". */
-static int check_groups(const kvs_layout *layout, const char *role)
+int kvs_fp8_check_layout(const kvs_layout *layout, const char *role)
 {
     int rc = kvs_layout_validate(layout);
     if (rc) return rc;
@@ -41,7 +41,7 @@ static int check_groups(const kvs_layout *layout, const char *role)
  * name a variant this CPU lacks). The first group's conversion would report
  * exactly this; checking it up front means that once it passes, no range
  * can fail, split or not. */
-static int kernels_ready(const kvs_layout *layout)
+int kvs_fp8_kernels_ready(const kvs_layout *layout)
 {
     const kvs_fp8_kernels *k;
     return layout->ngroups > 0 ? kvs_fp8_kernels_get(&k) : KVS_OK;
@@ -106,18 +106,16 @@ static int fp8_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *d
 {
     (void)key;
     fp8_serializer *self = KVS_CONTAINER_OF(s, fp8_serializer, base);
-    int rc = check_groups(&src->layout, "source");
+    int rc = kvs_fp8_check_layout(&src->layout, "source");
     if (rc) return rc;
     uint64_t total = kvs_layout_numel(&src->layout);
     if (dst->capacity < total)
         return kvs_set_error(KVS_ENOSPC, "fp8: destination too small: %zu bytes, need %llu",
                              dst->capacity, (unsigned long long)total);
-    rc = kernels_ready(&src->layout);
+    rc = kvs_fp8_kernels_ready(&src->layout);
     if (rc) return rc;
     /* Everything that can be refused has been: the ranges only convert. */
-    fp8_range_job job;
-    range_job_init(&job, src, dst->data, self->fp8_dtype, self->saturate, 0);
-    rc = kvs_serde_parallel_for(total, kvs_layout_nbytes(&src->layout), fp8_range, &job);
+    rc = kvs_fp8_convert_all(src, dst->data, self->fp8_dtype, self->saturate, 0);
     if (rc) return rc;
     *nwritten = (size_t)total;
     return KVS_OK;
@@ -133,6 +131,23 @@ static int fp8_estimate(const kvs_serializer *s, const kvs_layout *layout,
     uint64_t numel = kvs_layout_numel(layout);
     *nbytes = (size_t)(numel + numel / 2);
     return KVS_OK;
+}
+
+int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
+                          int saturate, int decode, uint64_t begin, uint64_t end)
+{
+    fp8_range_job job;
+    range_job_init(&job, wide, codes, fp8_dtype, saturate, decode);
+    return fp8_range(&job, begin, end);
+}
+
+int kvs_fp8_convert_all(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
+                        int saturate, int decode)
+{
+    fp8_range_job job;
+    range_job_init(&job, wide, codes, fp8_dtype, saturate, decode);
+    return kvs_serde_parallel_for(kvs_layout_numel(&wide->layout),
+                                  kvs_layout_nbytes(&wide->layout), fp8_range, &job);
 }
 
 static void fp8_serializer_destroy(kvs_serializer *s)
@@ -152,17 +167,15 @@ static int fp8_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memob
 {
     (void)key;
     fp8_deserializer *self = KVS_CONTAINER_OF(d, fp8_deserializer, base);
-    int rc = check_groups(&dst->layout, "destination");
+    int rc = kvs_fp8_check_layout(&dst->layout, "destination");
     if (rc) return rc;
     uint64_t total = kvs_layout_numel(&dst->layout);
     if (src->used_size < total)
         return kvs_set_error(KVS_ECORRUPT, "fp8: source too small: %zu bytes, need %llu",
                              src->used_size, (unsigned long long)total);
-    rc = kernels_ready(&dst->layout);
+    rc = kvs_fp8_kernels_ready(&dst->layout);
     if (rc) return rc;
-    fp8_range_job job;
-    range_job_init(&job, dst, src->data, self->fp8_dtype, 0, 1);
-    return kvs_serde_parallel_for(total, kvs_layout_nbytes(&dst->layout), fp8_range, &job);
+    return kvs_fp8_convert_all(dst, src->data, self->fp8_dtype, 0, 1);
 }
 
 static void fp8_deserializer_destroy(kvs_deserializer *d)

@@ -72,11 +72,11 @@ struct kvs_stage_type {
      * kvs_serde_parallel_for. */
     int (*typed_encode)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                         size_t cap, size_t *n);
-    /* Optional: the output is one byte range per source item and byte b of
-     * the output depends on the source alone (fp8: element b; bytes: byte
-     * b), so the pipeline may produce it block by block and checksum each
-     * block while it is in cache. Encodes output bytes [begin, end). NULL
-     * for stages without that property. */
+    /* Optional: byte b of the output depends on the source alone (fp8:
+     * element b; bytes: byte b) and the output is exactly typed_bound
+     * bytes, so the pipeline may produce it block by block and checksum each
+     * block while it is in cache. Encodes output bytes [begin, end) on the
+     * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
     /* Decode in[0..n) into dst, with the parameters read from the frame.
@@ -96,11 +96,20 @@ struct kvs_stage_type {
     void (*check_stream_update)(void *state, const uint8_t *in, size_t n);
     void (*check_stream_final)(void *state, uint8_t *digest); /* frees state */
     /* Transform: encode in[0..n) into out (capacity cap; out == in allowed
-     * when in_place is set), *outn = bytes written. */
+     * when in_place is set), *outn = bytes written. A stage that sets
+     * needs_header writes exactly bytes_bound(n) bytes and is given the
+     * final frame header in ctx (encryption authenticates it); the ordering
+     * rules keep such a stage last. Other stages get ctx->header NULL. */
     int in_place;
+    int needs_header;
     int (*transform_encode)(const kvs_stage *self, const uint8_t *params, size_t nparams,
                             const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
                             uint8_t *out, size_t cap, size_t *outn);
+    /* The exact size transform_decode will write for in[0..n), read from the
+     * stage's own encoding, so the pipeline can allocate it; refuses sizes
+     * that cannot be (KVS_ECORRUPT). */
+    int (*transform_decoded_size)(const uint8_t *params, size_t nparams, const uint8_t *in,
+                                  size_t n, size_t *outn);
     /* Transform decode: in -> out (out never aliases in), refusing damaged
      * or unauthenticated input with nothing useful left in out. */
     int (*transform_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
@@ -133,6 +142,8 @@ const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
 /* Names in registry order, for messages and listings: up to cap into
  * names; returns the total count. */
 size_t kvs_stage_type_names(const char **names, size_t cap);
+/* "bytes, fp8, crc32c, xxh3, aes_gcm" (a static string). */
+const char *kvs_stage_type_list_text(void);
 
 /* The stage types (one file each). */
 extern const kvs_stage_type kvs_stage_bytes_type;

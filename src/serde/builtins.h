@@ -2,6 +2,7 @@
  * registered by the registry before its first use, in this order:
  *   "fp8"       single  (src/codecs/fp8_serde.c)
  *   "kv_split"  multi   (src/codecs/kv_split.c)
+ *   "pipeline"  single  (src/frame/pipeline.c)
  */
 #ifndef KVSERDE_BUILTINS_H
 #define KVSERDE_BUILTINS_H
@@ -10,5 +11,6 @@
 #include "kvserde/registry.h"
 
 int kvs_fp8_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *out);
+int kvs_pipeline_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *out);
 
 #endif

@@ -53,9 +53,12 @@ static void register_builtins(void)
     entry fp8 = {.name = "fp8", .kind = KVS_SERDE_SINGLE, .factory.single = kvs_fp8_factory};
     entry kv_split = {.name = "kv_split", .kind = KVS_SERDE_MULTI,
                       .factory.multi = kvs_kv_split_factory};
+    entry pipeline = {.name = "pipeline", .kind = KVS_SERDE_SINGLE,
+                      .factory.single = kvs_pipeline_factory};
     pthread_mutex_lock(&table_lock);
     register_locked(&fp8);
     register_locked(&kv_split);
+    register_locked(&pipeline);
     pthread_mutex_unlock(&table_lock);
 }
 

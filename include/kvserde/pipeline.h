@@ -1,0 +1,120 @@
+/* kvserde/pipeline.h - framed pipelines: self-describing, verified blobs,
+ * bound to their object key, optionally encrypted.
+ *
+ * The "pipeline" serde (a single-kind serde of the registry, registry.h):
+ *
+ *     {"type": "pipeline", "stages": [{"type": "fp8"}, {"type": "crc32c"}]}
+ *
+ * writes one *frame* per object: a header that records the source layout
+ * (groups, shapes, dtypes, memory format), the stage chain with each stage's
+ * id and parameters, the payload length, a 64-bit fingerprint of the object
+ * key and a CRC-32C of the header itself, followed by the payload the stages
+ * produced. docs/frame_format.md defines the bytes. Decoding needs no
+ * configuration: the reader rebuilds the chain from the frame (only the
+ * secret keys of an encrypted frame come from the deserializer's config).
+ *
+ * Stages, in the order the chain allows
+ *   1. exactly one typed stage (tensor -> bytes), first:
+ *        {"type": "bytes"}   the tensor's own bytes (lossless)
+ *        {"type": "fp8", "fp8_dtype": "float8_e4m3fn" | "float8_e5m2",
+ *         "saturate": true}  one fp8 code per element, the fp8 serde's
+ *                            numbers (fp8.h)
+ *   2. then bytes -> bytes stages:
+ *        {"type": "crc32c"}  appends a CRC-32C of the bytes (4 bytes)
+ *        {"type": "xxh3"}    appends an XXH3-64 of the bytes (8 bytes)
+ *        {"type": "aes_gcm", "key_files": ["/etc/kv/k1", ...]}
+ *                            AES-256-GCM (docs/security.md), 16-byte tag
+ *   Rules, checked when the serde is created (KVS_EINVAL, the message says
+ *   which order is allowed): the typed stage first and only once; at most
+ *   one checksum (crc32c or xxh3); encryption last and at most once;
+ *   anything that rewrites bytes (compression) before the checksum and the
+ *   encryption. Every frame's payload is checked: a chain with neither a
+ *   checksum nor encryption gets {"type": "crc32c"} appended, and the frame
+ *   records it like any other stage. At most 16 stages.
+ *
+ * Sizes: estimate = header + the stages' bounds (fp8 + crc32c on N
+ * elements: header + N + 4); serialize writes exactly the frame (the wrapper
+ * stores only those bytes). The header is 28 bytes + 2 + 8 x ndim per group
+ * + 4 + parameter bytes per stage + 4.
+ *
+ * Serialize is deterministic for the same source and key, except with
+ * aes_gcm: every blob gets a fresh random nonce (the one documented
+ * exception).
+ *
+ * Deserialize outcomes (each message names the object key and the numbers):
+ *   KVS_ECORRUPT      not a frame, truncated, trailing bytes, header CRC or a
+ *                     checksum mismatch, a malformed field, or a stored layout
+ *                     that is not the destination's ("pipeline: stored object
+ *                     is [2x4x64x256] bfloat16 (262144 bytes), destination
+ *                     layout is [2x4x48x256] bfloat16 (196608 bytes)")
+ *   KVS_EKEY          written for another object key: the fingerprint in
+ *                     the frame is not the key's, or a frame written with
+ *                     no key is loaded under one
+ *   KVS_EUNSUPPORTED  a frame format version or a stage id this build does
+ *                     not know
+ *   KVS_EAUTH         aes_gcm: no configured key matches, or the tag does
+ *                     not verify (ciphertext, header or key altered)
+ * All of them are found before any destination byte is written. A NULL key
+ * skips the binding check (a serde used directly on a file has no key);
+ * aes_gcm still authenticates what it was given.
+ */
+#ifndef KVSERDE_PIPELINE_H
+#define KVSERDE_PIPELINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "export.h"
+#include "memobj.h"
+#include "serde.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The frame's 64-bit key fingerprint: XXH3-64 of the key's canonical bytes
+ * (docs/frame_format.md). 0 for NULL. */
+KVS_API uint64_t kvs_object_key_fingerprint(const kvs_object_key *key);
+
+/* The stage types this build knows, in registry order: up to cap names into
+ * names[]; returns the total count. */
+KVS_API size_t kvs_pipeline_stage_types(const char **names, size_t cap);
+
+/* What a frame's header says, for inspect and scrubs. */
+#define KVS_FRAME_INFO_MAX_STAGES 16
+typedef struct kvs_frame_info {
+    unsigned version;
+    int keyed;                /* bound to an object key */
+    uint64_t key_fingerprint; /* 0 when not keyed */
+    size_t header_bytes;
+    uint64_t payload_bytes;
+    kvs_memory_format format;
+    kvs_layout layout;
+    uint32_t nstages;
+    struct {
+        char name[32];
+        char params[192]; /* the parameters as a JSON object */
+    } stages[KVS_FRAME_INFO_MAX_STAGES];
+} kvs_frame_info;
+
+/* 1 if blob[0..len) starts like a frame (its magic), else 0. */
+KVS_API int kvs_frame_detect(const void *blob, size_t len);
+
+/* Parse and check a frame's header against the blob (not its payload's
+ * checks: see kvs_pipeline_verify). KVS_OK with *out filled, or
+ * KVS_ECORRUPT / KVS_EUNSUPPORTED as for deserialize. */
+KVS_API int kvs_frame_inspect(const void *blob, size_t len, kvs_frame_info *out);
+
+/* Check a stored blob without decoding it: the header, the key binding
+ * (skipped for a NULL key), every checksum and, with the deserializer's
+ * keys, the encryption tag. `de` must be a pipeline deserializer (its keys
+ * are used; one without key files can still check unencrypted frames and
+ * refuses encrypted ones with KVS_EAUTH). Returns KVS_OK or the code
+ * deserialize would return. */
+KVS_API int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
+                                const kvs_object_key *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSERDE_PIPELINE_H */

@@ -1,0 +1,555 @@
+/* pipeline.c - the "pipeline" serde (pipeline.h): a typed stage and bytes
+ * stages, run in order into one frame, and back.
+ *
+ * Where the bytes go. The frame is header | payload in dst. The typed stage
+ * writes into a region, each check appends to the region it finds, each
+ * transform that cannot work in place writes into the other region. The
+ * regions are dst's payload area and one scratch buffer, chosen so that the
+ * last stage ends in dst: with an odd number of out-of-place transforms the
+ * typed stage starts in the scratch. The header is written last (it holds
+ * the payload length), except that a stage that authenticates the header
+ * (encryption, always last) gets it just before it runs.
+ *
+ * Fusion. When the typed stage can encode any output range on its own and a
+ * checksum follows it, the output is produced in blocks of FUSE_BLOCK bytes
+ * and each block is checksummed while it is still in cache, instead of a
+ * second pass over memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame/frame.h"
+#include "frame/stage.h"
+#include "kvserde/error.h"
+#include "kvserde/pipeline.h"
+#include "kvserde/registry.h"
+#include "serde/builtins.h"
+
+/* Output bytes per fused block: the fp8 encoder then reads 128 KiB of
+ * bfloat16 and writes 64 KiB, both well inside a 1 MiB L2. */
+#define FUSE_BLOCK ((uint64_t)64 << 10)
+
+typedef struct pipeline_serializer {
+    kvs_serializer base;
+    uint32_t nstages;
+    kvs_stage *stages[KVS_FRAME_MAX_STAGES];
+} pipeline_serializer;
+
+typedef struct pipeline_deserializer {
+    kvs_deserializer base;
+    kvs_keyring *keyring; /* NULL: no key files configured */
+} pipeline_deserializer;
+
+/* ---------------------------------------------------------------------
+ * Creation: the stage list and its ordering rules
+ * ------------------------------------------------------------------ */
+
+static void stages_destroy(kvs_stage **stages, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (stages[i]) stages[i]->type->destroy(stages[i]);
+}
+
+static int is_encryption(const kvs_stage_type *t)
+{
+    return t->kind == KVS_STAGE_TRANSFORM && t->needs_header;
+}
+
+/* The rules of pipeline.h, stage i of type t after the stages before it. */
+static int check_order(const kvs_stage_type *const *types, uint32_t i)
+{
+    const kvs_stage_type *t = types[i];
+    if ((i == 0) != (t->kind == KVS_STAGE_TYPED)) {
+        if (i == 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage 0 '%s' is a bytes stage; the chain starts "
+                                 "with one typed stage (bytes or fp8)",
+                                 t->name);
+        return kvs_set_error(KVS_EINVAL,
+                             "pipeline: stage %u '%s' is a typed stage; only stage 0 may be "
+                             "typed (tensor -> bytes), the rest are bytes stages",
+                             i, t->name);
+    }
+    for (uint32_t j = 1; j < i; j++) {
+        const kvs_stage_type *before = types[j];
+        if (is_encryption(before))
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage %u '%s' follows the encryption at stage %u "
+                                 "'%s'; encryption must be the last stage",
+                                 i, t->name, j, before->name);
+        if (before->kind == KVS_STAGE_CHECK && t->kind == KVS_STAGE_CHECK)
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: at most one checksum stage: stage %u '%s' and "
+                                 "stage %u '%s'",
+                                 j, before->name, i, t->name);
+        if (before->kind == KVS_STAGE_CHECK && t->kind == KVS_STAGE_TRANSFORM &&
+            !is_encryption(t))
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage %u '%s' rewrites the bytes after the "
+                                 "checksum at stage %u '%s'; put it before the checksum "
+                                 "and the encryption",
+                                 i, t->name, j, before->name);
+    }
+    return KVS_OK;
+}
+
+static int parse_stages(const json_t *kwargs, kvs_stage **stages, uint32_t *nstages)
+{
+    static const char *const known[] = {"stages", NULL};
+    int rc = kvs_json_check_keys(kwargs, "pipeline", "kwarg", known);
+    if (rc) return rc;
+    const json_t *list = json_object_get(kwargs, "stages");
+    if (list == NULL)
+        return kvs_set_error(KVS_EINVAL,
+                             "pipeline: \"stages\" is required: a list such as "
+                             "[{\"type\": \"fp8\"}, {\"type\": \"crc32c\"}]");
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return kvs_set_error(KVS_EINVAL,
+                             "pipeline: \"stages\" must be a non-empty list of stage objects, "
+                             "got %s%s",
+                             json_is_array(list) ? "an empty " : "", kvs_json_type_name(list));
+    size_t n = json_array_size(list);
+    if (n > KVS_FRAME_MAX_STAGES)
+        return kvs_set_error(KVS_EINVAL, "pipeline: %zu stages; at most %d", n,
+                             KVS_FRAME_MAX_STAGES);
+    const kvs_stage_type *types[KVS_FRAME_MAX_STAGES];
+    int checked = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *st = json_array_get(list, i);
+        const json_t *type = json_object_get(st, "type");
+        if (!json_is_object(st) || !json_is_string(type))
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage %zu must be an object with a string "
+                                 "\"type\"; got %s",
+                                 i, kvs_json_type_name(st));
+        types[i] = kvs_stage_type_by_name(json_string_value(type));
+        if (types[i] == NULL)
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage %zu: unknown stage type '%s'; known: %s", i,
+                                 json_string_value(type), kvs_stage_type_list_text());
+        rc = check_order(types, (uint32_t)i);
+        if (rc) return rc;
+        if (types[i]->kind == KVS_STAGE_CHECK || is_encryption(types[i])) checked = 1;
+    }
+    /* Every frame's payload is checked (pipeline.h): crc32c is appended to
+     * a chain that has neither a checksum nor encryption. */
+    if (!checked && n == KVS_FRAME_MAX_STAGES)
+        return kvs_set_error(KVS_EINVAL,
+                             "pipeline: %zu stages and no checksum; at most %d before the "
+                             "crc32c that is appended",
+                             n, KVS_FRAME_MAX_STAGES - 1);
+    json_t *crc = checked ? NULL : json_pack("{s:s}", "type", "crc32c");
+    if (!checked && crc == NULL) return kvs_set_error(KVS_ENOMEM, "pipeline: out of memory");
+    *nstages = 0;
+    for (size_t i = 0; i < n + !checked && rc == KVS_OK; i++) {
+        rc = i < n ? types[i]->create(json_array_get(list, i), &stages[i])
+                   : kvs_stage_crc32c_type.create(crc, &stages[i]);
+        if (rc == KVS_OK) *nstages = (uint32_t)i + 1;
+    }
+    json_decref(crc);
+    if (rc) {
+        stages_destroy(stages, *nstages);
+        *nstages = 0;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------
+ * Serialize
+ * ------------------------------------------------------------------ */
+
+/* The per-blob parameters of every stage. */
+typedef struct blob_params {
+    size_t n[KVS_FRAME_MAX_STAGES];
+    uint16_t ids[KVS_FRAME_MAX_STAGES];
+    uint8_t bytes[KVS_FRAME_MAX_STAGES][KVS_STAGE_PARAMS_MAX];
+    const uint8_t *ptr[KVS_FRAME_MAX_STAGES];
+} blob_params;
+
+static void params_sizes(const pipeline_serializer *self, blob_params *bp)
+{
+    for (uint32_t i = 0; i < self->nstages; i++) {
+        const kvs_stage *st = self->stages[i];
+        bp->n[i] = st->type->params_size(st);
+        bp->ids[i] = st->type->id;
+        bp->ptr[i] = bp->bytes[i];
+    }
+}
+
+/* Header size and the payload's bound for `layout`. */
+static int bounds(const pipeline_serializer *self, const kvs_layout *layout, size_t *header,
+                  size_t *payload)
+{
+    const kvs_stage *typed = self->stages[0];
+    size_t b;
+    int rc = typed->type->typed_bound(typed, layout, &b);
+    if (rc) return rc;
+    for (uint32_t i = 1; i < self->nstages; i++) {
+        size_t next = self->stages[i]->type->bytes_bound(self->stages[i], b);
+        if (next < b)
+            return kvs_set_error(KVS_ENOMEM, "pipeline: size of %zu bytes overflows at stage "
+                                 "%u '%s'", b, i, self->stages[i]->type->name);
+        b = next;
+    }
+    blob_params bp;
+    params_sizes(self, &bp);
+    *header = kvs_frame_header_size(layout, bp.n, self->nstages);
+    if (b > SIZE_MAX - *header)
+        return kvs_set_error(KVS_ENOMEM, "pipeline: a frame of %zu payload bytes overflows", b);
+    *payload = b;
+    return KVS_OK;
+}
+
+static int pipeline_estimate(const kvs_serializer *s, const kvs_layout *layout, size_t *nbytes)
+{
+    const pipeline_serializer *self = KVS_CONTAINER_OF(s, const pipeline_serializer, base);
+    size_t h, p;
+    int rc = bounds(self, layout, &h, &p);
+    if (rc == KVS_OK) *nbytes = h + p;
+    return rc;
+}
+
+/* The typed stage into `out`, with the checksum at stage 1 fused into it
+ * when that is possible (*fused = 1 then). */
+static int run_typed(const pipeline_serializer *self, const kvs_memobj *src, uint8_t *out,
+                     size_t cap, size_t *n, int *fused)
+{
+    const kvs_stage *typed = self->stages[0];
+    const kvs_stage *check = self->nstages > 1 ? self->stages[1] : NULL;
+    *fused = 0;
+    if (typed->type->typed_encode_range == NULL || check == NULL ||
+        check->type->kind != KVS_STAGE_CHECK)
+        return typed->type->typed_encode(typed, src, out, cap, n);
+    size_t total;
+    int rc = typed->type->typed_bound(typed, &src->layout, &total);
+    if (rc) return rc;
+    void *state;
+    rc = check->type->check_stream_new(&state);
+    if (rc) return rc;
+    for (uint64_t b = 0; b < total && rc == KVS_OK; b += FUSE_BLOCK) {
+        uint64_t e = total - b < FUSE_BLOCK ? total : b + FUSE_BLOCK;
+        rc = typed->type->typed_encode_range(typed, src, out, b, e);
+        if (rc == KVS_OK) check->type->check_stream_update(state, out + b, (size_t)(e - b));
+    }
+    check->type->check_stream_final(state, out + total);
+    if (rc) return rc;
+    *n = total + check->type->digest_size;
+    *fused = 1;
+    return KVS_OK;
+}
+
+static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                              const kvs_object_key *key, size_t *nwritten)
+{
+    pipeline_serializer *self = KVS_CONTAINER_OF(s, pipeline_serializer, base);
+    size_t h, bound;
+    int rc = bounds(self, &src->layout, &h, &bound);
+    if (rc) return rc;
+    if (dst->capacity < h + bound)
+        return kvs_set_error(KVS_ENOSPC, "pipeline: destination too small: %zu bytes, need %zu",
+                             dst->capacity, h + bound);
+    blob_params bp;
+    params_sizes(self, &bp);
+    for (uint32_t i = 0; i < self->nstages; i++) {
+        const kvs_stage *st = self->stages[i];
+        rc = st->type->write_params(st, bp.bytes[i]);
+        if (rc) return rc;
+    }
+    unsigned out_of_place = 0;
+    for (uint32_t i = 1; i < self->nstages; i++)
+        if (self->stages[i]->type->kind == KVS_STAGE_TRANSFORM && !self->stages[i]->type->in_place)
+            out_of_place++;
+    uint8_t *payload = (uint8_t *)dst->data + h, *scratch = NULL;
+    if (out_of_place && (scratch = malloc(bound)) == NULL)
+        return kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for a %zu-byte scratch buffer",
+                             bound);
+    uint8_t *cur = out_of_place % 2 ? scratch : payload;
+    uint8_t *other = out_of_place % 2 ? payload : scratch;
+    uint8_t header[KVS_FRAME_HEADER_MAX];
+    int header_done = 0;
+    size_t n;
+    int fused;
+    rc = run_typed(self, src, cur, bound, &n, &fused);
+    for (uint32_t i = 1 + (uint32_t)fused; rc == KVS_OK && i < self->nstages; i++) {
+        const kvs_stage *st = self->stages[i];
+        const kvs_stage_type *t = st->type;
+        if (t->kind == KVS_STAGE_CHECK) {
+            t->check_digest(cur, n, cur + n);
+            n += t->digest_size;
+            continue;
+        }
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL};
+        if (t->needs_header) {
+            kvs_frame_write_header(header, &src->layout, src->format, key, t->bytes_bound(st, n),
+                                   bp.ids, bp.ptr, bp.n, self->nstages);
+            header_done = 1;
+            ctx.header = header;
+            ctx.header_len = h;
+        }
+        uint8_t *to = t->in_place ? cur : other;
+        size_t m;
+        rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, cur, n, to, bound, &m);
+        if (rc == KVS_OK && t->needs_header && m != t->bytes_bound(st, n))
+            rc = kvs_set_error(KVS_EINVAL, "pipeline: stage '%s' wrote %zu bytes, announced %zu",
+                               t->name, m, t->bytes_bound(st, n));
+        if (rc == KVS_OK && !t->in_place) {
+            other = cur;
+            cur = to;
+        }
+        n = m;
+    }
+    free(scratch);
+    if (rc) return rc;
+    if (!header_done)
+        kvs_frame_write_header(header, &src->layout, src->format, key, n, bp.ids, bp.ptr, bp.n,
+                               self->nstages);
+    memcpy(dst->data, header, h);
+    *nwritten = h + n;
+    return KVS_OK;
+}
+
+static void pipeline_serializer_destroy(kvs_serializer *s)
+{
+    pipeline_serializer *self = KVS_CONTAINER_OF(s, pipeline_serializer, base);
+    stages_destroy(self->stages, self->nstages);
+    free(self);
+}
+
+static const struct kvs_serializer_ops pipeline_serializer_ops = {
+    .name = "pipeline",
+    .serialize = pipeline_serialize,
+    .estimate_serialized_size = pipeline_estimate,
+    .destroy = pipeline_serializer_destroy,
+};
+
+/* ---------------------------------------------------------------------
+ * Deserialize and verify
+ * ------------------------------------------------------------------ */
+
+static int check_key(const kvs_frame *f, const kvs_object_key *key)
+{
+    if (key == NULL) return KVS_OK; /* nothing to bind to (pipeline.h) */
+    char who[128];
+    kvs_key_describe(key, who, sizeof who);
+    if (!(f->flags & KVS_FRAME_FLAG_KEYED))
+        return kvs_set_error(KVS_EKEY,
+                             "pipeline: blob was written without an object key, loaded for %s",
+                             who);
+    uint64_t fp = kvs_object_key_fingerprint(key);
+    if (fp != f->key_fingerprint)
+        return kvs_set_error(KVS_EKEY,
+                             "pipeline: blob was written for another key: stored key "
+                             "fingerprint %016llx, loading %s",
+                             (unsigned long long)f->key_fingerprint, who);
+    return KVS_OK;
+}
+
+static int check_layout(const kvs_frame *f, const kvs_layout *dst)
+{
+    if (kvs_layout_equal(&f->layout, dst)) return KVS_OK;
+    char a[256], b[256];
+    kvs_layout_format(&f->layout, a, sizeof a);
+    kvs_layout_format(dst, b, sizeof b);
+    return kvs_set_error(KVS_ECORRUPT,
+                         "pipeline: stored object is %s (%llu bytes), destination layout is %s "
+                         "(%llu bytes)",
+                         a, (unsigned long long)kvs_layout_nbytes(&f->layout), b,
+                         (unsigned long long)kvs_layout_nbytes(dst));
+}
+
+/* Undo the bytes stages, last first: checks verify in place, transforms
+ * write into scratch buffers (never dst). On success *out / *outn are the
+ * typed stage's bytes, and *owned the buffer to free (or NULL). */
+static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
+                             const kvs_keyring *keyring, const uint8_t **out, size_t *outn,
+                             uint8_t **owned)
+{
+    const uint8_t *cur = f->payload;
+    size_t n = (size_t)f->payload_len;
+    uint8_t *held = NULL;
+    char who[128];
+    kvs_key_describe(key, who, sizeof who);
+    int rc = KVS_OK;
+    for (uint32_t i = f->nstages; i-- > 1 && rc == KVS_OK;) {
+        const kvs_frame_stage *fs = &f->stages[i];
+        const kvs_stage_type *t = fs->type;
+        if (t->kind == KVS_STAGE_CHECK) {
+            size_t d = t->digest_size;
+            uint8_t digest[16];
+            if (n < d) {
+                rc = kvs_set_error(KVS_ECORRUPT,
+                                   "%s: payload damaged: %zu bytes, shorter than the %zu-byte "
+                                   "checksum (%s)",
+                                   t->name, n, d, who);
+                break;
+            }
+            n -= d;
+            t->check_digest(cur, n, digest);
+            if (memcmp(digest, cur + n, d) != 0) {
+                uint64_t got = 0, want = 0;
+                for (size_t b = d; b-- > 0;) {
+                    got = got << 8 | digest[b];
+                    want = want << 8 | cur[n + b];
+                }
+                rc = kvs_set_error(KVS_ECORRUPT,
+                                   "%s: payload damaged: checksum %0*llx over %zu bytes, stored "
+                                   "%0*llx (%s)",
+                                   t->name, (int)(2 * d), (unsigned long long)got, n,
+                                   (int)(2 * d), (unsigned long long)want, who);
+            }
+            continue;
+        }
+        size_t m;
+        rc = t->transform_decoded_size(fs->params, fs->nparams, cur, n, &m);
+        if (rc) break;
+        uint8_t *next = malloc(m ? m : 1);
+        if (next == NULL) {
+            rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
+            break;
+        }
+        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring};
+        size_t got;
+        rc = t->transform_decode(fs->params, fs->nparams, &ctx, cur, n, next, m, &got);
+        if (rc == KVS_OK && got != m)
+            rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name, got,
+                               m);
+        free(held);
+        held = next;
+        cur = next;
+        n = m;
+    }
+    if (rc) {
+        free(held);
+        return rc;
+    }
+    *out = cur;
+    *outn = n;
+    *owned = held;
+    return KVS_OK;
+}
+
+static int open_frame(const void *blob, size_t len, const kvs_object_key *key, kvs_frame *f)
+{
+    int rc = kvs_frame_parse(blob, len, "pipeline", f);
+    if (rc == KVS_OK) rc = check_key(f, key);
+    return rc;
+}
+
+static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memobj *dst,
+                                const kvs_object_key *key)
+{
+    pipeline_deserializer *self = KVS_CONTAINER_OF(d, pipeline_deserializer, base);
+    kvs_frame f;
+    int rc = open_frame(src->data, src->used_size, key, &f);
+    if (rc == KVS_OK) rc = check_layout(&f, &dst->layout);
+    if (rc) return rc;
+    const uint8_t *bytes;
+    size_t n;
+    uint8_t *owned;
+    rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
+    if (rc) return rc;
+    const kvs_frame_stage *typed = &f.stages[0];
+    rc = typed->type->typed_decode(typed->params, typed->nparams, bytes, n, dst);
+    free(owned);
+    return rc;
+}
+
+int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
+                        const kvs_object_key *key)
+{
+    if (de == NULL || (blob == NULL && len > 0))
+        return kvs_set_error(KVS_EINVAL, "pipeline: verify: NULL argument");
+    if (strcmp(de->ops->name, "pipeline") != 0)
+        return kvs_set_error(KVS_EINVAL, "pipeline: verify needs a pipeline deserializer, got '%s'",
+                             de->ops->name);
+    pipeline_deserializer *self = KVS_CONTAINER_OF(de, pipeline_deserializer, base);
+    kvs_frame f;
+    int rc = open_frame(blob, len, key, &f);
+    if (rc) return rc;
+    const uint8_t *bytes;
+    size_t n;
+    uint8_t *owned;
+    rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
+    free(owned);
+    return rc;
+}
+
+static void pipeline_deserializer_destroy(kvs_deserializer *d)
+{
+    pipeline_deserializer *self = KVS_CONTAINER_OF(d, pipeline_deserializer, base);
+    kvs_keyring_free(self->keyring);
+    free(self);
+}
+
+static const struct kvs_deserializer_ops pipeline_deserializer_ops = {
+    .name = "pipeline",
+    .deserialize = pipeline_deserialize,
+    .destroy = pipeline_deserializer_destroy,
+};
+
+/* ---------------------------------------------------------------------
+ * The factory and the public helpers
+ * ------------------------------------------------------------------ */
+
+int kvs_pipeline_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *out)
+{
+    (void)userdata;
+    pipeline_serializer *s = calloc(1, sizeof *s);
+    pipeline_deserializer *d = calloc(1, sizeof *d);
+    if (s == NULL || d == NULL) {
+        free(s);
+        free(d);
+        return kvs_set_error(KVS_ENOMEM, "pipeline: out of memory creating the serde");
+    }
+    int rc = parse_stages(kwargs, s->stages, &s->nstages);
+    if (rc == KVS_OK) rc = kvs_keyring_from_config(json_object_get(kwargs, "stages"), &d->keyring);
+    if (rc) {
+        stages_destroy(s->stages, s->nstages);
+        free(s);
+        free(d);
+        return rc;
+    }
+    s->base.ops = &pipeline_serializer_ops;
+    d->base.ops = &pipeline_deserializer_ops;
+    out->serializer = &s->base;
+    out->deserializer = &d->base;
+    return KVS_OK;
+}
+
+size_t kvs_pipeline_stage_types(const char **names, size_t cap)
+{
+    return kvs_stage_type_names(names, names ? cap : 0);
+}
+
+int kvs_frame_detect(const void *blob, size_t len)
+{
+    return blob != NULL && kvs_frame_is_framed(blob, len);
+}
+
+int kvs_frame_inspect(const void *blob, size_t len, kvs_frame_info *out)
+{
+    if ((blob == NULL && len > 0) || out == NULL)
+        return kvs_set_error(KVS_EINVAL, "frame: inspect: NULL argument");
+    kvs_frame f;
+    int rc = kvs_frame_parse(blob, len, "frame", &f);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+    out->version = f.version;
+    out->keyed = (f.flags & KVS_FRAME_FLAG_KEYED) != 0;
+    out->key_fingerprint = f.key_fingerprint;
+    out->header_bytes = f.header_len;
+    out->payload_bytes = f.payload_len;
+    out->format = f.format;
+    out->layout = f.layout;
+    out->nstages = f.nstages;
+    for (uint32_t i = 0; i < f.nstages; i++) {
+        const kvs_frame_stage *fs = &f.stages[i];
+        snprintf(out->stages[i].name, sizeof out->stages[i].name, "%s", fs->type->name);
+        json_t *p = fs->type->describe_params(fs->params, fs->nparams);
+        char *text = p ? json_dumps(p, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        snprintf(out->stages[i].params, sizeof out->stages[i].params, "%s", text ? text : "{}");
+        free(text);
+        json_decref(p);
+    }
+    return KVS_OK;
+}

@@ -1,0 +1,51 @@
+/* stage_registry.c - the table of built-in stage types, looked up by the
+ * JSON name (pipeline creation) and by the frame id (parsing). A table and
+ * not a registration call: stage ids are part of the frame format, so the
+ * set of stages a build reads is fixed when it is built. */
+#include <pthread.h>
+#include <string.h>
+
+#include "frame/stage.h"
+#include "util/name_list.h"
+
+static const kvs_stage_type *const stage_types[] = {
+    &kvs_stage_bytes_type,  &kvs_stage_fp8_type,    &kvs_stage_crc32c_type,
+    &kvs_stage_xxh3_type,   &kvs_stage_aes_gcm_type,
+};
+#define NTYPES (sizeof stage_types / sizeof stage_types[0])
+
+const kvs_stage_type *kvs_stage_type_by_name(const char *name)
+{
+    for (size_t i = 0; name && i < NTYPES; i++)
+        if (strcmp(stage_types[i]->name, name) == 0) return stage_types[i];
+    return NULL;
+}
+
+const kvs_stage_type *kvs_stage_type_by_id(uint16_t id)
+{
+    for (size_t i = 0; i < NTYPES; i++)
+        if (stage_types[i]->id == id) return stage_types[i];
+    return NULL;
+}
+
+size_t kvs_stage_type_names(const char **names, size_t cap)
+{
+    for (size_t i = 0; i < NTYPES && i < cap; i++) names[i] = stage_types[i]->name;
+    return NTYPES;
+}
+
+static char list_text[256];
+
+static void build_list_text(void)
+{
+    const char *names[NTYPES];
+    kvs_stage_type_names(names, NTYPES);
+    kvs_names_join(names, NTYPES, "(none)", list_text, sizeof list_text);
+}
+
+const char *kvs_stage_type_list_text(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_list_text);
+    return list_text;
+}
