@@ -9,5 +9,6 @@ int kvs_cmd_bench(int argc, char **argv);
 int kvs_cmd_encode(int argc, char **argv);
 int kvs_cmd_decode(int argc, char **argv);
 int kvs_cmd_inspect(int argc, char **argv);
+int kvs_cmd_verify(int argc, char **argv);
 
 #endif

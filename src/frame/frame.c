@@ -88,7 +88,7 @@ void kvs_key_describe(const kvs_object_key *key, char *buf, size_t cap)
         snprintf(buf, cap, "no key");
         return;
     }
-    snprintf(buf, cap, "key %016llx (model '%.64s')",
+    snprintf(buf, cap, "key %016llx, model '%.64s'",
              (unsigned long long)kvs_object_key_fingerprint(key), key->model_name);
 }
 
