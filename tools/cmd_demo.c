@@ -26,6 +26,7 @@ typedef struct demo_options {
     const char *l2;      /* a whole adapter spec, or NULL */
     unsigned long seed;
     double min_cosine;   /* below this a chunk counts as wrong */
+    int serde_given;     /* --serde was on the command line */
 } demo_options;
 
 static void demo_usage(FILE *out)
@@ -243,16 +244,32 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return remove(path);
 }
 
+/* The adapter: --l2's spec, or an fs adapter in `dir`; --serde goes into
+ * either (a spec that has its own "serde" and a --serde are refused, so
+ * neither is silently ignored). */
 static int make_adapter(const demo_options *o, const char *dir, kvs_l2_adapter **out)
 {
-    if (o->l2) return kvs_l2_create(o->l2, out);
-    json_t *spec = json_pack("{s:s, s:s}", "type", "fs", "path", dir);
-    if (strcmp(o->serde, "none") != 0) {
+    json_t *spec;
+    if (o->l2) {
+        json_error_t err;
+        spec = json_loads(o->l2, JSON_REJECT_DUPLICATES, &err);
+        if (spec == NULL)
+            return kvs_set_error(KVS_EINVAL, "--l2 is not JSON: %s (column %d)", err.text,
+                                 err.column);
+        if (o->serde_given && json_object_get(spec, "serde")) {
+            json_decref(spec);
+            return kvs_set_error(KVS_EINVAL,
+                                 "--serde and a \"serde\" inside --l2 both given; use one");
+        }
+    } else {
+        spec = json_pack("{s:s, s:s}", "type", "fs", "path", dir);
+    }
+    if ((!o->l2 || o->serde_given) && strcmp(o->serde, "none") != 0) {
         json_error_t err;
         json_t *serde = json_loads(o->serde, 0, &err);
         if (serde == NULL) {
             json_decref(spec);
-            return kvs_set_error(KVS_EINVAL, "demo: --serde is not JSON: %s (column %d)",
+            return kvs_set_error(KVS_EINVAL, "--serde is not JSON: %s (column %d)",
                                  err.text, err.column);
         }
         json_object_set_new(spec, "serde", serde);
@@ -274,7 +291,7 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 int kvs_cmd_demo(int argc, char **argv)
 {
     demo_options o = {32, 8, 128, 256, 8, KVS_DTYPE_BFLOAT16, "{\"type\": \"fp8\"}", NULL,
-                      NULL, 1, 0.99};
+                      NULL, 1, 0.99, 0};
     static const struct option longopts[] = {
         {"layers", required_argument, 0, 'L'}, {"heads", required_argument, 0, 'H'},
         {"head-dim", required_argument, 0, 'D'}, {"tokens", required_argument, 0, 'T'},
@@ -299,7 +316,7 @@ int kvs_cmd_demo(int argc, char **argv)
                   (o.dtype != KVS_DTYPE_BFLOAT16 && o.dtype != KVS_DTYPE_FLOAT16 &&
                    o.dtype != KVS_DTYPE_FLOAT32);
             break;
-        case 's': o.serde = optarg; break;
+        case 's': o.serde = optarg, o.serde_given = 1; break;
         case 'o': o.store = optarg; break;
         case 'l': o.l2 = optarg; break;
         case 'r': bad = parse_long(optarg, 0, 1L << 40, &v), o.seed = (unsigned long)v; break;
@@ -436,7 +453,7 @@ int kvs_cmd_demo(int argc, char **argv)
     char lbuf[128];
     printf("kvserde demo\n");
     printf("  adapter      %s\n", o.l2 ? o.l2 : dir);
-    printf("  serde        %s\n", o.l2 ? "(from --l2)" : o.serde);
+    printf("  serde        %s\n", o.l2 && !o.serde_given ? "(from --l2)" : o.serde);
     printf("  chunks       %zu x %s (%s)\n", n, kvs_layout_format(&layout, lbuf, sizeof lbuf),
            "KV_2LTD");
     printf("  found        %zu of %zu at lookup, %zu loaded\n", found, n, loaded);
