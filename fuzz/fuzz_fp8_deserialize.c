@@ -8,7 +8,7 @@
  * Properties:
  *   - deserialize refuses (a KVS_E* code and a message, the destination
  *     untouched: still the canary) or succeeds; it succeeds only if the
- *     source holds at least one byte per destination element and every
+ *     source holds exactly one byte per destination element and every
  *     destination dtype is float32 / float16 / bfloat16;
  *   - every kernel variant this CPU has (scalar, avx2, avx512) writes the
  *     same bytes as the scalar reference, for deserialize and, on the same
@@ -122,7 +122,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *ref = NULL;
     int rc = run(de, &src, &layout, &ref, nbytes);
     if (rc == KVS_OK)
-        FZ_ASSERT(all_wide && used >= total,
+        FZ_ASSERT(all_wide && used == total,
                   "accepted %zu source bytes for %" PRIu64 " elements (all float dtypes: %d)",
                   used, total, all_wide);
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {

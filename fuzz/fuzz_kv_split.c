@@ -11,7 +11,7 @@
  *   - inspect and deserialize refuse (KVS_E* code and message) or succeed;
  *     a refused deserialize leaves every destination untouched (canary);
  *   - deserialize never accepts a blob that inspect refuses (inspect is the
- *     complete validation), and its totals fit in the blob;
+ *     complete validation), nor one with bytes after its total size;
  *   - a present destination slot that the blob does not hold, or of
  *     another element count, is refused.
  */
@@ -116,6 +116,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == KVS_OK) {
         FZ_ASSERT(n == 2, "a group of length %zu accepted", n);
         FZ_ASSERT(irc == KVS_OK, "deserialize accepted a blob that inspect refuses (%d)", irc);
+        FZ_ASSERT(info.total_size == len, "deserialize accepted %zu bytes of a %" PRIu64
+                  "-byte blob", len, info.total_size);
         for (int s = 0; s < 2; s++) {
             if (!present[s]) continue;
             FZ_ASSERT(info.slots[s].present, "slot %d filled from a blob without it", s);

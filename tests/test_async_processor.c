@@ -2031,7 +2031,8 @@ static void test_split_fp8_refusals_unchanged(void)
         CHECK_EQ_INT(wait_done(p, DE, id, &r[w]), KVS_TASK_FAILED);
         CHECK_EQ_INT(r[w].status, KVS_ECORRUPT);
         CHECK_EQ_STR(r[w].message, "processor: deserialize object 0 of 1 failed: fp8: "
-                                   "source too small: 10 bytes, need 100000");
+                                   "stored object is 10 bytes, destination layout "
+                                   "needs 100000");
         kvs_memobj_free(small);
         kvs_memobj_free(big);
     }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvserde/kvserde.h"
 
 static kvs_serializer *ser;
@@ -206,16 +207,51 @@ static void test_src_truncated(void)
     REQUIRE_OK(kvs_memobj_init(&src, codes, sizeof codes, &bl, KVS_FMT_BINARY_BUFFER));
     REQUIRE_OK(kvs_memobj_set_used_size(&src, 99));
     CHECK_ERR(kvs_deserialize(de, &src, dst, NULL), KVS_ECORRUPT,
-              "fp8: source too small: 99 bytes, need 100");
+              "fp8: stored object is 99 bytes, destination layout needs 100");
     const uint8_t *d = dst->data;
     size_t touched = 0;
     for (size_t i = 0; i < 200; i++) touched += d[i] != 0x77;
     CHECK_EQ_U64(touched, 0);
-    /* a larger (padded) source is fine: only dst's element count is read */
+    /* exactly the element count loads */
     REQUIRE_OK(kvs_memobj_set_used_size(&src, 100));
     CHECK_OK(kvs_deserialize(de, &src, dst, NULL));
     CHECK_EQ_INT(((uint16_t *)dst->data)[99], 0x3C00); /* 1.0 in float16 */
     kvs_memobj_free(dst);
+}
+
+/* Issue 17 item 3: a stored [2,4,64,256] object into a [2,4,48,256]
+ * destination (and the reverse) is refused, KVS_ECORRUPT with both sizes,
+ * the destination untouched. */
+static void test_wrong_size_destination_refused(void)
+{
+    kvs_memobj *src64 = kvs_test_kv_obj(64, 256, 0), *src48 = kvs_test_kv_obj(48, 256, 0);
+    for (size_t i = 0; i < src64->capacity / 2; i++) ((uint16_t *)src64->data)[i] = 0x3F80;
+    for (size_t i = 0; i < src48->capacity / 2; i++) ((uint16_t *)src48->data)[i] = 0xBF80;
+    kvs_layout bl;
+    kvs_memobj *blob64, *blob48;
+    REQUIRE_OK(kvs_layout_flat(&bl, 131072, KVS_DTYPE_UINT8));
+    REQUIRE_OK(kvs_memobj_alloc(&bl, KVS_FMT_BINARY_BUFFER, &blob64));
+    REQUIRE_OK(kvs_layout_flat(&bl, 98304, KVS_DTYPE_UINT8));
+    REQUIRE_OK(kvs_memobj_alloc(&bl, KVS_FMT_BINARY_BUFFER, &blob48));
+    size_t n;
+    REQUIRE_OK(kvs_serialize(ser, src64, blob64, NULL, &n));
+    CHECK_EQ_U64(n, 131072);
+    REQUIRE_OK(kvs_serialize(ser, src48, blob48, NULL, &n));
+    CHECK_EQ_U64(n, 98304);
+    kvs_memobj *dst48 = kvs_test_kv_obj(48, 256, 0x77);
+    kvs_memobj *dst64 = kvs_test_kv_obj(64, 256, 0x77);
+    CHECK_ERR(kvs_deserialize(de, blob64, dst48, NULL), KVS_ECORRUPT,
+              "fp8: stored object is 131072 bytes, destination layout needs 98304");
+    CHECK_ERR(kvs_deserialize(de, blob48, dst64, NULL), KVS_ECORRUPT,
+              "fp8: stored object is 98304 bytes, destination layout needs 131072");
+    CHECK(kvs_test_all_bytes(dst48, 0x77) && kvs_test_all_bytes(dst64, 0x77));
+    /* the matching sizes load */
+    CHECK_OK(kvs_deserialize(de, blob48, dst48, NULL));
+    CHECK_OK(kvs_deserialize(de, blob64, dst64, NULL));
+    CHECK(memcmp(dst64->data, src64->data, src64->capacity) == 0); /* +-1.0 are exact */
+    CHECK(memcmp(dst48->data, src48->data, src48->capacity) == 0);
+    kvs_memobj *all[] = {src64, src48, blob64, blob48, dst48, dst64};
+    for (size_t i = 0; i < 6; i++) kvs_memobj_free(all[i]);
 }
 
 /* Unsupported dtypes, named, in any group, refused before writing. */
@@ -334,6 +370,7 @@ int main(void)
     RUN(test_unsupported_dtypes);
     RUN(test_null_objects);
     RUN(test_e5m2_all_destination_dtypes);
+    RUN(test_wrong_size_destination_refused);
     kvs_serializer_destroy(ser);
     kvs_deserializer_destroy(de);
     return TEST_SUMMARY();

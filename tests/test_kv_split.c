@@ -1229,8 +1229,8 @@ static void test_deserialize_refusals(void)
         sentinel(v9);
         sentinel(u8);
         kvs_memobj *dst[2] = {f.ko, v9};
-        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst, 2, NULL), KVS_EINVAL,
-                  "kv_split: V element count mismatch: blob holds 8, destination has 9");
+        CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst, 2, NULL), KVS_ECORRUPT,
+                  "kv_split: stored V slot holds 8 elements, destination layout needs 9");
         CHECK(untouched(f.ko) && untouched(v9));
         kvs_memobj *dst2[2] = {u8, f.vo};
         CHECK_ERR(kvs_multi_deserialize(f.d, f.work, dst2, 2, NULL), KVS_EINVAL,
@@ -1275,11 +1275,15 @@ static void test_deserialize_refusals(void)
              kvs_crc32c(0, f.blob->data, 104) ^ 0x01000000u, kvs_crc32c(0, b, 104));
     DE_ERR(&f, KVS_ECORRUPT, msg);
 
-    /* Bytes after the declared length are ignored. */
+    /* Bytes after the declared length: inspect ignores them, deserialize
+     * refuses them (a stored object of another size). */
     b = fresh(&f);
     memset(b + 108, 0x77, 40);
     kvs_memobj_set_used_size(f.work, 148);
-    CHECK_OK(run(&f));
+    DE_ERR(&f, KVS_ECORRUPT, "kv_split: stored object is 148 bytes, its header declares 108");
+    kvs_kv_split_info info;
+    CHECK_OK(kvs_kv_split_inspect(b, 148, &info));
+    CHECK_EQ_U64(info.total_size, 108);
 
     fixture_free(&f);
 }
@@ -1517,6 +1521,59 @@ static void test_factory_kwargs(void)
     kvs_memobj_free(v);
 }
 
+/* Issue 17 item 3: a blob stored from K and V of 64 tokens into destinations
+ * of 48 (and the reverse) is refused by its recorded element counts,
+ * KVS_ECORRUPT with both sizes, the destinations untouched. */
+static void test_wrong_size_destination_refused(void)
+{
+    kvs_multi_serializer *s = NULL;
+    kvs_multi_deserializer *d = NULL;
+    REQUIRE_OK(create(KVS_KV_SPLIT_STORE_NATIVE, KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
+                      KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_MODE_KV, 1, &s, &d));
+    /* [4 layers, tokens, 32] per slot, flat */
+    kvs_memobj *k64 = obj_new(4 * 64 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *v64 = obj_new(4 * 64 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *k48 = obj_new(4 * 48 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *v48 = obj_new(4 * 48 * 32, KVS_DTYPE_BFLOAT16);
+    REQUIRE(k64 && v64 && k48 && v48);
+    fill_random(k64);
+    fill_random(v64);
+    fill_random(k48);
+    fill_random(v48);
+    size_t n64, n48;
+    kvs_memobj *b64 = serialize_exact(s, k64, v64, &n64);
+    kvs_memobj *b48 = serialize_exact(s, k48, v48, &n48);
+    REQUIRE(b64 && b48);
+    kvs_memobj *ko48 = obj_new(4 * 48 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *vo48 = obj_new(4 * 48 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *ko64 = obj_new(4 * 64 * 32, KVS_DTYPE_BFLOAT16);
+    kvs_memobj *vo64 = obj_new(4 * 64 * 32, KVS_DTYPE_BFLOAT16);
+    REQUIRE(ko48 && vo48 && ko64 && vo64);
+    sentinel(ko48);
+    sentinel(vo48);
+    sentinel(ko64);
+    sentinel(vo64);
+    kvs_memobj *dst48[2] = {ko48, vo48}, *dst64[2] = {ko64, vo64};
+    CHECK_ERR(kvs_multi_deserialize(d, b64, dst48, 2, NULL), KVS_ECORRUPT,
+              "kv_split: stored K slot holds 8192 elements, destination layout needs 6144");
+    CHECK_ERR(kvs_multi_deserialize(d, b48, dst64, 2, NULL), KVS_ECORRUPT,
+              "kv_split: stored K slot holds 6144 elements, destination layout needs 8192");
+    /* V alone is checked the same way */
+    kvs_memobj *vonly[2] = {NULL, vo48};
+    CHECK_ERR(kvs_multi_deserialize(d, b64, vonly, 2, NULL), KVS_ECORRUPT,
+              "kv_split: stored V slot holds 8192 elements, destination layout needs 6144");
+    CHECK(untouched(ko48) && untouched(vo48) && untouched(ko64) && untouched(vo64));
+    /* the matching sizes load; K is native, so exact */
+    CHECK_OK(kvs_multi_deserialize(d, b48, dst48, 2, NULL));
+    CHECK(memcmp(ko48->data, k48->data, k48->capacity) == 0);
+    CHECK_OK(kvs_multi_deserialize(d, b64, dst64, 2, NULL));
+    CHECK(memcmp(ko64->data, k64->data, k64->capacity) == 0);
+    kvs_memobj *all[] = {k64, v64, k48, v48, b64, b48, ko48, vo48, ko64, vo64};
+    for (size_t i = 0; i < 10; i++) kvs_memobj_free(all[i]);
+    kvs_multi_serializer_destroy(s);
+    kvs_multi_deserializer_destroy(d);
+}
+
 int main(void)
 {
     RUN(test_crc32c);
@@ -1541,5 +1598,6 @@ int main(void)
     RUN(test_truncation_and_flips);
     RUN(test_inspect);
     RUN(test_factory_kwargs);
+    RUN(test_wrong_size_destination_refused);
     return TEST_SUMMARY();
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
 #include "kvserde/memobj.h"
@@ -1747,6 +1748,55 @@ static void test_long_paths_in_messages(void)
 }
 
 /* The directory removed under the adapter: unhealthy, stores fail. */
+/* Issue 17 item 3 on fs, the raw path (no serde): a stored object of more
+ * tokens or fewer than a KV-shaped destination's layout fails only its key,
+ * KVS_ECORRUPT with both sizes, the destination untouched. */
+static void test_load_wrong_layout_size_refused(void)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    kvs_l2_adapter *a = open_fs(dir, 1, 0, 1);
+    REQUIRE(a);
+    kvs_object_key k[3];
+    for (uint32_t i = 0; i < 3; i++) int_key(&k[i], i, "m");
+    kvs_memobj *o[3] = {kvs_test_kv_obj(64, 16, 1), kvs_test_kv_obj(48, 16, 2),
+                        kvs_test_kv_obj(64, 16, 3)};
+    kvs_l2_store_result res;
+    REQUIRE_OK(store_wait(a, k, o, 3, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    char p[3][PATH_MAX], msg[PATH_MAX + 512];
+    for (int i = 0; i < 3; i++) key_file(dir, &k[i], p[i], sizeof p[i]);
+    kvs_memobj *d[3] = {kvs_test_kv_obj(48, 16, 0x5A), kvs_test_kv_obj(64, 16, 0x5A),
+                        kvs_test_kv_obj(64, 16, 0x5A)};
+    kvs_l2_bitmap bm;
+    REQUIRE_OK(load_wait(a, k, d, 3, &bm));
+    CHECK_EQ_INT(bm.state, KVS_TASK_OK);
+    CHECK_EQ_INT(bm.hits[0], 0);
+    CHECK_EQ_INT(bm.hits[1], 0);
+    CHECK_EQ_INT(bm.hits[2], 1);
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    snprintf(msg, sizeof msg, "fs: load of key 0: stored object is 16384 bytes, destination "
+                              "layout needs 12288 (%s)", p[0]);
+    CHECK_EQ_STR(bm.message, msg);
+    kvs_l2_bitmap_release(&bm);
+    CHECK(kvs_test_all_bytes(d[0], 0x5A) && kvs_test_all_bytes(d[1], 0x5A));
+    CHECK(same_bytes(o[2], d[2]));
+    REQUIRE_OK(load_wait(a, &k[1], &d[1], 1, &bm));
+    CHECK_EQ_INT(bm.nhits, 0);
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    snprintf(msg, sizeof msg, "fs: load of key 0: stored object is 12288 bytes, destination "
+                              "layout needs 16384 (%s)", p[1]);
+    CHECK_EQ_STR(bm.message, msg);
+    kvs_l2_bitmap_release(&bm);
+    CHECK(kvs_test_all_bytes(d[1], 0x5A));
+    kvs_l2_destroy(a);
+    for (int i = 0; i < 3; i++) {
+        kvs_memobj_free(o[i]);
+        kvs_memobj_free(d[i]);
+    }
+    rm_rf(dir);
+}
+
 static void test_directory_removed(void)
 {
     char dir[64];
@@ -1795,5 +1845,6 @@ int main(void)
     RUN(test_big_batch_and_first_error);
     RUN(test_long_paths_in_messages);
     RUN(test_directory_removed);
+    RUN(test_load_wrong_layout_size_refused);
     return TEST_SUMMARY();
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
 #include "kvserde/memobj.h"
@@ -561,6 +562,59 @@ static void test_load_too_large_fails_only_that_key(void)
     CHECK(obj_has(d[2], 24, 3));
     CHECK_EQ_INT(kvs_memobj_size(d[2]), 24);
     kvs_l2_bitmap_release(&bm);
+    kvs_l2_destroy(a);
+    for (int i = 0; i < 3; i++) {
+        kvs_memobj_free(o[i]);
+        kvs_memobj_free(d[i]);
+    }
+}
+
+/* Issue 17 item 3, the raw path (no serde): a KV-shaped destination takes
+ * exactly its layout's bytes. A stored object of more tokens or fewer fails
+ * only its key, KVS_ECORRUPT with both sizes, the destination untouched. */
+static void test_load_wrong_layout_size_refused(void)
+{
+    kvs_l2_adapter *a = mem_new(0, 1);
+    REQUIRE(a);
+    kvs_object_key k[3] = {key(0), key(1), key(2)};
+    kvs_memobj *o[3] = {kvs_test_kv_obj(64, 16, 1), kvs_test_kv_obj(48, 16, 2),
+                        kvs_test_kv_obj(64, 16, 3)};
+    CHECK_EQ_INT(store_sync(a, k, o, 3).state, KVS_TASK_OK);
+    /* 64 tokens into 48 (longer), 48 into 64 (shorter), 64 into 64 */
+    kvs_memobj *d[3] = {kvs_test_kv_obj(48, 16, 0x5A), kvs_test_kv_obj(64, 16, 0x5A),
+                        kvs_test_kv_obj(64, 16, 0x5A)};
+    kvs_l2_bitmap bm;
+    REQUIRE_OK(load_sync(a, k, d, 3, &bm));
+    CHECK_EQ_INT(bm.state, KVS_TASK_OK);
+    CHECK_EQ_INT(bm.hits[0], 0);
+    CHECK_EQ_INT(bm.hits[1], 0);
+    CHECK_EQ_INT(bm.hits[2], 1);
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(bm.message, "memory: load of key 0: stored object is 16384 bytes, "
+                             "destination layout needs 12288");
+    kvs_l2_bitmap_release(&bm);
+    CHECK(kvs_test_all_bytes(d[0], 0x5A) && kvs_test_all_bytes(d[1], 0x5A));
+    CHECK_EQ_INT(kvs_memobj_size(d[0]), 12288);
+    CHECK_EQ_INT(kvs_memobj_size(d[1]), 16384);
+    CHECK(kvs_test_all_bytes(d[2], 3));
+    /* the shorter one alone, with its own message */
+    REQUIRE_OK(load_sync(a, &k[1], &d[1], 1, &bm));
+    CHECK_EQ_INT(bm.nhits, 0);
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(bm.message, "memory: load of key 0: stored object is 12288 bytes, "
+                             "destination layout needs 16384");
+    kvs_l2_bitmap_release(&bm);
+    CHECK(kvs_test_all_bytes(d[1], 0x5A));
+    /* a byte buffer of the same capacity still takes the shorter object */
+    kvs_layout bl;
+    kvs_memobj *buf = NULL;
+    REQUIRE_OK(kvs_layout_flat(&bl, 16384, KVS_DTYPE_UINT8));
+    REQUIRE_OK(kvs_memobj_alloc(&bl, KVS_FMT_BINARY_BUFFER, &buf));
+    REQUIRE_OK(load_sync(a, &k[1], &buf, 1, &bm));
+    CHECK_EQ_INT(bm.nhits, 1);
+    CHECK_EQ_INT(kvs_memobj_size(buf), 12288);
+    kvs_l2_bitmap_release(&bm);
+    kvs_memobj_free(buf);
     kvs_l2_destroy(a);
     for (int i = 0; i < 3; i++) {
         kvs_memobj_free(o[i]);
@@ -1347,5 +1401,6 @@ int main(void)
     RUN(test_fault_refusals);
     RUN(test_concurrent_use);
     RUN(test_several_workers_ids_unique);
+    RUN(test_load_wrong_layout_size_refused);
     return TEST_SUMMARY();
 }

@@ -33,6 +33,7 @@
 
 #include "codecs/half.h"
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvserde/fp8.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
@@ -812,6 +813,49 @@ static void test_store_lookup_load_delete(void)
 }
 
 /* fp8 through the serde wrapper: Redis holds exactly the fp8 codes. */
+/* Issue 17 item 3 on redis, the raw path (no serde): a value of more tokens
+ * or fewer than a KV-shaped destination's layout fails only its key,
+ * KVS_ECORRUPT with both sizes, the destination untouched. */
+static void test_load_wrong_layout_size_refused(void)
+{
+    flush_server(S);
+    kvs_l2_adapter *a = open_json("{\"type\":\"redis\",\"url\":\"redis://127.0.0.1:%d\","
+                                  "\"key_prefix\":\"sizes:\"}", S);
+    REQUIRE(a != NULL);
+    kvs_object_key keys[3];
+    for (int k = 0; k < 3; k++) keys[k] = key_of((uint32_t)k, "sizes-model");
+    kvs_memobj *src[3] = {kvs_test_kv_obj(64, 16, 1), kvs_test_kv_obj(48, 16, 2),
+                          kvs_test_kv_obj(64, 16, 3)};
+    kvs_l2_store_result sr;
+    REQUIRE_OK(store_wait(a, keys, src, 3, &sr));
+    CHECK_EQ_INT(sr.state, KVS_TASK_OK);
+    kvs_memobj *dst[3] = {kvs_test_kv_obj(48, 16, 0x5A), kvs_test_kv_obj(64, 16, 0x5A),
+                          kvs_test_kv_obj(64, 16, 0x5A)};
+    kvs_l2_bitmap b;
+    REQUIRE_OK(load_wait(a, keys, dst, 3, &b));
+    CHECK_EQ_INT(b.hits[0], 0);
+    CHECK_EQ_INT(b.hits[1], 0);
+    CHECK_EQ_INT(b.hits[2], 1);
+    CHECK_EQ_INT(b.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(b.message, "redis: load of key 0: stored object is 16384 bytes, "
+                            "destination layout needs 12288");
+    kvs_l2_bitmap_release(&b);
+    CHECK(kvs_test_all_bytes(dst[0], 0x5A) && kvs_test_all_bytes(dst[1], 0x5A));
+    CHECK(kvs_test_all_bytes(dst[2], 3));
+    REQUIRE_OK(load_wait(a, &keys[1], &dst[1], 1, &b));
+    CHECK_EQ_INT(b.nhits, 0);
+    CHECK_EQ_INT(b.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(b.message, "redis: load of key 0: stored object is 12288 bytes, "
+                            "destination layout needs 16384");
+    kvs_l2_bitmap_release(&b);
+    CHECK(kvs_test_all_bytes(dst[1], 0x5A));
+    kvs_l2_destroy(a);
+    for (int k = 0; k < 3; k++) {
+        kvs_memobj_free(src[k]);
+        kvs_memobj_free(dst[k]);
+    }
+}
+
 static void test_fp8_through_serde_wrapper(void)
 {
     flush_server(S);
@@ -1731,6 +1775,7 @@ int main(void)
     S = main_server->port;
     RUN(test_store_lookup_load_delete);
     RUN(test_fp8_through_serde_wrapper);
+    RUN(test_load_wrong_layout_size_refused);
     RUN(test_two_machines_share_one_store);
     RUN(test_key_evicted_between_lookup_and_load);
     RUN(test_hostile_names_stay_distinct_under_the_prefix);

@@ -360,6 +360,9 @@ static int tde_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memob
     size_t n = kvs_memobj_size(src), cap = kvs_memobj_size(dst);
     if (n > cap) return kvs_set_error(KVS_ENOSPC, "tserde: destination too small");
     memcpy(dst->data, src->data, n);
+    /* A byte buffer (a nested wrapper's temp) gets exactly the bytes: the
+     * serde above checks the stored size. */
+    if (dst->format == KVS_FMT_BINARY_BUFFER) return kvs_memobj_set_used_size(dst, n);
     memset((uint8_t *)dst->data + n, 0, cap - n);
     return KVS_OK;
 }
@@ -960,18 +963,19 @@ static void test_deserializer_failure(void)
     CHECK_EQ_STR(bits(&bm), "000");
     CHECK_EQ_INT(bm.nhits, 0);
     CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
-    CHECK_EQ_STR(bm.message, "processor: deserialize object 0 of 3 failed: tserde: injected "
-                             "deserialize failure");
+    /* every key fails on its own: the first one's error */
+    CHECK_EQ_STR(bm.message, "serde wrapper: load of key 0: processor: deserialize object 0 "
+                             "of 3 failed: tserde: injected deserialize failure");
     kvs_l2_bitmap_release(&bm);
     CHECK_EQ_INT(in_use(w), 0);
 
-    /* with a partial inner load too: still every bit clear */
+    /* with a partial inner load too: every bit clear, the inner's error first */
     kvs_memory_fault f = {KVS_MEMORY_FAULT_LOAD, &keys[0], KVS_EIO, 0};
     CHECK_OK(kvs_memory_adapter_inject(inner, &f));
     CHECK_OK(do_load(w, keys, dst, 3, &bm));
     CHECK_EQ_STR(bits(&bm), "000");
-    CHECK_EQ_STR(bm.message, "processor: deserialize object 0 of 2 failed: tserde: injected "
-                             "deserialize failure");
+    CHECK_EQ_INT(bm.status, KVS_EIO);
+    CHECK_EQ_STR(bm.message, "memory: injected load fault on key 0: I/O error");
     kvs_l2_bitmap_release(&bm);
     /* no key found: nothing to deserialize, the inner's bitmap stands */
     kvs_object_key missing[2];
@@ -984,6 +988,103 @@ static void test_deserializer_failure(void)
     free_objs(src, 3);
     free_objs(dst, 3);
     kvs_l2_destroy(w);
+}
+
+/* Issue 17 item 4: a load of 4 keys where key 2's stored blob is damaged
+ * (stored from 7 tokens, not 8, so fp8's size check refuses it): keys 0, 1
+ * and 3 load exactly, key 2's bit alone is clear and its destination
+ * untouched, and the task's error is key 2's. */
+static void check_one_damaged_blob(kvs_l2_adapter *w)
+{
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 4, (int64_t[]){2, 4, 8, 16});
+    kvs_layout short_l = layout1(KVS_DTYPE_BFLOAT16, 4, (int64_t[]){2, 4, 7, 16});
+    kvs_object_key keys[4];
+    kvs_memobj *src[4], *dst[4];
+    keys_range(keys, 0, 4);
+    new_objs(src, 4, &l);
+    new_objs(dst, 4, &l);
+    for (int i = 0; i < 4; i++) {
+        fill_exact(src[i], i);
+        memset(dst[i]->data, 0x5A, dst[i]->capacity);
+    }
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, src, 4, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    kvs_memobj *bad = new_obj(&short_l);
+    fill_exact(bad, 9);
+    CHECK_OK(do_store(w, &keys[2], &bad, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    CHECK_EQ_U64(res.bytes_written, 896);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, 4, &bm));
+    CHECK_EQ_INT(bm.state, KVS_TASK_OK);
+    CHECK_EQ_STR(bits(&bm), "1101");
+    CHECK_EQ_INT(bm.nhits, 3);
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(bm.message, "serde wrapper: load of key 2: processor: deserialize object 2 "
+                             "of 4 failed: fp8: stored object is 896 bytes, destination "
+                             "layout needs 1024");
+    kvs_l2_bitmap_release(&bm);
+    CHECK(same_bytes(src[0], dst[0]));
+    CHECK(same_bytes(src[1], dst[1]));
+    CHECK(same_bytes(src[3], dst[3]));
+    size_t touched = 0;
+    for (size_t b = 0; b < dst[2]->capacity; b++) touched += ((uint8_t *)dst[2]->data)[b] != 0x5A;
+    CHECK_EQ_U64(touched, 0);
+    CHECK_EQ_INT(in_use(w), 0);
+    kvs_memobj_free(bad);
+    free_objs(src, 4);
+    free_objs(dst, 4);
+}
+
+static void test_one_damaged_blob_memory(void)
+{
+    kvs_l2_adapter *w = mem_wrapper(fp8_proc(), 0, NULL);
+    REQUIRE(w != NULL);
+    check_one_damaged_blob(w);
+    /* Keys 0 and 2 damaged: the batch is resubmitted after each; key 0's
+     * error is the task's. */
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 4, (int64_t[]){2, 4, 8, 16});
+    kvs_layout long_l = layout1(KVS_DTYPE_BFLOAT16, 4, (int64_t[]){2, 4, 9, 16});
+    kvs_object_key keys[4];
+    keys_range(keys, 0, 4);
+    kvs_memobj *bad = new_obj(&long_l), *dst[4];
+    fill_exact(bad, 5);
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, &keys[0], &bad, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    new_objs(dst, 4, &l);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, 4, &bm));
+    CHECK_EQ_STR(bits(&bm), "0101");
+    CHECK_EQ_INT(bm.status, KVS_ECORRUPT);
+    CHECK_EQ_STR(bm.message, "serde wrapper: load of key 0: processor: deserialize object 0 "
+                             "of 4 failed: fp8: stored object is 1152 bytes, destination "
+                             "layout needs 1024");
+    kvs_l2_bitmap_release(&bm);
+    kvs_memobj *ref[4];
+    new_objs(ref, 4, &l);
+    fill_exact(ref[1], 1);
+    fill_exact(ref[3], 3);
+    CHECK(same_bytes(ref[1], dst[1]) && same_bytes(ref[3], dst[3]));
+    CHECK_EQ_INT(in_use(w), 0);
+    kvs_memobj_free(bad);
+    free_objs(dst, 4);
+    free_objs(ref, 4);
+    kvs_l2_destroy(w);
+}
+
+static void test_one_damaged_blob_fs(void)
+{
+    char dir[64];
+    REQUIRE(make_tmpdir(dir) == 0);
+    kvs_l2_adapter *fs = fs_adapter(dir), *w = NULL;
+    REQUIRE(fs != NULL);
+    REQUIRE_OK(kvs_serde_wrapper_create(fs, fp8_proc(), NULL, &w));
+    nstash = 0;
+    check_one_damaged_blob(w);
+    kvs_l2_destroy(w);
+    rm_rf(dir);
 }
 
 /* J68/J69 on memory: a serde with estimate 64 that writes 8 bytes: temps
@@ -1662,6 +1763,8 @@ int main(void)
     RUN(test_pool_shared_by_tasks_in_flight);
     RUN(test_pool_cache_stays_in_budget);
     RUN(test_inner_store_failure);
+    RUN(test_one_damaged_blob_memory);
+    RUN(test_one_damaged_blob_fs);
     RUN(test_inner_partial_load);
     RUN(test_serializer_failure);
     RUN(test_deserializer_failure);

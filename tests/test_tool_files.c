@@ -1103,7 +1103,7 @@ static void test_bad_kvserde_metadata(void)
          "U8", "kvserde metadata: 'kvserde.shape.x' without 'kvserde.dtype.x'"},
         {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\","
          "\"kvserde.dtype.x\":\"float32\",\"kvserde.shape.x\":\"[5]\"}",
-         "U8", "tensor 'x': fp8: source too small: 4 bytes, need 5"},
+         "U8", "tensor 'x': fp8: stored object is 4 bytes, destination layout needs 5"},
         {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\","
          "\"kvserde.dtype.x\":\"float32\",\"kvserde.shape.x\":\"4\"}",
          "U8", "kvserde metadata: tensor 'x': kvserde.shape '4' is not a JSON array of sizes"},

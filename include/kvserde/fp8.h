@@ -85,8 +85,10 @@ KVS_API int kvs_fp8_isa_available(const char *name);
  * floor(1.5 x elements), from the layout alone.
  *
  * Deserializer: element count, shapes and dtypes come from dst's layout;
- * src must hold at least that many bytes in its used size (else
- * KVS_ECORRUPT, dst untouched); each group is decoded to its own dtype.
+ * src's used size must be exactly that many bytes: a stored object of more
+ * or fewer bytes (one stored from another layout) is refused with
+ * KVS_ECORRUPT ("fp8: stored object is 131072 bytes, destination layout
+ * needs 98304"), dst untouched; each group is decoded to its own dtype.
  *
  * Both are written to *ser / *de; either pointer may be NULL if that half is
  * not wanted. fp8_dtype must be float8_e4m3fn or float8_e5m2. */

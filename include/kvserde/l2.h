@@ -31,6 +31,14 @@
  *     object that is unreadable, truncated or larger than objects[i]'s
  *     capacity, clears only that key's bit; the object's bytes are then
  *     unspecified. The load's first error is kept with the result.
+ *     The size is checked (the raw path, with no serde): an object of
+ *     format KVS_FMT_BINARY or KVS_FMT_BINARY_BUFFER is a byte buffer and
+ *     takes any stored size its capacity holds; any other object is
+ *     KV-shaped, and a stored object that is not exactly its layout's byte
+ *     size (stored from another layout: more tokens or fewer) clears only
+ *     that key's bit with KVS_ECORRUPT ("memory: load of key 1: stored
+ *     object is 262144 bytes, destination layout needs 196608"), before
+ *     any byte of objects[i] is written.
  *   - The caller's key and object arrays are copied at submit; the objects
  *     must stay valid and untouched until the task's result has been read.
  *
@@ -250,8 +258,15 @@ typedef struct kvs_serde_wrapper_options {
  *     inner's (serialized) count.
  *   - Load: the inner loads serialized bytes into temps; only the keys it
  *     found are deserialized into the caller's objects, which keep their
- *     layout's size. A failed deserialize clears every bit; a partial inner
- *     load keeps its bitmap.
+ *     layout's size. Per key, as the general contract: a key whose
+ *     deserialize fails (a damaged blob, or one whose size does not match
+ *     the destination's layout: every built-in serde checks it) clears only
+ *     its own bit, and the other keys load; the task's first error is the
+ *     inner load's if it had one, else the first failing key's, e.g.
+ *     "serde wrapper: load of key 2: processor: deserialize object 2 of 4
+ *     failed: fp8: stored object is 98304 bytes, destination layout needs
+ *     131072" (the processor's object index counts only the keys found). A
+ *     partial inner load keeps its bitmap.
  *   - close: new submits are refused, every task in flight runs through all
  *     its phases and signals, then the poll thread stops, the processor and
  *     inner adapter are closed and every temp is freed.

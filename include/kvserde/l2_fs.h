@@ -52,14 +52,18 @@
  * Load
  *   The file is opened and its size taken first. A missing key
  *   (KVS_ENOTFOUND: "fs: load of key 2: not found (/kv/...)"), a path that
- *   is not a regular file (KVS_ECORRUPT), a file larger than the
+ *   is not a regular file (KVS_ECORRUPT), a file that is not exactly a
+ *   KV-shaped destination's layout size (KVS_ECORRUPT: "fs: load of key 0:
+ *   stored object is 16384 bytes, destination layout needs 12288 (/kv/...)";
+ *   see kvserde/l2.h), a file larger than the
  *   destination's capacity (KVS_ENOSPC: "fs: load of key 0: stored object is
  *   4096 bytes, destination holds 1024 (/kv/...)"), a file that shrinks or
  *   grows while it is read (KVS_ECORRUPT) and a failing read (KVS_EIO)
  *   clear only that key's bit; the lowest-index such error is the result's
  *   status and message. Since there is no header, a file truncated by
- *   someone else between two loads simply loads as a shorter object; a
- *   serde (or a caller checking the used size) detects that.
+ *   someone else between two loads loads as a shorter object into a byte
+ *   buffer (the serde wrapper's temps), where the serde detects it; a
+ *   KV-shaped destination refuses it as above.
  *
  * Unlock, delete, object sizes, usage, status
  *   Synchronous. Delete removes unlocked keys' files (a locked key is kept

@@ -23,7 +23,10 @@
  *     KVS_OK); an injected lookup fault makes that key a miss (not locked)
  *     and is the result's status and message.
  *   - Load: a missing key ("memory: load of key 2: not found",
- *     KVS_ENOTFOUND), a stored object larger than the destination's
+ *     KVS_ENOTFOUND), a stored object that is not exactly a KV-shaped
+ *     destination's layout size (KVS_ECORRUPT: "memory: load of key 0:
+ *     stored object is 16384 bytes, destination layout needs 12288"; see
+ *     kvserde/l2.h), a stored object larger than the destination's
  *     capacity (KVS_ENOSPC: "memory: load of key 0: stored object is 4096
  *     bytes, destination holds 1024") or an injected fault clear that key's
  *     bit; the first such error is the result's status and message. The

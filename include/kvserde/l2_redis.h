@@ -57,6 +57,9 @@
  * Load
  *   GET per key into objects[i]; the used size becomes the value's length.
  *   A missing key (KVS_ENOTFOUND: "redis: load of key 2: not found"), a
+ *   value that is not exactly a KV-shaped destination's layout size
+ *   (KVS_ECORRUPT: "redis: load of key 0: stored object is 16384 bytes,
+ *   destination layout needs 12288"; see kvserde/l2.h), a
  *   value larger than the destination's capacity (KVS_ENOSPC: "redis: load
  *   of key 0: stored object is 4096 bytes, destination holds 1024"), an
  *   error reply (KVS_EIO: "redis: load of key 0: 127.0.0.1:6379: WRONGTYPE

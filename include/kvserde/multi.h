@@ -245,10 +245,18 @@ KVS_API int kvs_single_to_multi_deserializer(kvs_deserializer *inner,
  *   KVS_ECORRUPT  a blob shorter than its header or than the length it
  *                 declares ("kv_split: truncated blob: 50 bytes, need 80"),
  *                 a bad magic, an inconsistent header, a checksum mismatch;
+ *                 a stored object longer than the length its header
+ *                 declares ("kv_split: stored object is 148 bytes, its
+ *                 header declares 108"); a slot whose recorded element
+ *                 count is not what the destination's layout needs, i.e. a
+ *                 blob stored from another layout, more tokens or fewer
+ *                 ("kv_split: stored V slot holds 16384 elements,
+ *                 destination layout needs 12288");
  *   KVS_EUNSUPPORTED  a version this build does not read;
- *   KVS_EINVAL    a destination slot the blob does not hold, an element
- *                 count mismatch, an unsupported destination dtype.
- * Bytes after the declared length are ignored.
+ *   KVS_EINVAL    a destination slot the blob does not hold, an unsupported
+ *                 destination dtype.
+ * kvs_kv_split_inspect() (below) ignores bytes after the declared length;
+ * the deserializer refuses them.
  */
 
 /* How a slot is stored. */

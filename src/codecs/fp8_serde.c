@@ -170,8 +170,9 @@ static int fp8_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_memob
     int rc = kvs_fp8_check_layout(&dst->layout, "destination");
     if (rc) return rc;
     uint64_t total = kvs_layout_numel(&dst->layout);
-    if (src->used_size < total)
-        return kvs_set_error(KVS_ECORRUPT, "fp8: source too small: %zu bytes, need %llu",
+    if (src->used_size != total) /* one byte per element: no more, no fewer */
+        return kvs_set_error(KVS_ECORRUPT,
+                             "fp8: stored object is %zu bytes, destination layout needs %llu",
                              src->used_size, (unsigned long long)total);
     rc = kvs_fp8_kernels_ready(&dst->layout);
     if (rc) return rc;

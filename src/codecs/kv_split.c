@@ -781,6 +781,10 @@ static int kv_split_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src
     kvs_kv_split_info info;
     rc = parse_blob(src->data, src->used_size, &info);
     if (rc) return rc;
+    if (src->used_size != info.total_size) /* trailing bytes: not this blob */
+        return kvs_set_error(KVS_ECORRUPT,
+                             "kv_split: stored object is %zu bytes, its header declares %llu",
+                             src->used_size, (unsigned long long)info.total_size);
 
     /* Every requested slot must be in the blob and fit its destination. */
     kvs_dtype dts[NSLOTS] = {KVS_DTYPE_FLOAT32, KVS_DTYPE_FLOAT32};
@@ -796,10 +800,10 @@ static int kv_split_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src
                                  slot_names[s], s, slot_names[s]);
         if ((rc = slot_dtype(&dst->layout, s, "destination", &dts[s]))) return rc;
         uint64_t numel = kvs_layout_numel(&dst->layout);
-        if (numel != si->numel)
-            return kvs_set_error(KVS_EINVAL,
-                                 "kv_split: %s element count mismatch: blob holds %llu, "
-                                 "destination has %llu",
+        if (numel != si->numel) /* stored from another layout */
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "kv_split: stored %s slot holds %llu elements, destination "
+                                 "layout needs %llu",
                                  slot_names[s], (unsigned long long)si->numel,
                                  (unsigned long long)numel);
         if ((rc = check_object(dst, s, "destination"))) return rc;

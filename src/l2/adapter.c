@@ -10,6 +10,7 @@
 #include "kvserde/error.h"
 #include "kvserde/l2.h"
 #include "kvserde/memobj.h"
+#include "l2/builtins.h"
 
 static int checked(kvs_l2_adapter *a, const char *op, int rc)
 {
@@ -240,4 +241,11 @@ void kvs_l2_destroy(kvs_l2_adapter *a)
      * be freed safely (as kvs_processor_destroy). */
     if (a->ops->close(a) != KVS_OK) return;
     a->ops->destroy(a);
+}
+
+int kvs_l2_load_wrong_size(const kvs_memobj *obj, uint64_t stored, uint64_t *need)
+{
+    if (obj->format == KVS_FMT_BINARY || obj->format == KVS_FMT_BINARY_BUFFER) return 0;
+    *need = kvs_layout_nbytes(&obj->layout);
+    return stored != *need;
 }

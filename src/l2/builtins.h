@@ -22,4 +22,14 @@ int kvs_memory_adapter_factory(const json_t *spec, void *userdata,
  * (src/l2/redis_adapter.c); see kvserde/l2_redis.h for the accepted keys. */
 int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out);
 
+/* The raw path's size rule for loads (kvserde/l2.h, "Load"), shared by the
+ * built-in adapters and checked before a destination byte is written: a
+ * destination of format KVS_FMT_BINARY or KVS_FMT_BINARY_BUFFER is a byte
+ * buffer and takes any stored size its capacity holds; any other destination
+ * is KV-shaped and takes exactly its layout's byte size. Returns 1 (and sets
+ * *need to the layout's size) if `stored` bytes must be refused for `obj`
+ * (KVS_ECORRUPT, "...: stored object is S bytes, destination layout needs
+ * N"), else 0. */
+int kvs_l2_load_wrong_size(const kvs_memobj *obj, uint64_t stored, uint64_t *need);
+
 #endif /* KVS_L2_BUILTINS_H */

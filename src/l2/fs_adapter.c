@@ -373,7 +373,15 @@ static void load_one(fs_adapter *fs, kvs_l2_slice *s, size_t i)
         close(fd);
         return;
     }
-    uint64_t size = (uint64_t)st.st_size;
+    uint64_t size = (uint64_t)st.st_size, need = 0;
+    if (kvs_l2_load_wrong_size(obj, size, &need)) {
+        kvs_l2_slice_fail(s, KVS_ECORRUPT,
+                          "fs: load of key %zu: stored object is %" PRIu64
+                          " bytes, destination layout needs %" PRIu64 " (%s)",
+                          i, size, need, where);
+        close(fd);
+        return;
+    }
     if (size > obj->capacity) {
         kvs_l2_slice_fail(s, KVS_ENOSPC,
                           "fs: load of key %zu: stored object is %" PRIu64

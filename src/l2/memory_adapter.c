@@ -326,10 +326,19 @@ static void run_load(memory_adapter *m, mem_task *mt)
         entry *e = find(m, &mt->keys[i]);
         blob *b = e ? e->bytes : NULL;
         size_t size = b ? b->size : 0;
-        if (b && size <= obj->capacity) b->refs++; /* keep it while copying */
+        uint64_t need = 0;
+        int wrong = b && kvs_l2_load_wrong_size(obj, size, &need);
+        if (b && !wrong && size <= obj->capacity) b->refs++; /* keep it while copying */
         pthread_mutex_unlock(&m->mu);
         if (b == NULL) {
             fail_task(t, KVS_ENOTFOUND, "memory: load of key %zu: not found", i);
+            continue;
+        }
+        if (wrong) {
+            fail_task(t, KVS_ECORRUPT,
+                      "memory: load of key %zu: stored object is %zu bytes, destination "
+                      "layout needs %llu",
+                      i, size, (unsigned long long)need);
             continue;
         }
         if (size > obj->capacity) {

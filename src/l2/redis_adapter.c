@@ -1017,6 +1017,14 @@ static void handle_replies(redis_adapter *r, rwork *w, size_t i, const kstate *k
         }
         if (a->type != REDIS_REPLY_STRING) break;
         kvs_memobj *obj = w->objects[i];
+        uint64_t need = 0;
+        if (kvs_l2_load_wrong_size(obj, a->len, &need)) {
+            work_fail(w, i, KVS_ECORRUPT,
+                      "redis: load of key %zu: stored object is %zu bytes, destination "
+                      "layout needs %llu",
+                      i, (size_t)a->len, (unsigned long long)need);
+            return;
+        }
         if (a->len > obj->capacity) {
             work_fail(w, i, KVS_ENOSPC,
                       "redis: load of key %zu: stored object is %zu bytes, destination "

@@ -22,8 +22,13 @@
  *             with the inner bitmap. Otherwise submit_deserialize of only the
  *             found temps into their destinations.
  *   DESER     (poll thread) ok: complete with the inner bitmap (a partial
- *             inner load keeps its bits); failed: every bit clear, with the
- *             processor's message. Temps are released either way.
+ *             inner load keeps its bits). Failed: the processor stopped at
+ *             one object, and the objects before it were deserialized; that
+ *             key's bit is cleared and its error recorded (after the inner
+ *             load's, if any: the first error wins), and the found keys
+ *             after it are submitted again as a new batch, so one damaged
+ *             blob costs only its own bit (docs/decisions.md). Temps are
+ *             released when the last batch has finished.
  * Any failure on the way (pool exhausted, a refused submit, a failed
  * serialize or inner store) releases the temps and completes the task as
  * failed at once: no task hangs, no temp leaks.
@@ -102,6 +107,8 @@ struct wtask {
     char inner_message[KVS_ERROR_MSG_MAX];
     kvs_memobj **sel_src, **sel_dst; /* the found keys' temps / destinations */
     kvs_object_key *sel_keys;   /* and their keys */
+    size_t *sel_idx;            /* each found key's index in the task */
+    size_t nsel, sel_off;       /* found keys; the first one not yet deserialized */
     struct wtask *prev, *next;  /* the phase's list */
 };
 
@@ -293,6 +300,7 @@ static void wtask_free(struct wtask *wt)
     free(wt->sel_src);
     free(wt->sel_dst);
     free(wt->sel_keys);
+    free(wt->sel_idx);
     free(wt);
 }
 
@@ -310,7 +318,8 @@ static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *ob
         ok = (wt->hits = calloc(n, 1)) != NULL &&
              (wt->sel_src = calloc(n, sizeof *wt->sel_src)) != NULL &&
              (wt->sel_dst = calloc(n, sizeof *wt->sel_dst)) != NULL &&
-             (wt->sel_keys = malloc(n * sizeof *wt->sel_keys)) != NULL;
+             (wt->sel_keys = malloc(n * sizeof *wt->sel_keys)) != NULL &&
+             (wt->sel_idx = calloc(n, sizeof *wt->sel_idx)) != NULL;
     if (!ok) {
         wtask_free(wt);
         return NULL;
@@ -363,6 +372,45 @@ static void load_result_from_inner(struct wtask *wt)
         if (wt->hits[i]) kvs_l2_tq_hit(wt->t, i);
     if (wt->inner_status != KVS_OK)
         kvs_l2_tq_fail(wt->t, wt->inner_status, wt->inner_message);
+}
+
+/* Key sel_idx[j] of a load was not deserialized: clear its bit and record
+ * its error, after the inner load's (the first error wins). */
+static void deser_key_failed(struct wtask *wt, size_t j, int status, const char *message)
+{
+    if (wt->inner_status != KVS_OK)
+        kvs_l2_tq_fail(wt->t, wt->inner_status, wt->inner_message);
+    wt->hits[wt->sel_idx[j]] = 0;
+    char msg[KVS_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, OWNER ": load of key %zu: %s", wt->sel_idx[j], message);
+    kvs_l2_tq_fail(wt->t, status, msg);
+}
+
+/* Deserialize the found keys from sel_off on as one batch (mu held; the
+ * task is on no list). Completes the task if nothing is left or the submit
+ * is refused (every key left then loses its bit). */
+static void submit_deser_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
+{
+    size_t n = wt->nsel - wt->sel_off;
+    if (n == 0) {
+        load_result_from_inner(wt);
+        finish_locked(w, wt, to_free);
+        return;
+    }
+    kvs_task_id pid;
+    int rc = kvs_processor_submit_deserialize(w->proc, wt->sel_src + wt->sel_off, n,
+                                              wt->sel_dst + wt->sel_off, n,
+                                              wt->sel_keys + wt->sel_off, &pid);
+    if (rc != KVS_OK) {
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        for (size_t j = wt->sel_off; j < wt->nsel; j++) deser_key_failed(wt, j, rc, msg);
+        load_result_from_inner(wt);
+        finish_locked(w, wt, to_free);
+        return;
+    }
+    wt->sub_id = pid;
+    list_add_locked(w, wt, PH_DESER);
 }
 
 /* ---------------------------------------------------------------------
@@ -445,29 +493,17 @@ static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
                 wt->sel_src[nsel] = wt->tobjs[i];
                 wt->sel_dst[nsel] = wt->objs[i];
                 wt->sel_keys[nsel] = wt->keys[i];
+                wt->sel_idx[nsel] = i;
                 nsel++;
             }
         }
+        wt->nsel = nsel;
+        wt->sel_off = 0;
         wt->inner_status = bm.status;
         snprintf(wt->inner_message, sizeof wt->inner_message, "%s", bm.message);
         kvs_l2_bitmap_release(&bm);
 
-        if (nsel == 0) {
-            load_result_from_inner(wt);
-            finish_locked(w, wt, to_free);
-        } else {
-            kvs_task_id pid;
-            int rc = kvs_processor_submit_deserialize(w->proc, wt->sel_src, nsel,
-                                                      wt->sel_dst, nsel, wt->sel_keys,
-                                                      &pid);
-            if (rc != KVS_OK) {
-                kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* every bit clear */
-                finish_locked(w, wt, to_free);
-            } else {
-                wt->sub_id = pid;
-                list_add_locked(w, wt, PH_DESER);
-            }
-        }
+        submit_deser_locked(w, wt, to_free);
         wt = next;
     }
 }
@@ -484,11 +520,23 @@ static void drain_deserialize_locked(struct wrapper *w, struct temp **to_free)
             continue;
         }
         list_remove_locked(w, wt);
-        if (r.state == KVS_TASK_OK)
-            load_result_from_inner(wt);
-        else
-            kvs_l2_tq_fail(wt->t, r.status, r.message); /* every bit clear */
-        finish_locked(w, wt, to_free);
+        if (r.state == KVS_TASK_OK) {
+            wt->sel_off = wt->nsel;
+        } else {
+            /* Objects before failed_index were deserialized, the failing
+             * one loses its bit and the ones after it go again. A processor
+             * naming no object of the batch fails them all. */
+            if (r.failed_index < wt->nsel - wt->sel_off) {
+                size_t j = wt->sel_off + r.failed_index;
+                deser_key_failed(wt, j, r.status, r.message);
+                wt->sel_off = j + 1;
+            } else {
+                for (size_t j = wt->sel_off; j < wt->nsel; j++)
+                    deser_key_failed(wt, j, r.status, r.message);
+                wt->sel_off = wt->nsel;
+            }
+        }
+        submit_deser_locked(w, wt, to_free);
         wt = next;
     }
 }
