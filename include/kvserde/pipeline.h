@@ -45,8 +45,8 @@
  *   KVS_ECORRUPT      not a frame, truncated, trailing bytes, header CRC or a
  *                     checksum mismatch, a malformed field, or a stored layout
  *                     that is not the destination's ("pipeline: stored object
- *                     is [2x4x64x256] bfloat16 (262144 bytes), destination
- *                     layout is [2x4x48x256] bfloat16 (196608 bytes)")
+ *                     is [2x4x64x256 bfloat16] (262144 bytes), destination
+ *                     layout is [2x4x48x256 bfloat16] (196608 bytes)")
  *   KVS_EKEY          written for another object key: the fingerprint in
  *                     the frame is not the key's, or a frame written with
  *                     no key is loaded under one

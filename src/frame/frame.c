@@ -231,7 +231,7 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
         p += 4;
         if (st->nparams > KVS_STAGE_PARAMS_MAX || end - p < st->nparams)
             return kvs_set_error(KVS_ECORRUPT,
-                                 "%s: stage %u has %u parameter bytes; %zu remain in the "
+                                 "%s: frame stage %u has %u parameter bytes; %zu remain in the "
                                  "header, at most %d allowed",
                                  who, s, st->nparams, end - p, KVS_STAGE_PARAMS_MAX);
         st->params = blob + p;
@@ -239,14 +239,14 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
         st->type = kvs_stage_type_by_id(st->id);
         if (st->type == NULL)
             return kvs_set_error(KVS_EUNSUPPORTED,
-                                 "%s: frame stage %u has unknown stage id %u (this build "
-                                 "knows: %s)",
-                                 who, s, st->id, kvs_stage_type_list_text());
+                                 "%s: frame stage %u has unknown stage id %u; this build "
+                                 "knows ids %s",
+                                 who, s, st->id, kvs_stage_type_id_list_text());
         if ((s == 0) != (st->type->kind == KVS_STAGE_TYPED))
             return kvs_set_error(KVS_ECORRUPT, "%s: frame stage %u '%s' is %s a typed stage",
                                  who, s, st->type->name, s == 0 ? "not" : "also");
         int rc = st->type->check_params(st->params, st->nparams);
-        if (rc) return rc;
+        if (rc) return kvs_set_error(rc, "%s: frame stage %u: %s", who, s, kvs_last_error());
     }
     if (p != end)
         return kvs_set_error(KVS_ECORRUPT, "%s: frame header has %zu unused bytes", who,

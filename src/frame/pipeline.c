@@ -62,12 +62,12 @@ static int check_order(const kvs_stage_type *const *types, uint32_t i)
     if ((i == 0) != (t->kind == KVS_STAGE_TYPED)) {
         if (i == 0)
             return kvs_set_error(KVS_EINVAL,
-                                 "pipeline: stage 0 '%s' is a bytes stage; the chain starts "
-                                 "with one typed stage (bytes or fp8)",
+                                 "pipeline: stage 0 '%s' is a bytes -> bytes stage; the chain "
+                                 "starts with one typed stage (bytes or fp8)",
                                  t->name);
         return kvs_set_error(KVS_EINVAL,
                              "pipeline: stage %u '%s' is a typed stage; only stage 0 may be "
-                             "typed (tensor -> bytes), the rest are bytes stages",
+                             "typed (tensor -> bytes), the rest are bytes -> bytes stages",
                              i, t->name);
     }
     for (uint32_t j = 1; j < i; j++) {
@@ -96,7 +96,8 @@ static int check_order(const kvs_stage_type *const *types, uint32_t i)
 static int parse_stages(const json_t *kwargs, kvs_stage **stages, uint32_t *nstages)
 {
     static const char *const known[] = {"stages", NULL};
-    int rc = kvs_json_check_keys(kwargs, "pipeline", "kwarg", known);
+    /* max_workers is the registry's: accepted (and listed) as for every serde */
+    int rc = kvs_kwargs_check_known(kwargs, "pipeline", known);
     if (rc) return rc;
     const json_t *list = json_object_get(kwargs, "stages");
     if (list == NULL)
@@ -117,11 +118,16 @@ static int parse_stages(const json_t *kwargs, kvs_stage **stages, uint32_t *nsta
     for (size_t i = 0; i < n; i++) {
         const json_t *st = json_array_get(list, i);
         const json_t *type = json_object_get(st, "type");
-        if (!json_is_object(st) || !json_is_string(type))
+        if (!json_is_object(st))
             return kvs_set_error(KVS_EINVAL,
                                  "pipeline: stage %zu must be an object with a string "
                                  "\"type\"; got %s",
                                  i, kvs_json_type_name(st));
+        if (!json_is_string(type))
+            return kvs_set_error(KVS_EINVAL,
+                                 "pipeline: stage %zu must be an object with a string "
+                                 "\"type\"; its \"type\" is %s",
+                                 i, type ? kvs_json_type_name(type) : "missing");
         types[i] = kvs_stage_type_by_name(json_string_value(type));
         if (types[i] == NULL)
             return kvs_set_error(KVS_EINVAL,
@@ -148,6 +154,8 @@ static int parse_stages(const json_t *kwargs, kvs_stage **stages, uint32_t *nsta
     }
     json_decref(crc);
     if (rc) {
+        /* The stage's own message, with its position in the chain. */
+        rc = kvs_set_error(rc, "pipeline: stage %u: %s", *nstages, kvs_last_error());
         stages_destroy(stages, *nstages);
         *nstages = 0;
     }
@@ -231,7 +239,9 @@ static int run_typed(const pipeline_serializer *self, const kvs_memobj *src, uin
         rc = typed->type->typed_encode_range(typed, src, out, b, e);
         if (rc == KVS_OK) check->type->check_stream_update(state, out + b, (size_t)(e - b));
     }
-    check->type->check_stream_final(state, out + total);
+    /* On failure the digest goes nowhere near dst (the state is freed). */
+    uint8_t discard[16];
+    check->type->check_stream_final(state, rc == KVS_OK ? out + total : discard);
     if (rc) return rc;
     *n = total + check->type->digest_size;
     *fused = 1;
@@ -378,8 +388,8 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
             uint8_t digest[16];
             if (n < d) {
                 rc = kvs_set_error(KVS_ECORRUPT,
-                                   "%s: payload damaged: %zu bytes, shorter than the %zu-byte "
-                                   "checksum (%s)",
+                                   "pipeline: %s: payload damaged: %zu bytes, shorter than the "
+                                   "%zu-byte checksum; loading %s",
                                    t->name, n, d, who);
                 break;
             }
@@ -392,8 +402,8 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
                     want = want << 8 | cur[n + b];
                 }
                 rc = kvs_set_error(KVS_ECORRUPT,
-                                   "%s: payload damaged: checksum %0*llx over %zu bytes, stored "
-                                   "%0*llx (%s)",
+                                   "pipeline: %s: payload damaged: checksum %0*llx over %zu "
+                                   "bytes, stored %0*llx; loading %s",
                                    t->name, (int)(2 * d), (unsigned long long)got, n,
                                    (int)(2 * d), (unsigned long long)want, who);
             }

@@ -3,6 +3,7 @@
  * not a registration call: stage ids are part of the frame format, so the
  * set of stages a build reads is fixed when it is built. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "frame/stage.h"
@@ -48,4 +49,22 @@ const char *kvs_stage_type_list_text(void)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, build_list_text);
     return list_text;
+}
+
+static char id_list_text[256];
+
+static void build_id_list_text(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < NTYPES && n < sizeof id_list_text; i++)
+        n += (size_t)snprintf(id_list_text + n, sizeof id_list_text - n, "%s%u (%s)",
+                              i ? ", " : "", (unsigned)stage_types[i]->id,
+                              stage_types[i]->name);
+}
+
+const char *kvs_stage_type_id_list_text(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_id_list_text);
+    return id_list_text;
 }
