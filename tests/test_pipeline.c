@@ -692,7 +692,7 @@ static void test_patched_fields(void)
     w[76 + 5] ^= 0x01;
     snprintf(msg, sizeof msg,
              "pipeline: crc32c: payload damaged: checksum %08x over 128 bytes, stored %08x; "
-             "loading key %016llx (model 'test_model')",
+             "loading key %016llx, model 'test_model'",
              ref_crc32c(w + 76, 128), (unsigned)rd_le(w + 76 + 128, 4),
              (unsigned long long)kvs_object_key_fingerprint(&f.key));
     expect_refused(&f, w, f.b.len, &f.key, KVS_ECORRUPT, msg);
@@ -736,7 +736,7 @@ static const char *foreign_msg(char *buf, const char *prefix, const kvs_object_k
 {
     snprintf(buf, KVS_ERROR_MSG_MAX,
              "%spipeline: blob was written for another key: stored key fingerprint %016llx, "
-             "loading key %016llx (model '%s')",
+             "loading key %016llx, model '%s'",
              prefix, (unsigned long long)kvs_object_key_fingerprint(stored),
              (unsigned long long)kvs_object_key_fingerprint(loading), loading->model_name);
     return buf;
@@ -799,8 +799,8 @@ static void test_key_binding(void)
     kvs_memobj_free(f.dst);
     f.dst = new_canary(&f.src->layout);
     snprintf(msg, sizeof msg,
-             "pipeline: blob was written without an object key, loaded for key %016llx "
-             "(model 'test_model')",
+             "pipeline: blob was written without an object key, loaded for key %016llx, "
+             "model 'test_model'",
              (unsigned long long)kvs_object_key_fingerprint(&k[0]));
     expect_refused(&f, u.data, u.len, &k[0], KVS_EKEY, msg);
     CHECK_OK(deser(&f.p, u.data, u.len, f.dst, NULL));
@@ -1070,8 +1070,11 @@ static void test_wrapper_keys(void)
     CHECK(bm.hits && bm.hits[0] == 0);
     CHECK_EQ_INT(bm.status, KVS_EKEY);
     char msg[KVS_ERROR_MSG_MAX];
-    CHECK_EQ_STR(bm.message, foreign_msg(msg, "processor: deserialize object 0 of 1 failed: ",
-                                         &keys[0], &keys[1]));
+    CHECK_EQ_STR(bm.message,
+                 foreign_msg(msg,
+                             "serde wrapper: load of key 0: processor: deserialize object 0 of "
+                             "1 failed: ",
+                             &keys[0], &keys[1]));
     CHECK(canary_intact(one));
     kvs_l2_bitmap_release(&bm);
     kvs_memobj_free(one);
