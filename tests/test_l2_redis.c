@@ -3,7 +3,8 @@
  * (and stops: SIGKILL + waitpid at exit, also when a check fails or a
  * fatal signal arrives): the l2.h contract, fp8 through the serde wrapper,
  * two adapters sharing one store, missing and evicted keys, hostile model
- * names, timeouts, a server killed mid-batch and restarted, AUTH/SELECT, a
+ * names, timeouts, a server killed mid-batch and restarted, reconnection
+ * backoff (a task's final attempt, the cause in its message), AUTH/SELECT, a
  * 3-master Redis Cluster with a slot migration (ASK, then MOVED), close
  * with tasks in flight, and every refusal of the config.
  *
@@ -1206,6 +1207,100 @@ static void test_server_killed_mid_batch_and_restarted(void)
     kvs_l2_destroy(a);
 }
 
+/* A server of the caller's own (to kill and restart), and an adapter of
+ * one connection on it. */
+static kvs_l2_adapter *open_own_server(server **srv, unsigned timeout_ms)
+{
+    *srv = new_server();
+    if (start_server(*srv, 0, NULL) != 0) return NULL;
+    return open_json("{\"type\":\"redis\",\"url\":\"redis://127.0.0.1:%d\",\"timeout_ms\":%u,"
+                     "\"connections\":1}", (*srv)->port, timeout_ms);
+}
+
+static void close_own_server(server *srv, kvs_l2_adapter *a)
+{
+    kill_server(srv);
+    srv->port = 0;
+    kvs_l2_destroy(a);
+}
+
+/* A store of one key of a fresh object; the result's state. */
+static int store_one(kvs_l2_adapter *a, uint32_t i, kvs_l2_store_result *sr)
+{
+    kvs_object_key k = key_of(i, "backoff");
+    kvs_memobj *o = bytes_obj(1000, i);
+    int rc = store_wait(a, &k, &o, 1, sr);
+    kvs_memobj_free(o);
+    if (rc != KVS_OK) abort();
+    return sr->state;
+}
+
+/* The server is back while the node's backoff still runs: a task whose
+ * time ends before the next scheduled attempt makes a final attempt within
+ * its time, and succeeds, rather than failing without one. */
+static void test_due_task_makes_a_final_attempt(void)
+{
+    server *srv;
+    kvs_l2_adapter *a = open_own_server(&srv, 200);
+    REQUIRE(a != NULL);
+    kvs_l2_store_result sr;
+    CHECK_EQ_INT(store_one(a, 0, &sr), KVS_TASK_OK);
+    kill_server(srv);
+    /* Grow the backoff past the task's time, ending on a task that made a
+     * connection attempt (one that made none says "(next attempt in N
+     * ms)"), so the next attempt is a whole backoff away. */
+    int64_t t0 = now_ms();
+    while (now_ms() - t0 < 10000) {
+        CHECK_EQ_INT(store_one(a, 1, &sr), KVS_TASK_FAILED);
+        if (now_ms() - t0 > 1500 && strstr(sr.message, "(next attempt in") == NULL) break;
+        sleep_ms(5);
+    }
+    REQUIRE(start_server(srv, 0, NULL) == 0);
+    int64_t ready = now_ms();
+    CHECK_EQ_INT(store_one(a, 2, &sr), KVS_TASK_OK);
+    if (sr.state != KVS_TASK_OK) fprintf(stderr, "due task: %s\n", sr.message);
+    fprintf(stderr, "  stored %lld ms after the server answered\n", (long long)(now_ms() - ready));
+    CHECK(status_healthy(a));
+    close_own_server(srv, a);
+}
+
+/* A task that fails on a node in backoff with another error says which
+ * error put the node in backoff: its wait is otherwise unexplained. */
+static void test_failure_in_backoff_names_its_cause(void)
+{
+    server *srv;
+    kvs_l2_adapter *a = open_own_server(&srv, 300);
+    REQUIRE(a != NULL);
+    int P = srv->port;
+    kvs_l2_store_result sr;
+    CHECK_EQ_INT(store_one(a, 0, &sr), KVS_TASK_OK);
+    kill_server(srv);
+    char want[256];
+    snprintf(want, sizeof want, "redis: store of key 0: 127.0.0.1:%d: connect: Connection refused",
+             P);
+    CHECK_EQ_INT(store_one(a, 1, &sr), KVS_TASK_FAILED);
+    CHECK_EQ_STR(sr.message, want);
+    /* Refused again: that error says it all (no repeat of it). */
+    CHECK_EQ_INT(store_one(a, 2, &sr), KVS_TASK_FAILED);
+    CHECK_EQ_STR(sr.message, want);
+    /* Back, but not answering: the connection after the backoff is made,
+     * and the task times out on it. */
+    REQUIRE(start_server(srv, 0, NULL) == 0);
+    redisContext *c = raw_connect(P);
+    REQUIRE(raw_ok(c, "CLIENT PAUSE 1500 ALL"));
+    CHECK_EQ_INT(store_one(a, 3, &sr), KVS_TASK_FAILED);
+    CHECK_EQ_INT(sr.status, KVS_EIO);
+    snprintf(want, sizeof want,
+             "redis: store of key 0: 127.0.0.1:%d: timed out after 300 ms; the node was in "
+             "backoff after: connect: Connection refused", P);
+    CHECK_EQ_STR(sr.message, want);
+    freeReplyObject(raw(c, "PING")); /* wait out the pause */
+    redisFree(c);
+    CHECK_EQ_INT(store_one(a, 4, &sr), KVS_TASK_OK);
+    CHECK(status_healthy(a));
+    close_own_server(srv, a);
+}
+
 /* AUTH (password from the URL or the config, with or without a user) and
  * SELECT. */
 static void test_auth_and_database(void)
@@ -1782,6 +1877,8 @@ int main(void)
     RUN(test_timeout_fails_the_task_on_time);
     RUN(test_close_with_tasks_in_flight);
     RUN(test_server_killed_mid_batch_and_restarted);
+    RUN(test_due_task_makes_a_final_attempt);
+    RUN(test_failure_in_backoff_names_its_cause);
     RUN(test_auth_and_database);
     RUN(test_odd_replies);
     RUN(test_cluster_routing_and_slot_migration);

@@ -76,16 +76,26 @@
  *   drops ("...: connection lost: server closed the connection"), or a
  *   failed AUTH or SELECT fail the keys routed to that node, and only
  *   those. A connection that failed, timed out or lost its place in the
- *   reply stream is closed; the next task opens a new one. Failed connection
- *   attempts to a node are spaced by a backoff of 10 ms doubling to 1 s
- *   (reset by a success); a task that would have to wait past its deadline
- *   for the next attempt fails at once with the node's last error and
- *   "(next attempt in N ms)". A kept connection that the server closed
- *   while idle (a restart) is noticed before use, and a pipeline that fails
- *   on a kept connection before any reply is retried once on a new one, so
- *   tasks after a server restart succeed (if the retry fails too, the keys
- *   report the first failure). A SET whose reply was lost (timeout, broken
- *   connection) may still have been applied by the server.
+ *   reply stream is closed; the next task opens a new one.
+ *   Backoff: after a failed connection attempt a node is in backoff until
+ *   an attempt succeeds; its next attempt waits 10 ms, doubling with each
+ *   failure to at most 250 ms, so tasks reach a restarted server within
+ *   about 250 ms of it answering. A task meeting a node in backoff waits
+ *   for that next attempt, but never past the point where half of its
+ *   timeout_ms is left: if the attempt is due later, the task makes a final
+ *   attempt of its own there, so a server back in time serves it. A task
+ *   makes one connection attempt per node (per redirection round): a
+ *   refused attempt fails its keys at once, and the first task to meet a
+ *   fault reports it without waiting. A task that fails on a node in
+ *   backoff with another error than the one that put it there names that
+ *   one too: "redis: store of key 3: 127.0.0.1:6390: timed out after 1000
+ *   ms; the node was in backoff after: connect: Connection refused".
+ *   A kept connection that the server closed while idle (a restart) is
+ *   noticed before use, and a pipeline that fails on a kept connection
+ *   before any reply is retried once on a new one, so tasks after a server
+ *   restart succeed (if the retry fails too, the keys report the first
+ *   failure). A SET whose reply was lost (timeout, broken connection) may
+ *   still have been applied by the server.
  *
  * Redis Cluster ("cluster": true)
  *   The URLs are seeds. The adapter reads the slot map (CLUSTER SLOTS) from
@@ -97,8 +107,9 @@
  *   redirected at most 5 times per task ("redis: load of key 0: too many
  *   redirections (last: 127.0.0.1:7001)"). Nodes met in redirections or
  *   maps are added as they appear. A slot no master serves fails its keys
- *   ("...: cluster: slot 1234 is not served by any node"). Cluster mode
- *   uses database 0 only.
+ *   ("...: cluster: slot 1234 is not served by any node"). Reading the map
+ *   does not wait for a node in backoff (its error ends with "(next
+ *   attempt in N ms)"). Cluster mode uses database 0 only.
  *
  * Delete, object sizes, usage, status
  *   Synchronous, on the calling thread, each bounded by timeout_ms. Delete

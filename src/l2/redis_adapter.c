@@ -76,7 +76,7 @@
 #define NO_NODE 0xffffu          /* slot map entry: no master serves the slot */
 #define MAX_REDIRECTS 5          /* per key and task */
 #define BACKOFF_FIRST_MS 10
-#define BACKOFF_MAX_MS 1000
+#define BACKOFF_MAX_MS 250
 #define READ_CHUNK (256 * 1024)  /* bytes read from a socket at a time */
 #define IOV_BATCH 64             /* iovecs per sendmsg */
 #define NS_PER_MS 1000000ll
@@ -96,6 +96,7 @@ typedef struct rnode {
     unsigned open_conns;
     int failed;              /* the last connect failed or a connection broke */
     char last_error[ERR_MAX];
+    char backoff_error[ERR_MAX]; /* the last failed connection attempt's */
 } rnode;
 
 /* The connections of one worker (or of the synchronous calls): at most one
@@ -327,6 +328,7 @@ static void node_connect_failed(redis_adapter *r, rnode *nd, const char *msg)
     pthread_mutex_lock(&r->state_mu);
     nd->failed = 1;
     msgf(nd->last_error, sizeof nd->last_error, "%s", msg);
+    msgf(nd->backoff_error, sizeof nd->backoff_error, "%s", msg);
     nd->backoff_ms = nd->backoff_ms ? nd->backoff_ms * 2 : BACKOFF_FIRST_MS;
     if (nd->backoff_ms > BACKOFF_MAX_MS) nd->backoff_ms = BACKOFF_MAX_MS;
     nd->next_attempt = now_ns() + (int64_t)nd->backoff_ms * NS_PER_MS;
@@ -407,7 +409,9 @@ static void pipe_fail(rpipe *p, int lost, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    msgf(p->err, sizeof p->err, "%s: %s", p->nd->addr, why);
+    char after[ERR_MAX]; /* "; the node was in backoff after: ..." (conn_get), or "" */
+    msgf(after, sizeof after, "%s", p->err);
+    msgf(p->err, sizeof p->err, "%s: %s%s", p->nd->addr, why, after);
     p->state = PIPE_FAILED;
     p->lost = lost;
 }
@@ -727,9 +731,40 @@ static int conn_handshake(redis_adapter *r, rnode *nd, redisContext *c, char *bu
     return rc;
 }
 
-/* The set's connection to node i, opened if needed (waiting out the node's
- * backoff unless that passes the deadline, or at all with no_wait). NULL
- * with err set if there is none. *reused: it was open already. */
+/* One connection attempt to nd: connect, then AUTH / SELECT. NULL with err
+ * set (and the node's backoff grown) if it fails. */
+static redisContext *conn_open(redis_adapter *r, rnode *nd, char *buf, int64_t deadline,
+                               char *err, size_t errsize)
+{
+    int fd = tcp_connect(nd, deadline, r->timeout_ms, err, errsize);
+    redisContext *c = fd < 0 ? NULL : redisConnectFd(fd); /* takes fd: redisFree closes it */
+    if (fd >= 0 && (c == NULL || c->err)) {
+        msgf(err, errsize, "%s: out of memory", nd->addr);
+        if (c) redisFree(c);
+        else close(fd);
+        c = NULL;
+    } else if (c != NULL && conn_handshake(r, nd, c, buf, deadline, err, errsize) != 0) {
+        redisFree(c);
+        c = NULL;
+    }
+    if (c == NULL) node_connect_failed(r, nd, err);
+    return c;
+}
+
+/* The set's connection to node i, opened if needed. NULL with err set if
+ * there is none. *reused: it was open already.
+ * A node whose last connection attempt failed is in backoff; its next
+ * attempt is scheduled. With no_wait a task fails at once until then.
+ * Otherwise it waits for that attempt, but never past the last point where
+ * an attempt still fits (half of timeout_ms before the deadline: the time
+ * a final attempt gets), so a server back within the task's time serves
+ * it rather than the task failing unheard. A task that then fails with
+ * another error than the one that put the node in backoff names that one
+ * too (the wait or the little time left is otherwise unexplained; the same
+ * error again would say nothing new): err
+ * ends with "; the node was in backoff after: <error>", and holds just
+ * that when the connection is made, for a failure on it to append
+ * (pipe_fail). */
 static redisContext *conn_get(redis_adapter *r, connset *cs, int i, int64_t deadline,
                               int no_wait, int *reused, char *err, size_t errsize)
 {
@@ -748,41 +783,36 @@ static redisContext *conn_get(redis_adapter *r, connset *cs, int i, int64_t dead
     }
     pthread_mutex_lock(&r->state_mu);
     int64_t next = nd->next_attempt;
+    int in_backoff = nd->backoff_ms != 0; /* since a failed attempt, until a success */
     char last[ERR_MAX];
-    msgf(last, sizeof last, "%s", nd->last_error);
+    msgf(last, sizeof last, "%s", nd->backoff_error);
     pthread_mutex_unlock(&r->state_mu);
     int64_t now = now_ns();
     if (next > now) {
-        if (no_wait || next >= deadline) {
+        if (no_wait) {
             msgf(err, errsize, "%s (next attempt in %d ms)", last, ms_until(next, now));
             return NULL;
         }
-        sleep_until(next);
+        int64_t last_chance = deadline - (int64_t)r->timeout_ms * NS_PER_MS / 2;
+        sleep_until(next < last_chance ? next : last_chance);
         now = now_ns();
     }
+    redisContext *c = NULL;
     if (now >= deadline) {
         msgf(err, errsize, "%s: timed out after %u ms", nd->addr, r->timeout_ms);
         count_error(r, err);
-        return NULL;
+    } else {
+        c = conn_open(r, nd, cs->rbuf, deadline, err, errsize);
     }
-    int fd = tcp_connect(nd, deadline, r->timeout_ms, err, errsize);
-    if (fd < 0) {
-        node_connect_failed(r, nd, err);
-        return NULL;
+    if (c != NULL) err[0] = '\0';
+    if (in_backoff && strcmp(err, last) != 0) {
+        size_t alen = strlen(nd->addr), len = strlen(err);
+        const char *why = strncmp(last, nd->addr, alen) == 0 && strncmp(last + alen, ": ", 2) == 0
+                              ? last + alen + 2
+                              : last;
+        msgf(err + len, errsize - len, "; the node was in backoff after: %s", why);
     }
-    redisContext *c = redisConnectFd(fd); /* takes fd: redisFree closes it */
-    if (c == NULL || c->err) {
-        msgf(err, errsize, "%s: out of memory", nd->addr);
-        if (c) redisFree(c);
-        else close(fd);
-        node_connect_failed(r, nd, err);
-        return NULL;
-    }
-    if (conn_handshake(r, nd, c, cs->rbuf, deadline, err, errsize) != 0) {
-        redisFree(c);
-        node_connect_failed(r, nd, err);
-        return NULL;
-    }
+    if (c == NULL) return NULL;
     cs->conns[i] = c;
     node_connected(r, nd);
     return c;
@@ -1454,8 +1484,8 @@ static int rd_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
             break;
         }
         p->ncmds = 1;
-        p->c = conn_get(r, cs, p->node, deadline, 0, &p->reused, err, sizeof err);
-        if (p->c == NULL) rc = kvs_set_error(KVS_EIO, "redis: usage: %s", err);
+        p->c = conn_get(r, cs, p->node, deadline, 0, &p->reused, p->err, sizeof p->err);
+        if (p->c == NULL) rc = kvs_set_error(KVS_EIO, "redis: usage: %s", p->err);
     }
     if (rc == KVS_OK) {
         run_pipes(r, pipes, npipes, cs->rbuf, deadline);
