@@ -2,8 +2,10 @@
 # Compile every library source for aarch64 with the project's warnings, as
 # an aarch64 build would (the *_avx2.c / *_avx512.c files are x86-only and
 # left out there too), so x86-only code cannot slip into the portable path.
-# jansson's and hiredis' headers are the same on both architectures (LP64),
-# so the host's copies serve.
+# jansson's, hiredis' and OpenSSL's headers are the same on both
+# architectures (LP64), so the host's copies serve (OpenSSL's two generated
+# headers, configuration.h and opensslconf.h, sit in the host's multiarch
+# directory and are linked in beside the others).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CC=${AARCH64_CC:-aarch64-linux-gnu-gcc}
@@ -13,6 +15,11 @@ out=$(mktemp -d)
 trap 'rm -rf "$inc" "$out"' EXIT
 ln -s /usr/include/jansson.h /usr/include/jansson_config.h "$inc/"
 ln -s /usr/include/hiredis "$inc/hiredis"
+mkdir "$inc/openssl"
+ln -s /usr/include/openssl/*.h "$inc/openssl/"
+for h in /usr/include/*-linux-gnu/openssl/*.h; do
+  [ -e "$inc/openssl/$(basename "$h")" ] || ln -s "$h" "$inc/openssl/"
+done
 n=0
 while IFS= read -r f; do
   "$CC" -std=c11 -O2 -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
