@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "kvs_test.h"
@@ -1084,6 +1086,118 @@ static void test_wrapper_keys(void)
     kvs_l2_destroy(w);
 }
 
+/* ---------------------------------------------------------------------
+ * 7. aes_gcm inside a pipeline: the frame header and the object key are
+ *    authenticated, keys rotate, and each failure has its own outcome
+ * ------------------------------------------------------------------ */
+
+/* A key file of 32 bytes `fill` with the given mode; returns its path. */
+static const char *key_file(char *path, size_t cap, uint8_t fill, mode_t mode)
+{
+    snprintf(path, cap, "/tmp/kvs-test-pipeline-key-%d-%02x", (int)getpid(), fill);
+    uint8_t k[32];
+    memset(k, fill, sizeof k);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(k, 1, sizeof k, f) != sizeof k) abort();
+    fclose(f);
+    if (chmod(path, mode) != 0) abort();
+    return path;
+}
+
+static void aes_config(char *json, size_t cap, const char *first, const char *second)
+{
+    if (second)
+        snprintf(json, cap,
+                 "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"crc32c\"},"
+                 "{\"type\":\"aes_gcm\",\"key_files\":[\"%s\",\"%s\"]}]}",
+                 first, second);
+    else
+        snprintf(json, cap,
+                 "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"crc32c\"},"
+                 "{\"type\":\"aes_gcm\",\"key_file\":\"%s\"}]}",
+                 first);
+}
+
+static void test_aes_gcm_pipeline(void)
+{
+    char k1[128], k2[128], open_key[128], json[512], msg[KVS_ERROR_MSG_MAX];
+    key_file(k1, sizeof k1, 0x11, 0600);
+    key_file(k2, sizeof k2, 0x22, 0600);
+    fixture f;
+    aes_config(json, sizeof json, k1, NULL);
+    REQUIRE(fixture_open(&f, json, 4));
+    /* fp8 codes + crc32c, encrypted: header + 128 + 4 + 16-byte tag */
+    size_t h = header_len(&f.b);
+    CHECK_EQ_U64(f.b.len, h + 128 + 4 + 16);
+    CHECK_EQ_U64(f.b.len, f.b.estimate);
+    CHECK_OK(deser(&f.p, f.b.data, f.b.len, f.dst, &f.key));
+    kvs_frame_info info;
+    REQUIRE_OK(kvs_frame_inspect(f.b.data, f.b.len, &info));
+    CHECK_EQ_INT(info.nstages, 3);
+    CHECK_EQ_STR(info.stages[2].name, "aes_gcm");
+
+    /* a fresh nonce per blob: the same source gives another ciphertext */
+    blob again = ser(&f.p, f.src, &f.key);
+    REQUIRE(again.data != NULL && again.len == f.b.len);
+    CHECK(memcmp(again.data + h, f.b.data + h, f.b.len - h) != 0);
+    free(again.data);
+
+    /* a ciphertext byte, the tag, and a header byte (with the header CRC
+     * made right again, so only the authentication can notice) */
+    kvs_memobj_free(f.dst);
+    f.dst = new_canary(&f.src->layout);
+    const char *auth =
+        "aes_gcm: authentication failed (wrong key, or ciphertext, header or object key altered)";
+    uint8_t *w = fixture_copy(&f);
+    w[h + 3] ^= 0x40;
+    expect_refused(&f, w, f.b.len, &f.key, KVS_EAUTH, auth);
+    w = fixture_copy(&f);
+    w[f.b.len - 1] ^= 0x01;
+    expect_refused(&f, w, f.b.len, &f.key, KVS_EAUTH, auth);
+    w = fixture_copy(&f);
+    w[24] = KVS_FMT_KV_2TD; /* the memory format: valid, but not what was sealed */
+    fix_header_crc(w);
+    expect_refused(&f, w, f.b.len, &f.key, KVS_EAUTH, auth);
+    /* the fingerprint check comes first for another key; with no key the
+     * AAD holds no key bytes, so a keyed blob fails authentication */
+    kvs_object_key other = key_n(1);
+    CHECK_EQ_INT(load_both(&f, f.b.data, f.b.len, &other), KVS_EKEY);
+    expect_refused(&f, f.b.data, f.b.len, NULL, KVS_EAUTH, auth);
+
+    /* rotation: a deserializer holding [k2, k1] opens it, one holding only
+     * k2 says which key id the blob needs */
+    kvs_serde_pair both = make_pair((aes_config(json, sizeof json, k2, k1), json));
+    CHECK_OK(deser(&both, f.b.data, f.b.len, f.dst, &f.key));
+    kvs_serde_pair wrong = make_pair((aes_config(json, sizeof json, k2, NULL), json));
+    int rc = deser(&wrong, f.b.data, f.b.len, f.dst, &f.key);
+    CHECK_EQ_INT(rc, KVS_EAUTH);
+    CHECK(strstr(kvs_last_error(), "aes_gcm: no configured key has key id ") == kvs_last_error());
+    kvs_serde_pair_destroy(&both);
+    kvs_serde_pair_destroy(&wrong);
+    fixture_close(&f);
+
+    /* a key file others can read is refused when the pipeline is made */
+    key_file(open_key, sizeof open_key, 0x33, 0644);
+    aes_config(json, sizeof json, open_key, NULL);
+    kvs_serde_pair p;
+    snprintf(msg, sizeof msg,
+             "pipeline: stage 2: aes_gcm: key file %s is readable by group or others (mode "
+             "0644); chmod 600 it",
+             open_key);
+    CHECK_ERR(kvs_serde_create_pair(json, &p), KVS_EINVAL, msg);
+    /* and nothing may follow the encryption */
+    snprintf(json, sizeof json,
+             "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"aes_gcm\","
+             "\"key_file\":\"%s\"},{\"type\":\"crc32c\"}]}",
+             k1);
+    CHECK_ERR(kvs_serde_create_pair(json, &p), KVS_EINVAL,
+              "pipeline: stage 2 'crc32c' follows the encryption at stage 1 'aes_gcm'; "
+              "encryption must be the last stage");
+    unlink(k1);
+    unlink(k2);
+    unlink(open_key);
+}
+
 int main(void)
 {
     RUN(test_create_ok);
@@ -1104,5 +1218,6 @@ int main(void)
     RUN(test_verify_arguments);
     RUN(test_processor_keys);
     RUN(test_wrapper_keys);
+    RUN(test_aes_gcm_pipeline);
     return TEST_SUMMARY();
 }
