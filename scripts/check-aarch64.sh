@@ -2,7 +2,7 @@
 # Compile every library source for aarch64 with the project's warnings, as
 # an aarch64 build would (the *_avx2.c / *_avx512.c files are x86-only and
 # left out there too), so x86-only code cannot slip into the portable path.
-# jansson's, hiredis' and OpenSSL's headers are the same on both
+# jansson's, hiredis', libxxhash's and OpenSSL's headers are the same on both
 # architectures (LP64), so the host's copies serve (OpenSSL's two generated
 # headers, configuration.h and opensslconf.h, sit in the host's multiarch
 # directory and are linked in beside the others).
@@ -13,7 +13,7 @@ command -v "$CC" >/dev/null || { echo "check-aarch64: $CC not found (scripts/set
 inc=$(mktemp -d)
 out=$(mktemp -d)
 trap 'rm -rf "$inc" "$out"' EXIT
-ln -s /usr/include/jansson.h /usr/include/jansson_config.h "$inc/"
+ln -s /usr/include/jansson.h /usr/include/jansson_config.h /usr/include/xxhash.h "$inc/"
 ln -s /usr/include/hiredis "$inc/hiredis"
 mkdir "$inc/openssl"
 ln -s /usr/include/openssl/*.h "$inc/openssl/"

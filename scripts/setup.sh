@@ -16,6 +16,7 @@ packages=(
   libclang-rt-14-dev  # clang's libFuzzer and sanitizer runtimes (make fuzz)
   valgrind          # make valgrind
   gcc-aarch64-linux-gnu  # make aarch64: the portable code compiles for aarch64
+  libc6-dev-arm64-cross  # and the aarch64 C library headers it compiles against
   libxxhash-dev     # the xxh3 checksum stage of framed pipelines
   libssl-dev        # the aes_gcm stage: OpenSSL's libcrypto (AES-256-GCM, HKDF-SHA256)
 )
