@@ -53,7 +53,7 @@ endif()
 # ---------------------------------------------------------------------------
 # libFuzzer targets: every fuzz/fuzz_*.c is one executable (make fuzz runs
 # them; fuzz/README.md). The safetensors reader lives in the tool, so its
-# target compiles tools/safetensors.c in.
+# target compiles tools/safetensors.c and its name index (name_index.c) in.
 # ---------------------------------------------------------------------------
 if(KVS_BUILD_FUZZ)
   file(GLOB KVS_FUZZ_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/fuzz/fuzz_*.c)
@@ -69,7 +69,8 @@ if(KVS_BUILD_FUZZ)
     add_dependencies(fuzz_all ${name})
   endforeach()
   if(TARGET fuzz_safetensors)
-    target_sources(fuzz_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/tools/safetensors.c)
+    target_sources(fuzz_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/tools/safetensors.c
+      ${PROJECT_SOURCE_DIR}/tools/name_index.c)
   endif()
   # The seed corpora's generator (fuzz/seeds.c; fuzz/README.md): a plain
   # program, not a fuzz target.

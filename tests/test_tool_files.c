@@ -14,8 +14,10 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codecs/half.h"
@@ -28,6 +30,7 @@ static char tool[4096];
 static char root_dir[4096]; /* mkdtemp: io/ holds captured output, work/ the files */
 static char io_dir[4200];
 static char work[4200];
+static double last_run_cpu_s; /* user + system CPU seconds of the last run */
 
 /* ----- small helpers ----------------------------------------------------- */
 
@@ -119,8 +122,11 @@ static int run_env(const char *env_entry, char **out, char **err, const char *co
         return -1;
     }
     int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
     }
+    last_run_cpu_s = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                     (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     if (out) *out = read_all(opath, NULL);
     if (err) *err = read_all(epath, NULL);
     if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -1190,7 +1196,289 @@ static void test_failed_write(void)
     /* A relative OUT (no directory part) is written in the current one. */
 }
 
-int main(void)
+/* ----- many tensors ---------------------------------------------------------- */
+
+/* Every command is O(n log n) in the number of tensors (docs/cli.md): a file
+ * of MANY tiny tensors goes through encode, inspect, inspect --compare and
+ * decode, each within MANY_CPU_LIMIT seconds of CPU time (CPU, not wall
+ * time, so a busy machine does not fail it). Each takes 2 to 5 s of CPU in
+ * a plain build and 5 to 13 s with sanitizers; with a linear name lookup
+ * per tensor, decode took 300 s and inspect --compare far longer. The header
+ * lists the tensors by name while the data is in another order; every
+ * 1000th tensor is U8 (kept as it is), the others BF16 [2]. */
+#define MANY 200000u
+#define MANY_CPU_LIMIT 40.0
+#define MANY_U8(i) ((i) % 1000 == 999)
+#define MANY_NU8 (MANY / 1000)
+
+static void many_values(unsigned i, uint16_t v[2])
+{
+    v[0] = (uint16_t)(0x3F80 + i % 512);        /* 1.0 up to about 3 */
+    v[1] = (uint16_t)(0xBE00 + (i * 13) % 256); /* small negatives */
+}
+
+/* A file of the 8-byte size, the header text and the data. */
+static int write_parts(const char *path, const char *header, size_t len, const void *data,
+                       size_t ndata)
+{
+    uint8_t n8[8];
+    for (int b = 0; b < 8; b++) n8[b] = (uint8_t)((uint64_t)len >> (8 * b));
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(n8, 1, 8, f) == 8 && fwrite(header, 1, len, f) == len &&
+             fwrite(data, 1, ndata, f) == ndata;
+    if (f && fclose(f) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+static int write_many(const char *path)
+{
+    uint64_t *off = malloc(MANY * sizeof *off);
+    size_t cap = (size_t)MANY * 96 + 256, len = 0, ndata = 0;
+    char *h = malloc(cap);
+    uint8_t *data = malloc((size_t)MANY * 4);
+    int rc = -1;
+    if (off == NULL || h == NULL || data == NULL) goto out;
+    /* Data slot s holds tensor s * 7919 mod MANY (7919 is prime to MANY). */
+    for (unsigned s = 0; s < MANY; s++) {
+        unsigned i = (unsigned)(((uint64_t)s * 7919) % MANY);
+        off[i] = ndata;
+        if (MANY_U8(i)) {
+            data[ndata++] = (uint8_t)(i / 1000);
+        } else {
+            uint16_t v[2];
+            many_values(i, v);
+            memcpy(data + ndata, v, 4);
+            ndata += 4;
+        }
+    }
+    len += (size_t)snprintf(h, cap, "{\"__metadata__\":{\"source\":\"many\"}");
+    for (unsigned i = 0; i < MANY; i++) {
+        int u8 = MANY_U8(i);
+        len += (size_t)snprintf(h + len, cap - len,
+                                ",\"blk.%06u.kv\":{\"dtype\":\"%s\",\"shape\":[%d],"
+                                "\"data_offsets\":[%llu,%llu]}",
+                                i, u8 ? "U8" : "BF16", u8 ? 1 : 2, (unsigned long long)off[i],
+                                (unsigned long long)off[i] + (u8 ? 1 : 4));
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    rc = write_parts(path, h, len, data, ndata);
+out:
+    free(off);
+    free(h);
+    free(data);
+    return rc;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Run the tool; it must stay within MANY_CPU_LIMIT (the times are shown). */
+static int run_timed(char **out, char **err, const char *what, const char *const *args)
+{
+    double t0 = now_s();
+    int rc = run(out, err, args);
+    fprintf(stderr, "  %u tensors: %s took %.2f s of CPU, %.2f s in all\n", MANY, what,
+            last_run_cpu_s, now_s() - t0);
+    if (last_run_cpu_s > MANY_CPU_LIMIT)
+        KVS_FAIL_("%s of %u tensors took %.2f s of CPU; the limit is %.0f", what, MANY,
+                  last_run_cpu_s, MANY_CPU_LIMIT);
+    return rc;
+}
+
+static size_t count_lines(const char *s)
+{
+    size_t n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+static void test_many_tensors(void)
+{
+    clear_dir(work);
+    const char *in = path_in("many.safetensors"), *enc = path_in("many_enc.safetensors"),
+               *dec = path_in("many_dec.safetensors");
+    REQUIRE(write_many(in) == 0);
+    const unsigned long long in_bytes = 4ull * (MANY - MANY_NU8) + MANY_NU8,
+                             enc_bytes = 2ull * (MANY - MANY_NU8) + MANY_NU8;
+    /* Sampled tensors: first, last, in between, and U8 ones. */
+    static const unsigned samples[] = {0, 1, 7919, 123457, 199998, 999, 150999, 199999};
+    const size_t nsamples = sizeof samples / sizeof samples[0];
+
+    char *out = NULL, *err = NULL;
+    CHECK_EQ_INT(run_timed(&out, &err, "encode", ARGS("encode", in, enc)), 0);
+    CHECK_EQ_STR(out, strf("%s: encoded %u of %u tensors with {\"type\":\"fp8\"}; data %llu -> "
+                           "%llu bytes\n",
+                           enc, MANY - MANY_NU8, MANY, in_bytes, enc_bytes));
+    CHECK_EQ_STR(err, "");
+    free(out);
+    free(err);
+
+    /* The listing: every metadata entry, every tensor in data order (the
+     * F8_E4M3 ones by name, then the U8 ones). */
+    CHECK_EQ_INT(run_timed(&out, &err, "inspect", ARGS("inspect", enc)), 0);
+    CHECK_EQ_STR(err, "");
+    free(err);
+    REQUIRE(out);
+    const char *head = strf("%s: %u tensors, header %llu bytes, data %llu bytes\n"
+                            "metadata:\n"
+                            "  kvserde.dtype.blk.000000.kv: bfloat16\n",
+                            enc, MANY, header_size(enc), enc_bytes);
+    CHECK(strncmp(out, head, strlen(head)) == 0);
+    CHECK(strstr(out, "\n  kvserde.dtype.blk.199998.kv: bfloat16\n"
+                      "  kvserde.format: 1\n"
+                      "  kvserde.serde: {\"type\":\"fp8\"}\n"
+                      "  source: many\n"
+                      "tensors:\n"
+                      "  NAME           DTYPE    SHAPE  BYTES\n"
+                      "  blk.000000.kv  F8_E4M3  [2]        2\n"
+                      "  blk.000001.kv  F8_E4M3  [2]        2\n") != NULL);
+    CHECK(strstr(out, "\n  blk.199998.kv  F8_E4M3  [2]        2\n"
+                      "  blk.000999.kv  U8       [1]        1\n") != NULL);
+    const char *tail = "\n  blk.199999.kv  U8       [1]        1\n";
+    CHECK(strlen(out) > strlen(tail) &&
+          strcmp(out + strlen(out) - strlen(tail), tail) == 0);
+    /* header line, "metadata:", the entries, "tensors:", the column names,
+     * the rows */
+    CHECK_EQ_U64(count_lines(out), 1 + 1 + (MANY - MANY_NU8 + 3) + 1 + 1 + MANY);
+    free(out);
+
+    /* --compare finds each tensor's original by name. */
+    CHECK_EQ_INT(run_timed(&out, &err, "inspect --compare",
+                           ARGS("inspect", enc, "--compare", in)),
+                 0);
+    CHECK_EQ_STR(err, "");
+    free(err);
+    REQUIRE(out);
+    CHECK(strncmp(out, head, strlen(head)) == 0);
+    CHECK_EQ_U64(count_lines(out), 1 + 1 + (MANY - MANY_NU8 + 3) + 1 + 1 + MANY + 1);
+    const char *ratio = strf("\ndata: %llu bytes; %s: %llu bytes (ratio 0.500)\n", enc_bytes,
+                             in, in_bytes);
+    CHECK(strlen(out) > strlen(ratio) &&
+          strcmp(out + strlen(out) - strlen(ratio), ratio) == 0);
+    for (size_t k = 0; k < nsamples; k++) {
+        unsigned i = samples[k];
+        const char *name = strf("blk.%06u.kv", i);
+        double x[2], o[2];
+        if (MANY_U8(i)) {
+            x[0] = o[0] = (double)(i / 1000);
+            check_row(out, name, "U8", expect_figures(x, o, 1));
+            continue;
+        }
+        uint16_t v[2];
+        uint8_t codes[2];
+        float back[2];
+        many_values(i, v);
+        CHECK_OK(kvs_fp8_encode(v, KVS_DTYPE_BFLOAT16, codes, KVS_DTYPE_FLOAT8_E4M3FN, 1, 2));
+        CHECK_OK(kvs_fp8_decode(codes, KVS_DTYPE_FLOAT8_E4M3FN, back, KVS_DTYPE_FLOAT32, 2));
+        for (int j = 0; j < 2; j++) {
+            x[j] = back[j];
+            o[j] = kvs_bf16_to_f32(v[j]);
+        }
+        check_row(out, name, "BF16", expect_figures(x, o, 2));
+    }
+    free(out);
+
+    CHECK_EQ_INT(run_timed(&out, &err, "decode", ARGS("decode", enc, dec)), 0);
+    CHECK_EQ_STR(out, strf("%s: decoded %u of %u tensors; data %llu -> %llu bytes\n", dec,
+                           MANY - MANY_NU8, MANY, enc_bytes, in_bytes));
+    CHECK_EQ_STR(err, "");
+    free(out);
+    free(err);
+
+    /* The sampled tensors' bytes in both files. */
+    stf fe, fd;
+    REQUIRE(st_load(enc, &fe) == 0);
+    if (st_load(dec, &fd) != 0) {
+        st_free(&fe);
+        KVS_FAIL_("cannot load %s", dec);
+        return;
+    }
+    CHECK_EQ_U64(json_object_size(fe.hdr), MANY + 1);
+    CHECK_EQ_U64(json_object_size(fd.hdr), MANY + 1);
+    char *m = st_meta(&fd);
+    CHECK_EQ_STR(m, "{\"source\":\"many\"}");
+    free(m);
+    for (size_t k = 0; k < nsamples; k++) {
+        unsigned i = samples[k];
+        const char *name = strf("blk.%06u.kv", i);
+        const uint8_t *p;
+        if (MANY_U8(i)) {
+            uint8_t u = (uint8_t)(i / 1000);
+            if ((p = st_get(&fe, name, "U8", "[1]", 1))) CHECK_EQ_INT(p[0], u);
+            if ((p = st_get(&fd, name, "U8", "[1]", 1))) CHECK_EQ_INT(p[0], u);
+            continue;
+        }
+        uint16_t v[2], want[2];
+        uint8_t codes[2];
+        many_values(i, v);
+        CHECK_OK(kvs_fp8_encode(v, KVS_DTYPE_BFLOAT16, codes, KVS_DTYPE_FLOAT8_E4M3FN, 1, 2));
+        CHECK_OK(kvs_fp8_decode(codes, KVS_DTYPE_FLOAT8_E4M3FN, want, KVS_DTYPE_BFLOAT16, 2));
+        if ((p = st_get(&fe, name, "F8_E4M3", "[2]", 2))) CHECK(memcmp(p, codes, 2) == 0);
+        if ((p = st_get(&fd, name, "BF16", "[2]", 4))) CHECK(memcmp(p, want, 4) == 0);
+    }
+    st_free(&fe);
+    st_free(&fd);
+}
+
+/* encode refuses to write a header over the 100,000,000-byte cap (no
+ * reader would open the file): CAP_N tensors with 4000-byte names make a
+ * 53 MB header, and their kvserde.dtype entries double it. */
+#define CAP_N 13000u
+#define CAP_NAME 4000
+
+static void cap_name(unsigned i, char *name)
+{
+    snprintf(name, CAP_NAME + 1, "%05u", i);
+    memset(name + 5, 'n', CAP_NAME - 5);
+    name[CAP_NAME] = '\0';
+}
+
+static void test_header_cap(void)
+{
+    clear_dir(work);
+    const char *in = path_in("cap.safetensors"), *out_path = path_in("cap_enc.safetensors");
+    size_t cap = (size_t)CAP_N * (CAP_NAME + 80) + 64, len = 0;
+    char *h = malloc(cap), name[CAP_NAME + 1];
+    uint16_t *data = calloc(CAP_N, sizeof *data);
+    REQUIRE(h && data);
+    len += (size_t)snprintf(h, cap, "{");
+    for (unsigned i = 0; i < CAP_N; i++) {
+        cap_name(i, name);
+        len += (size_t)snprintf(h + len, cap - len,
+                                "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[1],"
+                                "\"data_offsets\":[%u,%u]}",
+                                i ? "," : "", name, 2 * i, 2 * i + 2);
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    int rc = write_parts(in, h, len, data, CAP_N * sizeof *data);
+    free(h);
+    free(data);
+    REQUIRE(rc == 0);
+
+    /* The header the writer would make: __metadata__ (sorted keys), then
+     * the F8_E4M3 tensors by name, padded to 8 bytes. */
+    size_t want = strlen("{\"__metadata__\":{") + strlen("\"kvserde.format\":\"1\",") +
+                  strlen("\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\"}") + strlen("}");
+    for (unsigned i = 0; i < CAP_N; i++) {
+        want += strlen("\"kvserde.dtype.\":\"bfloat16\",") + CAP_NAME;
+        want += (size_t)snprintf(NULL, 0, ",\"%s\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],"
+                                          "\"data_offsets\":[%u,%u]}",
+                                 "", i, i + 1) +
+                CAP_NAME;
+    }
+    want = (want + 7) / 8 * 8;
+    CHECK_FAILS(ARGS("encode", in, out_path), 1,
+                strf("kvserde encode: safetensors: the header would take %zu bytes; the limit "
+                     "is 100000000\n",
+                     want));
+    CHECK_EQ_STR(listing(), "cap.safetensors");
+}
+
+int main(int argc, char **argv)
 {
     const char *bin = getenv("KVS_TEST_BIN_DIR");
     if (bin == NULL) {
@@ -1211,18 +1499,25 @@ int main(void)
         return 1;
     }
 
-    RUN(test_usage);
-    RUN(test_roundtrip_e4m3);
-    RUN(test_roundtrip_e5m2);
-    RUN(test_decode_dtype);
-    RUN(test_raw_blobs);
-    RUN(test_exact_layout);
-    RUN(test_inspect);
-    RUN(test_odd_shapes);
-    RUN(test_compare);
-    RUN(test_malformed);
-    RUN(test_bad_kvserde_metadata);
-    RUN(test_failed_write);
+    /* `test_tool_files many_tensors` (the ctest tool_many_tensors, with its
+     * own TIMEOUT) runs the tests of large files alone. */
+    if (argc > 1 && strcmp(argv[1], "many_tensors") == 0) {
+        RUN(test_many_tensors);
+        RUN(test_header_cap);
+    } else {
+        RUN(test_usage);
+        RUN(test_roundtrip_e4m3);
+        RUN(test_roundtrip_e5m2);
+        RUN(test_decode_dtype);
+        RUN(test_raw_blobs);
+        RUN(test_exact_layout);
+        RUN(test_inspect);
+        RUN(test_odd_shapes);
+        RUN(test_compare);
+        RUN(test_malformed);
+        RUN(test_bad_kvserde_metadata);
+        RUN(test_failed_write);
+    }
 
     clear_dir(root_dir);
     rmdir(root_dir);

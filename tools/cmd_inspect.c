@@ -313,16 +313,15 @@ static int tensor_row(table *tab, opened *f, size_t i, opened *orig)
     row[3] = fmt("%llu", (unsigned long long)(t->end - t->begin));
     valsrc x = {0}, o = {0};
     if (orig) {
-        long oi = -1;
-        for (size_t j = 0; j < orig->file.ntensors; j++)
-            if (strcmp(orig->file.tensors[j].name, t->name) == 0) oi = (long)j;
-        if (oi < 0) {
+        const kvs_st_tensor *ot = kvs_st_find(&orig->file, t->name);
+        if (ot == NULL) {
             fprintf(stderr, "kvserde inspect: tensor '%s' of %s is not in %s\n", row[0],
                     f->path, orig->path);
             goto out;
         }
         if (valsrc_init(&f->file, &f->enc, i, &x) != KVS_OK ||
-            valsrc_init(&orig->file, &orig->enc, (size_t)oi, &o) != KVS_OK) {
+            valsrc_init(&orig->file, &orig->enc, (size_t)(ot - orig->file.tensors), &o) !=
+                KVS_OK) {
             fprintf(stderr, "kvserde inspect: %s\n", kvs_last_error());
             goto out;
         }

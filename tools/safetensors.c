@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,8 @@ void kvs_st_file_free(kvs_st_file *file)
         free(file->meta[i].value);
     }
     free(file->meta);
+    kvs_name_index_free(&file->tensor_names);
+    kvs_name_index_free(&file->meta_keys);
     memset(file, 0, sizeof *file);
 }
 
@@ -268,11 +271,6 @@ static int cmp_offsets(const void *a, const void *b)
     return strcmp(x->t.name, y->t.name);
 }
 
-static int cmp_meta(const void *a, const void *b)
-{
-    return strcmp(((const kvs_st_meta *)a)->key, ((const kvs_st_meta *)b)->key);
-}
-
 /* The tensors in offset order must tile the data section exactly. */
 static int check_layout(const parsed_tensor *pt, size_t n, uint64_t data_len)
 {
@@ -316,6 +314,28 @@ static int check_layout(const parsed_tensor *pt, size_t n, uint64_t data_len)
                        "%llu trailing byte%s",
                        (unsigned long long)pos, (unsigned long long)data_len,
                        (unsigned long long)(data_len - pos), data_len - pos == 1 ? "" : "s");
+    return KVS_OK;
+}
+
+/* The name indexes of a parsed file; the metadata entries are put in key
+ * order on the way (the JSON object's order is its hash table's). The keys
+ * are unique: the JSON parser refused duplicates. */
+static int index_file(kvs_st_file *f)
+{
+    if (kvs_name_index_build(&f->tensor_names, f->tensors, f->ntensors, sizeof *f->tensors,
+                             offsetof(kvs_st_tensor, name)) != KVS_OK ||
+        kvs_name_index_build(&f->meta_keys, f->meta, f->nmeta, sizeof *f->meta,
+                             offsetof(kvs_st_meta, key)) != KVS_OK)
+        return oom();
+    if (f->nmeta == 0) return KVS_OK;
+    kvs_st_meta *sorted = malloc(f->nmeta * sizeof *sorted);
+    if (sorted == NULL) return oom();
+    for (size_t i = 0; i < f->nmeta; i++) {
+        sorted[i] = f->meta[f->meta_keys.entries[i].index];
+        f->meta_keys.entries[i].index = i;
+    }
+    free(f->meta);
+    f->meta = sorted;
     return KVS_OK;
 }
 
@@ -394,22 +414,21 @@ int kvs_safetensors_parse(const uint8_t *buf, size_t len, kvs_st_file *out)
     }
     out->ntensors = count;
     free(pt);
-    if (out->nmeta) qsort(out->meta, out->nmeta, sizeof *out->meta, cmp_meta);
-    return KVS_OK;
+    rc = index_file(out);
+    if (rc) kvs_st_file_free(out);
+    return rc;
 }
 
 const kvs_st_tensor *kvs_st_find(const kvs_st_file *file, const char *name)
 {
-    for (size_t i = 0; i < file->ntensors; i++)
-        if (strcmp(file->tensors[i].name, name) == 0) return &file->tensors[i];
-    return NULL;
+    size_t i = kvs_name_index_find(&file->tensor_names, name);
+    return i == KVS_NAME_NONE ? NULL : &file->tensors[i];
 }
 
 const char *kvs_st_meta_get(const kvs_st_file *file, const char *key)
 {
-    for (size_t i = 0; i < file->nmeta; i++)
-        if (strcmp(file->meta[i].key, key) == 0) return file->meta[i].value;
-    return NULL;
+    size_t i = kvs_name_index_find(&file->meta_keys, key);
+    return i == KVS_NAME_NONE ? NULL : file->meta[i].value;
 }
 
 /* ------------------------------------------------------------------------
@@ -523,17 +542,6 @@ static int cmp_layout(const void *a, const void *b, void *base)
     return strcmp(x->name, y->name);
 }
 
-static int cmp_name(const void *a, const void *b, void *base)
-{
-    const kvs_st_out *t = base;
-    return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
-}
-
-static int cmp_meta_ptr(const void *a, const void *b)
-{
-    return strcmp((*(const kvs_st_meta *const *)a)->key, (*(const kvs_st_meta *const *)b)->key);
-}
-
 static json_t *uint_array(size_t n, const uint64_t *v)
 {
     json_t *arr = json_array();
@@ -572,39 +580,39 @@ int kvs_st_build_header(const kvs_st_out *tensors, size_t ntensors, const kvs_st
                                  kvs_st_dtype_name(t->dtype));
         order[i] = i;
     }
-    /* Names are unique: check them in name order, then lay out. */
-    qsort_r(order, ntensors, sizeof *order, cmp_name, (void *)tensors);
-    for (size_t i = 1; i < ntensors; i++)
-        if (strcmp(tensors[order[i]].name, tensors[order[i - 1]].name) == 0)
-            return kvs_set_error(KVS_EINVAL, "safetensors: duplicate tensor name '%s'",
-                                 tensors[order[i]].name);
+    /* Names and metadata keys are unique; the keys are written sorted. */
+    kvs_name_index names, keys;
+    if (kvs_name_index_build(&names, tensors, ntensors, sizeof *tensors,
+                             offsetof(kvs_st_out, name)) != KVS_OK)
+        return oom();
+    const char *dup = kvs_name_index_duplicate(&names);
+    int rc = dup ? kvs_set_error(KVS_EINVAL, "safetensors: duplicate tensor name '%s'", dup)
+                 : KVS_OK;
+    kvs_name_index_free(&names);
+    if (rc) return rc;
+    if (kvs_name_index_build(&keys, meta, nmeta, sizeof *meta, offsetof(kvs_st_meta, key)) !=
+        KVS_OK)
+        return oom();
+    if ((dup = kvs_name_index_duplicate(&keys)) != NULL) {
+        rc = kvs_set_error(KVS_EINVAL, "safetensors: duplicate metadata key '%s'", dup);
+        kvs_name_index_free(&keys);
+        return rc;
+    }
     qsort_r(order, ntensors, sizeof *order, cmp_layout, (void *)tensors);
 
-    const kvs_st_meta **sorted = NULL;
-    if (nmeta && (sorted = malloc(nmeta * sizeof *sorted)) == NULL) return oom();
-    for (size_t i = 0; i < nmeta; i++) sorted[i] = &meta[i];
-    if (nmeta) qsort(sorted, nmeta, sizeof *sorted, cmp_meta_ptr);
-    for (size_t i = 1; i < nmeta; i++)
-        if (strcmp(sorted[i]->key, sorted[i - 1]->key) == 0) {
-            int rc = kvs_set_error(KVS_EINVAL, "safetensors: duplicate metadata key '%s'",
-                                   sorted[i]->key);
-            free(sorted);
-            return rc;
-        }
-
-    int rc = KVS_OK;
     json_t *root = json_object();
     if (root == NULL) rc = oom();
     if (rc == KVS_OK && nmeta) {
         json_t *m = json_object();
         if (m == NULL || json_object_set_new(root, "__metadata__", m) != 0) rc = oom();
-        for (size_t i = 0; rc == KVS_OK && i < nmeta; i++)
-            if (json_object_set_new(m, sorted[i]->key, json_string(sorted[i]->value)) != 0)
+        for (size_t i = 0; rc == KVS_OK && i < nmeta; i++) {
+            const kvs_st_meta *e = &meta[keys.entries[i].index];
+            if (json_object_set_new(m, e->key, json_string(e->value)) != 0)
                 rc = kvs_set_error(KVS_EINVAL,
-                                   "safetensors: metadata '%s' is not valid UTF-8",
-                                   sorted[i]->key);
+                                   "safetensors: metadata '%s' is not valid UTF-8", e->key);
+        }
     }
-    free(sorted);
+    kvs_name_index_free(&keys);
     uint64_t offset = 0;
     for (size_t i = 0; rc == KVS_OK && i < ntensors; i++) {
         const kvs_st_out *t = &tensors[order[i]];
@@ -632,6 +640,12 @@ int kvs_st_build_header(const kvs_st_out *tensors, size_t ntensors, const kvs_st
 
     size_t tlen = strlen(text);
     size_t padded = (tlen + 7) / 8 * 8;
+    if (padded > KVS_ST_MAX_HEADER) { /* no reader would open the file */
+        free(text);
+        return kvs_set_error(KVS_EINVAL,
+                             "safetensors: the header would take %zu bytes; the limit is %u",
+                             padded, KVS_ST_MAX_HEADER);
+    }
     uint8_t *h = malloc(8 + padded);
     if (h == NULL) {
         free(text);
@@ -975,9 +989,8 @@ static int enc_tensor(const kvs_st_file *file, const kvs_st_tensor *t, const cha
 
 static long tensor_index(const kvs_st_file *file, const char *name)
 {
-    for (size_t i = 0; i < file->ntensors; i++)
-        if (strcmp(file->tensors[i].name, name) == 0) return (long)i;
-    return -1;
+    const kvs_st_tensor *t = kvs_st_find(file, name);
+    return t ? (long)(t - file->tensors) : -1;
 }
 
 int kvs_enc_open(const kvs_st_file *file, kvs_enc_file *out)

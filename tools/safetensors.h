@@ -26,6 +26,11 @@
  * multiple of 8 bytes, and publishes the file atomically: a temporary file in
  * the destination's directory, fsync, rename; on any failure the temporary
  * file is removed and the destination is untouched.
+ *
+ * The header cap allows about 900,000 tensors with typical names (up to
+ * about 1.8 million with minimal entries), so nothing here is quadratic:
+ * parsing, writing, duplicate checks and every lookup by name (kvs_st_find,
+ * kvs_st_meta_get, through name_index.h) are O(n log n) in all.
  */
 #ifndef KVSERDE_TOOL_SAFETENSORS_H
 #define KVSERDE_TOOL_SAFETENSORS_H
@@ -34,6 +39,7 @@
 #include <stdint.h>
 
 #include "kvserde/kvserde.h"
+#include "name_index.h"
 
 /* The header size cap of the reference implementation. */
 #define KVS_ST_MAX_HEADER 100000000u
@@ -105,6 +111,8 @@ typedef struct kvs_st_file {
     int has_metadata;       /* the header has a "__metadata__" object */
     size_t nmeta;
     kvs_st_meta *meta;      /* sorted by key (byte order) */
+    kvs_name_index tensor_names; /* tensors by name: kvs_st_find */
+    kvs_name_index meta_keys;    /* meta by key: kvs_st_meta_get */
 } kvs_st_file;
 
 /* Parse and validate a whole file held in buf[0..len). A pure function of
@@ -114,9 +122,9 @@ typedef struct kvs_st_file {
 int kvs_safetensors_parse(const uint8_t *buf, size_t len, kvs_st_file *out);
 void kvs_st_file_free(kvs_st_file *file);
 
-/* The tensor named `name`, or NULL. */
+/* The tensor named `name`, or NULL. O(log n). */
 const kvs_st_tensor *kvs_st_find(const kvs_st_file *file, const char *name);
-/* The metadata value under `key`, or NULL. */
+/* The metadata value under `key`, or NULL. O(log n). */
 const char *kvs_st_meta_get(const kvs_st_file *file, const char *key);
 
 /* "[5, 8]" for a shape, written into buf (truncated to size). Returns buf. */
@@ -164,7 +172,8 @@ typedef int (*kvs_st_produce_fn)(void *ctx, size_t index, const void **data);
  * tensors and metadata entries ("__metadata__" is written if nmeta > 0),
  * and the layout: order[i] is the index in `tensors` of the i-th tensor in
  * the data section. Refused (KVS_EINVAL) for a duplicate or reserved name,
- * a duplicate metadata key, or nbytes that does not match shape x dtype.
+ * a duplicate metadata key, nbytes that does not match shape x dtype, or a
+ * header over KVS_ST_MAX_HEADER (which no reader would open).
  * *header is malloc'd; order must hold ntensors entries. */
 int kvs_st_build_header(const kvs_st_out *tensors, size_t ntensors,
                         const kvs_st_meta *meta, size_t nmeta, uint8_t **header,
