@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build demo test bench install clean
+.PHONY: all setup configure build demo test bench bench-pipeline install clean
 
 all: build
 
@@ -26,6 +26,11 @@ test: build
 
 bench: build
 	./$(BUILD)/bench_fp8
+
+# Framed pipelines against fp8, memcpy and the streaming limit (256 MiB of
+# bfloat16, 1 and 2 threads); BENCH_ARGS="--runs 9" etc.
+bench-pipeline: build
+	./$(BUILD)/bench_pipeline $(BENCH_ARGS)
 
 install: build
 	cmake --install $(BUILD)

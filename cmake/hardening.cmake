@@ -39,7 +39,8 @@ set(KVS_FAULT_WRAPPED_CALLS
   open open64 openat openat64 read pread pread64 write pwrite pwrite64
   fsync fdatasync rename renameat
   fstat fstat64 fstatat fstatat64 mkdir mkdirat unlinkat unlink flock
-  fdopendir readdir readdir64 getrandom)
+  fdopendir readdir readdir64 getrandom
+  XXH3_createState XXH3_freeState)
 if(KVS_BUILD_TESTS AND TARGET test_faults)
   set(kvs_wrap_flags "")
   foreach(fn ${KVS_FAULT_WRAPPED_CALLS})

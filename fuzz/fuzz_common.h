@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvserde/error.h"
+#include "kvserde/memobj.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -35,7 +36,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /* A refusal is a KVS_E* code with a message. */
 #define FZ_ASSERT_REFUSAL(rc, what)                                         \
-    FZ_ASSERT((rc) >= KVS_EUNSUPPORTED && (rc) < 0 &&                       \
+    FZ_ASSERT((rc) >= KVS_EAUTH && (rc) < 0 &&                             \
                   kvs_last_error()[0] != '\0',                              \
               "%s returned %d (%s) with message '%s'", (what), (int)(rc),   \
               kvs_strerror(rc), kvs_last_error())
@@ -93,6 +94,23 @@ static inline uint8_t *fz_rest_copy(fz_in *in, size_t *len)
     in->p += in->n;
     in->n = 0;
     return p;
+}
+
+/* A small layout: `ngroups` groups, each one byte (dtype
+ * dtypes[(b & 15) % ndtypes], rank (b >> 4) % 4) and then its dims, one
+ * byte each, modulo dim_mod. */
+static inline void fz_layout(fz_in *in, kvs_layout *layout, unsigned ngroups,
+                             const kvs_dtype *dtypes, unsigned ndtypes, unsigned dim_mod)
+{
+    layout->ngroups = 0;
+    for (unsigned g = 0; g < ngroups; g++) {
+        uint8_t b = fz_u8(in);
+        uint32_t ndim = (b >> 4) % 4;
+        int64_t dims[3];
+        for (uint32_t d = 0; d < ndim; d++) dims[d] = fz_u8(in) % dim_mod;
+        kvs_dtype dt = dtypes[(b & 15) % ndtypes];
+        if (kvs_layout_add_group(layout, ndim, dims, dt) != KVS_OK) abort();
+    }
 }
 
 /* n bytes filled with a canary (exact size, at least 1 allocated). */

@@ -18,6 +18,8 @@
 
 #include "kvserde/kvserde.h"
 #include "kvserde/multi.h"
+#include "kvserde/pipeline.h"
+#include "kvserde/registry.h"
 
 static const char *g_root;
 
@@ -290,6 +292,115 @@ static void safetensors_seed(void)
     put("safetensors", "plain.safetensors", b.b, b.n);
 }
 
+/* One pipeline blob of `n` elements of dtype `dt` (shape [2, n/2]) through
+ * the pipeline `cfg`, into out; returns its length. */
+static size_t pipeline_blob(const char *cfg, kvs_dtype dt, unsigned n, const kvs_object_key *key,
+                            uint8_t *out, size_t cap)
+{
+    kvs_serde_pair pair;
+    check(kvs_serde_create_pair(cfg, &pair), cfg);
+    static uint8_t data[4096];
+    for (size_t k = 0; k < sizeof data; k++) data[k] = (uint8_t)(k * 37 + 11);
+    for (size_t k = 1; k < sizeof data; k += 2) data[k] = 0x3C; /* sane exponents */
+    kvs_layout lay;
+    int64_t dims[2] = {2, n / 2};
+    lay.ngroups = 0;
+    check(kvs_layout_add_group(&lay, 2, dims, dt), "layout");
+    kvs_memobj src, dst;
+    check(kvs_memobj_init(&src, data, sizeof data, &lay, KVS_FMT_KV_2LTD), "src");
+    kvs_layout flat;
+    check(kvs_layout_flat(&flat, cap, KVS_DTYPE_UINT8), "flat");
+    check(kvs_memobj_init(&dst, out, cap, &flat, KVS_FMT_BINARY), "dst");
+    size_t nw = 0;
+    check(kvs_serialize(pair.serializer, &src, &dst, key, &nw), "pipeline serialize");
+    kvs_serde_pair_destroy(&pair);
+    return nw;
+}
+
+/* fuzz_frame: opt, groups-1, per group (dtype | ndim<<4, dims), blob. The
+ * destination described matches the blob's layout ([2, n/2] of dt), so the
+ * seeds decode. */
+static void frame_seeds(void)
+{
+    static const uint8_t hash[4] = {0xF0, 0x0D, 0xCA, 0xFE}; /* fuzz_frame's key */
+    kvs_object_key key;
+    check(kvs_object_key_init(&key, hash, sizeof hash, "fuzz/model", 1, 2, "salt"), "key");
+    struct {
+        const char *name, *cfg;
+        kvs_dtype dt;
+        unsigned n, opt;
+        int keyed;
+    } s[] = {
+        {"fp8-crc32c", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}",
+         KVS_DTYPE_BFLOAT16, 24, 0x00, 0},
+        {"fp8-e5m2-xxh3-keyed",
+         "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\",\"fp8_dtype\":\"float8_e5m2\","
+         "\"saturate\":false},{\"type\":\"xxh3\"}]}",
+         KVS_DTYPE_FLOAT16, 16, 0x10, 1},
+        {"bytes-crc32c-f32",
+         "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"crc32c\"}]}",
+         KVS_DTYPE_FLOAT32, 8, 0x08, 0},
+        {"bytes-xxh3-keyed-fixups",
+         "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"xxh3\"}]}",
+         KVS_DTYPE_BFLOAT16, 12, 0x3F, 1},
+        {"fp8-sat-f32-wrong-dst", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}",
+         KVS_DTYPE_FLOAT32, 24, 0x06, 0},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        static buf b;
+        static uint8_t out[8192];
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        b_u8(&b, 0); /* one group */
+        kvs_dtype ddt = strstr(s[i].name, "wrong-dst") ? KVS_DTYPE_BFLOAT16 : s[i].dt;
+        b_u8(&b, (unsigned)ddt | 2 << 4);
+        b_u8(&b, 2);
+        b_u8(&b, s[i].n / 2);
+        size_t nw = pipeline_blob(s[i].cfg, s[i].dt, s[i].n, s[i].keyed ? &key : NULL, out,
+                                  sizeof out);
+        b_mem(&b, out, nw);
+        put("frame", s[i].name, b.b, b.n);
+    }
+}
+
+/* fuzz_pipeline_roundtrip: chain, groups-1, per group (dtype index | ndim<<4,
+ * dims), key (hash len, hash, model len-1, model, rank, group), u32
+ * mutation position, u8 xor, data. */
+static void roundtrip_seeds(void)
+{
+    struct {
+        const char *name;
+        unsigned chain, ngroups, dt[3], ndim[3], dims[3][3], hlen;
+        uint32_t pos;
+    } s[] = {
+        {"bytes-bf16", 0x00, 1, {0}, {2}, {{4, 8}}, 0, 3},
+        {"fp8-e4m3-sat-crc32c-keyed", 0x2D, 2, {0, 2}, {1, 2}, {{8}, {2, 4}}, 4, 40},
+        {"fp8-e5m2-xxh3-f16", 0x53, 1, {1}, {3}, {{2, 2, 4}}, 16, 1000},
+        {"bytes-xxh3-three-groups", 0xB0, 3, {2, 1, 0}, {1, 0, 2}, {{3}, {0}, {2, 3}}, 32, 7},
+        {"fp8-empty-group", 0x05, 2, {0, 0}, {1, 2}, {{0}, {4, 4}}, 1, 0},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        static buf b;
+        b.n = 0;
+        b_u8(&b, s[i].chain);
+        b_u8(&b, s[i].ngroups - 1);
+        for (unsigned g = 0; g < s[i].ngroups; g++) {
+            b_u8(&b, s[i].dt[g] | s[i].ndim[g] << 4);
+            for (unsigned d = 0; d < s[i].ndim[g]; d++) b_u8(&b, s[i].dims[g][d]);
+        }
+        b_u8(&b, s[i].hlen);
+        for (unsigned k = 0; k < s[i].hlen; k++) b_u8(&b, k * 17 + 1);
+        b_u8(&b, 4);
+        for (unsigned k = 0; k < 5; k++) b_u8(&b, k * 5 + (unsigned)i);
+        b_u8(&b, 0xFF); /* rank -1 */
+        b_u8(&b, 3);
+        b_u32(&b, s[i].pos);
+        b_u8(&b, 0x40);
+        for (unsigned k = 0; k < 256; k++) b_u8(&b, k & 1 ? 0x3C + (k % 5) : k * 29);
+        put("pipeline_roundtrip", s[i].name, b.b, b.n);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -303,5 +414,7 @@ int main(int argc, char **argv)
     kv_split_seeds();
     key_seeds();
     safetensors_seed();
+    frame_seeds();
+    roundtrip_seeds();
     return 0;
 }

@@ -22,6 +22,14 @@
  *   kvs_serde_wrapper_create), store [B, A2'] and [C] in two tasks, lookup
  *   and lock [A, B] then unlock, load [A, B] and [C, A2] in two tasks,
  *   close, destroy.
+ *   Scenario "pipeline" is "json" with a framed pipeline serde
+ *   ({"type": "pipeline", "stages": [{"type": "fp8"}, {"type": "xxh3"}]},
+ *   pipeline.h) in the wrapper, so its allocations are walked too: the
+ *   fused fp8 + xxh3 encoder's streaming state comes from libxxhash's
+ *   XXH3_createState, a call inside another library, so that call itself is
+ *   wrapped (class "XXH3_createState": NULL as when its malloc fails; its
+ *   blocks are tracked until XXH3_freeState). Its directory content (A, A2)
+ *   is stored as frames before its cycles and put back as fp8 blobs after.
  * A and A2 were stored before the walk; B and C are new; A2' overwrites A2.
  * After each cycle, with faults off:
  *   - every refused call returned a KVS_E* code with a message, every task
@@ -64,6 +72,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "kvserde/fp8.h"
 #include "kvserde/kvserde.h"
@@ -92,6 +101,7 @@ enum cls {
     C_EVENTFD, C_PTHREAD,
     C_OPEN, C_READ, C_READ_EFD, C_WRITE, C_FSYNC, C_RENAME, C_STAT,
     C_MKDIR, C_UNLINK, C_FLOCK, C_FDOPENDIR, C_READDIR, C_GETRANDOM,
+    C_XXH3,
     NCLS
 };
 
@@ -100,6 +110,7 @@ static const char *const cls_names[NCLS] = {
     "eventfd", "pthread_create",
     "open", "read", "read(eventfd)", "write", "fsync", "rename", "stat",
     "mkdir", "unlink", "flock", "fdopendir", "readdir", "getrandom",
+    "XXH3_createState",
 };
 
 /* What an armed fault does to the call it hits. */
@@ -133,6 +144,7 @@ static const struct kind kinds[] = {
     {"fdopendir", C_FDOPENDIR, ENOMEM, 0},
     {"readdir", C_READDIR, EIO, 0},
     {"getrandom", C_GETRANDOM, EAGAIN, 0},
+    {"XXH3_createState", C_XXH3, ENOMEM, 0},
 };
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 
@@ -308,6 +320,8 @@ WRAP_PROTO(DIR *, fdopendir, int);
 WRAP_PROTO(struct dirent *, readdir, DIR *);
 WRAP_PROTO(struct dirent *, readdir64, DIR *);
 WRAP_PROTO(ssize_t, getrandom, void *, size_t, unsigned int);
+WRAP_PROTO(XXH3_state_t *, XXH3_createState, void);
+WRAP_PROTO(XXH_errorcode, XXH3_freeState, XXH3_state_t *);
 
 #define FAIL_ERRNO(k, ret) \
     do {                   \
@@ -561,6 +575,23 @@ ssize_t __wrap_getrandom(void *buf, size_t n, unsigned int flags)
     SIMPLE_WRAP(C_GETRANDOM, __real_getrandom(buf, n, flags));
 }
 
+/* libxxhash allocates the state with its own (unwrapped) malloc: the call
+ * is the allocation, failed as XXH3_createState fails when malloc does. */
+XXH3_state_t *__wrap_XXH3_createState(void)
+{
+    const struct kind *k = fault_hit(C_XXH3);
+    if (k) FAIL_ERRNO(k, NULL);
+    XXH3_state_t *p = __real_XXH3_createState();
+    track_add(p, 1, __builtin_return_address(0)); /* size opaque here */
+    return p;
+}
+
+XXH_errorcode __wrap_XXH3_freeState(XXH3_state_t *p)
+{
+    track_del(p);
+    return __real_XXH3_freeState(p);
+}
+
 DIR *__wrap_fdopendir(int fd)
 {
     const struct kind *k = fault_hit(C_FDOPENDIR);
@@ -648,8 +679,14 @@ static _Alignas(64) uint16_t g_src[NSRC][NELEM];      /* bfloat16 sources */
 static _Alignas(64) uint16_t g_expect[NSRC][NELEM];   /* their fp8 round trip */
 static kvs_memobj g_src_obj[NSRC];
 static kvs_object_key g_key_a, g_key_a2, g_key_b, g_key_c;
-static char g_spec_json[1024];
+static char g_spec_json[1024];      /* the spec in use (fp8 or pipeline) */
+static char g_spec_fp8[1024], g_spec_pipeline[1024];
 static char g_serde_json[] = "{\"type\": \"fp8\", \"max_workers\": 1}";
+#define PIPELINE_SERDE                                                     \
+    "{\"type\": \"pipeline\", \"stages\": [{\"type\": \"fp8\"}, {\"type\": \"xxh3\"}], " \
+    "\"max_workers\": 1}"
+static uint64_t g_obj_bytes; /* bytes one object is stored as, in use */
+static uint64_t g_obj_bytes_fp8 = NELEM, g_obj_bytes_pipeline;
 static int g_stride = 1;
 static int g_verbose;
 static char g_only[64];
@@ -716,11 +753,23 @@ static int make_dir(void)
     if (base == NULL) base = "/tmp";
     snprintf(g_dir, sizeof g_dir, "%s/kvs-faults-XXXXXX", base);
     if (mkdtemp(g_dir) == NULL) return -1;
-    snprintf(g_spec_json, sizeof g_spec_json,
+    snprintf(g_spec_fp8, sizeof g_spec_fp8,
              "{\"type\": \"fs\", \"path\": \"%s\", \"workers\": 1, "
              "\"serde\": {\"type\": \"fp8\", \"max_workers\": 1}}",
              g_dir);
-    return 0;
+    snprintf(g_spec_pipeline, sizeof g_spec_pipeline,
+             "{\"type\": \"fs\", \"path\": \"%s\", \"workers\": 1, \"serde\": %s}", g_dir,
+             PIPELINE_SERDE);
+    snprintf(g_spec_json, sizeof g_spec_json, "%s", g_spec_fp8);
+    g_obj_bytes = g_obj_bytes_fp8;
+    /* A pipeline frame of fp8 + xxh3 is exactly its estimate (pipeline.h). */
+    kvs_serde_pair pair;
+    if (kvs_serde_create_pair(PIPELINE_SERDE, &pair) != KVS_OK) return -1;
+    size_t est = 0;
+    int rc = kvs_estimate_serialized_size(pair.serializer, &g_layout, &est);
+    kvs_serde_pair_destroy(&pair);
+    g_obj_bytes_pipeline = est;
+    return rc == KVS_OK ? 0 : -1;
 }
 
 static int rm_tree_cb(int dfd, const char *name)
@@ -815,7 +864,7 @@ static int g_case_failed; /* checks failed in the current case */
 /* A refused call: a KVS_E* code and the thread's message naming it. */
 static void check_refusal(const char *what, int rc)
 {
-    FCHECK(rc >= KVS_EUNSUPPORTED && rc < 0, "%s returned %d, not a KVS_E* code", what, rc);
+    FCHECK(rc >= KVS_EAUTH && rc < 0, "%s returned %d, not a KVS_E* code", what, rc);
     FCHECK(kvs_last_error_code() == rc, "%s returned %d but the last error code is %d", what,
            rc, kvs_last_error_code());
     FCHECK(kvs_last_error()[0] != '\0', "%s returned %d (%s) without a message", what, rc,
@@ -905,7 +954,7 @@ static void check_task_error(const char *what, kvs_task_state state, int status,
 {
     FCHECK(state == KVS_TASK_OK || state == KVS_TASK_FAILED, "%s: state %d", what, (int)state);
     if (state == KVS_TASK_FAILED || status != KVS_OK) {
-        FCHECK(status >= KVS_EUNSUPPORTED && status < 0, "%s: status %d is not a KVS_E* code",
+        FCHECK(status >= KVS_EAUTH && status < 0, "%s: status %d is not a KVS_E* code",
                what, status);
         FCHECK(message[0] != '\0', "%s: failed (%d) without a message", what, status);
     }
@@ -961,8 +1010,21 @@ static int plain_store(const kvs_object_key *keys, kvs_memobj *const *objs, size
  * One cycle
  * ================================================================== */
 
-enum scenario { SC_JSON, SC_PARTS, NSCEN };
-static const char *const scen_names[NSCEN] = {"json", "parts"};
+enum scenario { SC_JSON, SC_PARTS, SC_PIPELINE, NSCEN };
+static const char *const scen_names[NSCEN] = {"json", "parts", "pipeline"};
+
+/* Switch the spec (fp8 or pipeline serde) to the scenario's, storing A and
+ * A2 (old) again as that serde writes them when it changes. 0 or -1. */
+static int use_scenario(enum scenario sc)
+{
+    const char *spec = sc == SC_PIPELINE ? g_spec_pipeline : g_spec_fp8;
+    if (strcmp(spec, g_spec_json) == 0) return 0;
+    snprintf(g_spec_json, sizeof g_spec_json, "%s", spec);
+    g_obj_bytes = sc == SC_PIPELINE ? g_obj_bytes_pipeline : g_obj_bytes_fp8;
+    kvs_memobj *pre[2] = {&g_src_obj[OBJ_A], &g_src_obj[OBJ_A2_OLD]};
+    kvs_object_key pre_keys[2] = {g_key_a, g_key_a2};
+    return plain_store(pre_keys, pre, 2);
+}
 
 struct outcome {
     int created;       /* the wrapper was built */
@@ -1003,7 +1065,7 @@ static void reset_dst(void)
 static int create_wrapper(enum scenario sc, kvs_l2_adapter **out)
 {
     *out = NULL;
-    if (sc == SC_JSON) {
+    if (sc == SC_JSON || sc == SC_PIPELINE) { /* g_spec_json is the scenario's */
         int rc = kvs_l2_create(g_spec_json, out);
         if (rc != KVS_OK) check_refusal("kvs_l2_create", rc);
         return rc;
@@ -1060,7 +1122,7 @@ static void cycle(enum scenario sc, struct outcome *o)
     memset(res, 0, sizeof res);
     if (nstores > 0 && wait_stores(w, sid, nstores, res) == 0) {
         size_t j = 0;
-        const uint64_t want[2] = {2 * NELEM, NELEM};
+        const uint64_t want[2] = {2 * g_obj_bytes, g_obj_bytes};
         for (int t = 0; t < 2; t++) {
             if (!(t == 0 ? submitted0 : submitted1)) continue;
             kvs_l2_store_result *r = &res[j++];
@@ -1334,6 +1396,8 @@ static void test_fault_free_cycles(void)
 {
     struct stats st = {0};
     for (int sc = 0; sc < NSCEN; sc++) {
+        FCHECK(use_scenario((enum scenario)sc) == 0, "cannot store A and A2 for %s: %s",
+               scen_names[sc], kvs_last_error());
         run_case((enum scenario)sc, -1, 0, g_count[sc], &st);
         run_case((enum scenario)sc, -1, 0, g_count[sc], &st); /* caches warmed */
         printf("%s cycle, calls per class:", scen_names[sc]);
@@ -1348,6 +1412,10 @@ static struct stats g_total;
 static void walk(enum scenario sc)
 {
     struct stats st = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    FCHECK(use_scenario(sc) == 0, "cannot store A and A2 for %s: %s", scen_names[sc],
+           kvs_last_error());
     printf("%s: %-16s %6s %8s %9s %7s %10s %7s\n", scen_names[sc], "kind", "calls", "injected",
            "not hit", "errors", "recovered", "FAILED");
     for (size_t ki = 0; ki < NKINDS; ki++) {
@@ -1370,10 +1438,11 @@ static void walk(enum scenario sc)
         st.silent += ks.silent;
         st.failed += ks.failed;
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("%s: %ld cases, %ld faults injected (%ld reported as errors, %ld recovered "
-           "silently), %ld not reached, %ld with failed checks\n",
+           "silently), %ld not reached, %ld with failed checks, %.1f s\n",
            scen_names[sc], st.cases, st.injected, st.with_error, st.silent, st.not_reached,
-           st.failed);
+           st.failed, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
     fflush(stdout);
     g_total.cases += st.cases;
     g_total.injected += st.injected;
@@ -1382,6 +1451,7 @@ static void walk(enum scenario sc)
 
 static void test_walk_json(void) { walk(SC_JSON); }
 static void test_walk_parts(void) { walk(SC_PARTS); }
+static void test_walk_pipeline(void) { walk(SC_PIPELINE); }
 
 /* Remove the scratch directory (at exit, whatever the path to it). */
 static void remove_scratch(void)
@@ -1427,6 +1497,7 @@ int main(void)
     RUN(test_fault_free_cycles);
     RUN(test_walk_json);
     RUN(test_walk_parts);
+    RUN(test_walk_pipeline);
     printf("total: %ld cases, %ld faults injected, %ld with failed checks (stride %d)\n",
            g_total.cases, g_total.injected, g_total.failed, g_stride);
 

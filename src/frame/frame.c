@@ -52,12 +52,16 @@ size_t kvs_key_canonical(const kvs_object_key *key, uint8_t *out)
 {
     static const char tag[] = "kvserde-key-v1"; /* its NUL is written too */
     size_t n = 0;
+    /* A key that did not come from kvs_object_key_init may claim more hash
+     * bytes than it has: never read or write past the arrays. */
+    size_t hl = key->chunk_hash_len < KVS_CHUNK_HASH_MAX ? key->chunk_hash_len
+                                                         : KVS_CHUNK_HASH_MAX;
     memcpy(out, tag, sizeof tag);
     n += sizeof tag;
-    put_u32(out + n, (uint32_t)key->chunk_hash_len);
+    put_u32(out + n, (uint32_t)hl);
     n += 4;
-    memcpy(out + n, key->chunk_hash, key->chunk_hash_len);
-    n += key->chunk_hash_len;
+    memcpy(out + n, key->chunk_hash, hl);
+    n += hl;
     size_t ml = strnlen(key->model_name, KVS_MODEL_NAME_MAX);
     put_u16(out + n, (uint16_t)ml);
     n += 2;

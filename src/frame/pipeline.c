@@ -377,6 +377,7 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
     const uint8_t *cur = f->payload;
     size_t n = (size_t)f->payload_len;
     uint8_t *held = NULL;
+    *owned = NULL; /* kvs_pipeline_verify frees it whatever the outcome */
     char who[128];
     kvs_key_describe(key, who, sizeof who);
     int rc = KVS_OK;
