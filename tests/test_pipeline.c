@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "frame/frame.h"
 #include "kvs_test.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
@@ -1086,6 +1087,30 @@ static void test_wrapper_keys(void)
     kvs_l2_destroy(w);
 }
 
+/* A frame with no checksum and no encryption (kvserde never writes one)
+ * could be damaged unnoticed: the reader refuses it. */
+static void test_unchecked_frame_refused(void)
+{
+    kvs_layout l = layout_kv(KVS_DTYPE_BFLOAT16, 4);
+    size_t numel = (size_t)kvs_layout_numel(&l);
+    uint16_t ids[1] = {KVS_STAGE_FP8};
+    uint8_t params[2] = {KVS_DTYPE_FLOAT8_E4M3FN, 1};
+    const uint8_t *pp[1] = {params};
+    size_t np[1] = {2};
+    size_t h = kvs_frame_header_size(&l, np, 1);
+    uint8_t *blob = calloc(1, h + numel);
+    REQUIRE(blob != NULL);
+    kvs_frame_write_header(blob, &l, KVS_FMT_KV_2LTD, NULL, numel, ids, pp, np, 1);
+    kvs_serde_pair p = make_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
+    kvs_memobj *dst = new_canary(&l);
+    CHECK_ERR(deser(&p, blob, h + numel, dst, NULL), KVS_ECORRUPT,
+              "pipeline: frame has no payload check (no checksum or encryption stage)");
+    CHECK(canary_intact(dst));
+    kvs_memobj_free(dst);
+    kvs_serde_pair_destroy(&p);
+    free(blob);
+}
+
 /* ---------------------------------------------------------------------
  * 7. aes_gcm inside a pipeline: the frame header and the object key are
  *    authenticated, keys rotate, and each failure has its own outcome
@@ -1219,5 +1244,6 @@ int main(void)
     RUN(test_processor_keys);
     RUN(test_wrapper_keys);
     RUN(test_aes_gcm_pipeline);
+    RUN(test_unchecked_frame_refused);
     return TEST_SUMMARY();
 }

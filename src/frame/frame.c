@@ -255,6 +255,15 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
     if (p != end)
         return kvs_set_error(KVS_ECORRUPT, "%s: frame header has %zu unused bytes", who,
                              end - p);
+    /* kvserde writes no frame without a payload check (pipeline.h); one
+     * without could be damaged without anyone noticing, so it is refused. */
+    int checked = 0;
+    for (uint32_t s = 1; s < nstages; s++)
+        checked |= out->stages[s].type->kind == KVS_STAGE_CHECK || out->stages[s].type->needs_header;
+    if (!checked)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "%s: frame has no payload check (no checksum or encryption stage)",
+                             who);
     if (out->payload_len != len - h)
         return kvs_set_error(KVS_ECORRUPT,
                              "%s: frame %s: payload is %llu bytes, the blob holds %zu after "
