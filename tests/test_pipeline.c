@@ -1098,17 +1098,17 @@ static void test_unchecked_frame_refused(void)
     const uint8_t *pp[1] = {params};
     size_t np[1] = {2};
     size_t h = kvs_frame_header_size(&l, np, 1);
-    uint8_t *blob = calloc(1, h + numel);
-    REQUIRE(blob != NULL);
-    kvs_frame_write_header(blob, &l, KVS_FMT_KV_2LTD, NULL, numel, ids, pp, np, 1);
+    uint8_t *frame = calloc(1, h + numel);
+    REQUIRE(frame != NULL);
+    kvs_frame_write_header(frame, &l, KVS_FMT_KV_2LTD, NULL, numel, ids, pp, np, 1);
     kvs_serde_pair p = make_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
     kvs_memobj *dst = new_canary(&l);
-    CHECK_ERR(deser(&p, blob, h + numel, dst, NULL), KVS_ECORRUPT,
+    CHECK_ERR(deser(&p, frame, h + numel, dst, NULL), KVS_ECORRUPT,
               "pipeline: frame has no payload check (no checksum or encryption stage)");
     CHECK(canary_intact(dst));
     kvs_memobj_free(dst);
     kvs_serde_pair_destroy(&p);
-    free(blob);
+    free(frame);
 }
 
 /* ---------------------------------------------------------------------
