@@ -1474,7 +1474,8 @@ static void test_create_and_factory_refusals(void)
         {"{\"type\": \"fs\", \"path\": 3}", KVS_EINVAL, "fs: path must be a string, got integer"},
         {"{\"type\": \"fs\", \"path\": \"\"}", KVS_EINVAL, "fs: path is empty"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"bogus\": 1}", KVS_EINVAL,
-         "fs: unknown key 'bogus'; accepted: path, fsync, capacity_bytes, workers, create, adopt, mode"},
+         "fs: unknown key 'bogus'; accepted: path, fsync, capacity_bytes, workers, create, "
+         "adopt, mode"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"max_workers\": 1}", KVS_EINVAL,
          "fs: unknown key 'max_workers'; accepted: path, fsync, capacity_bytes, workers, "
          "create, adopt, mode"},
@@ -2034,10 +2035,11 @@ static void test_store_modes(void)
         rm_rf(dir);
     }
 
-    /* The C option; an existing directory keeps its own mode. */
+    /* The C option; an existing directory keeps its own mode, and a setgid
+     * bit (a group's shared directory) is passed on to the new ones. */
     char dir[64];
     make_tmpdir(dir, sizeof dir);
-    REQUIRE(chmod(dir, 0711) == 0);
+    REQUIRE(chmod(dir, 02771) == 0);
     kvs_fs_options o = {0};
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/new/store", dir);
@@ -2045,9 +2047,9 @@ static void test_store_modes(void)
     o.mode = 0660;
     kvs_l2_adapter *a = NULL;
     REQUIRE_OK(kvs_fs_adapter_create(&o, &a));
-    check_store_modes(dir, a, 0660, 0770);
+    check_store_modes(dir, a, 0660, 02770);
     kvs_l2_destroy(a);
-    CHECK_EQ_INT(mode_of(dir), 0711);
+    CHECK_EQ_INT(mode_of(dir), 02771);
     rm_rf(dir);
 }
 

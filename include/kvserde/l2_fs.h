@@ -51,9 +51,10 @@
  *   the store directory and its missing parents when create is on) gets
  *   `mode` plus an execute bit for each read bit (default 0700; 0640 ->
  *   0750, 0660 -> 0770), whatever the process's umask (set with fchmod after
- *   creating; the umask is process-wide and is not changed). A directory
- *   that already exists keeps its mode. Refused modes (KVS_EINVAL): above
- *   0777 ("fs: mode 1600 is not a permission mode (0000 to 0777)"), with
+ *   creating; the umask is process-wide and is not changed), keeping a
+ *   setgid bit inherited from the parent (so a group-shared store keeps
+ *   its group). A directory that already exists keeps its mode. Refused
+ *   modes (KVS_EINVAL): above 0777 ("fs: mode 1600 is not a permission mode (0000 to 0777)"), with
  *   execute bits ("fs: mode 0755 has execute bits; give the files' mode,
  *   such as 0640 (directories get the matching execute bits)"), writable by
  *   others ("fs: mode 0666 lets every local user write the store; grant
@@ -95,9 +96,11 @@
  *   The census reads every directory of the store and stats every object
  *   file, with or without capacity_bytes (status and usage report the
  *   counts), so an open costs time in proportion to the objects stored:
- *   about 1.5 us per object with the files' metadata cached, more when it
- *   has to come from disk (docs/performance.md has the measured figures:
- *   CENSUS_FIGURE). Open the adapter once per process, not per request.
+ *   about what reading the directories and stat-ing every file costs,
+ *   measured at 124 ms (best of 15; 4 us per object) for 30,483 objects
+ *   with their metadata cached on a loaded 2-core VM, more when it has to
+ *   come from disk (docs/performance.md). Open the adapter once per
+ *   process, not per request.
  *
  * Lookup-and-lock
  *   A key is found if its path is a regular file. A miss is not an error;

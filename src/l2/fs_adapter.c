@@ -188,14 +188,18 @@ static int fsync_dir(fs_adapter *fs, const char *rel, size_t len)
 static mode_t dir_mode_of(mode_t mode) { return mode | ((mode & 0444) >> 2); }
 
 /* mkdir with exactly mode dmode: mkdir's mode is narrowed by the umask, and
- * changing the umask would change it for the whole process. 1 if made, 0 if
- * it was there, -1 with errno. */
+ * changing the umask would change it for the whole process. A setgid bit
+ * inherited from the parent is kept: it is how a store shared by a group
+ * keeps new entries in that group. 1 if made, 0 if it was there, -1 with
+ * errno. */
 static int make_dir_at(int dfd, const char *path, mode_t dmode)
 {
     if (mkdirat(dfd, path, dmode) != 0) return errno == EEXIST ? 0 : -1;
     int fd = openat(dfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return -1;
-    int rc = fchmod(fd, dmode);
+    struct stat st;
+    int rc = fstat(fd, &st);
+    if (rc == 0) rc = fchmod(fd, dmode | (st.st_mode & S_ISGID));
     int err = errno;
     close(fd);
     errno = err;
