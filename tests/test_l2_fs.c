@@ -2103,6 +2103,81 @@ static void test_bad_modes(void)
     rm_rf(dir);
 }
 
+/* Run fn(dir) in a child that cannot read directories of mode 0000 (as
+ * root: as the user nobody, owning dir's entries except `unreadable`). The
+ * child's exit status: 0 passed, 77 could not drop root. */
+static int run_unprivileged(const char *dir, const char *unreadable, int (*fn)(const char *))
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, unreadable);
+    if (chmod(p, 0) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(77);
+        _exit(fn(dir));
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    chmod(p, 0755);
+    return WEXITSTATUS(status);
+}
+
+static int open_succeeds(const char *dir)
+{
+    kvs_l2_adapter *a = open_fs(dir, 1, 0, 1);
+    if (a) kvs_l2_destroy(a);
+    return a == NULL;
+}
+
+static int open_refused_for_m(const char *dir)
+{
+    kvs_fs_options o = {0};
+    o.path = dir;
+    kvs_l2_adapter *a = NULL;
+    char msg[PATH_MAX + 128];
+    snprintf(msg, sizeof msg, "fs: cannot count the objects in '%s': open 'm+': %s", dir,
+             strerror(EACCES));
+    int rc = kvs_fs_adapter_create(&o, &a);
+    if (rc == KVS_EIO && strcmp(kvs_last_error(), msg) == 0) return 0;
+    fprintf(stderr, "expected KVS_EIO \"%s\", got %d \"%s\"\n", msg, rc, kvs_last_error());
+    if (a) kvs_l2_destroy(a);
+    return 1;
+}
+
+/* An unreadable directory kvserde did not make is not entered, so it does
+ * not stop the open; an unreadable directory of the key scheme does (its
+ * objects could not be counted). */
+static void test_unreadable_directories(void)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    plant(dir, "m+", NULL, NULL);
+    plant(dir, "m+/00000001,0,0", "abc", NULL);
+    plant(dir, "app", NULL, NULL);
+    plant(dir, "app/x", "x", NULL);
+    kvs_l2_adapter *a = NULL;
+    REQUIRE_OK(create_spec(dir, ", \"adopt\": true", &a)); /* writes the marker */
+    kvs_l2_destroy(a);
+    if (geteuid() == 0) {
+        static const char *const owned[] = {"", "/m+", "/m+/00000001,0,0", "/.kvserde-store"};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
+            char p[PATH_MAX];
+            snprintf(p, sizeof p, "%s%s", dir, owned[i]);
+            REQUIRE(chown(p, 65534, 65534) == 0);
+        }
+    }
+    int rc = run_unprivileged(dir, "app", open_succeeds);
+    if (rc == 77) {
+        fprintf(stderr, "test_unreadable_directories: cannot drop root, skipped\n");
+    } else {
+        CHECK_EQ_INT(rc, 0);
+        CHECK_EQ_INT(run_unprivileged(dir, "m+", open_refused_for_m), 0);
+    }
+    rm_rf(dir);
+}
+
 int main(void)
 {
     RUN(test_key_path_examples);
@@ -2130,5 +2205,6 @@ int main(void)
     RUN(test_store_marker);
     RUN(test_store_modes);
     RUN(test_bad_modes);
+    RUN(test_unreadable_directories);
     return TEST_SUMMARY();
 }
