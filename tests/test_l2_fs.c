@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvs_test.h"
@@ -154,6 +156,22 @@ static int lookup_wait(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
     return bitmap_wait(a, 0, keys, NULL, n, out, NULL);
 }
 
+/* Store int_key(i, model) holding n bytes, one task; 1 if it succeeded. */
+static int store_int_key(kvs_l2_adapter *a, uint32_t i, const char *model, size_t n)
+{
+    kvs_object_key k;
+    int_key(&k, i, model);
+    kvs_memobj *o = make_obj(n, i);
+    kvs_l2_store_result res;
+    int rc = store_wait(a, &k, &o, 1, &res);
+    int ok = rc == KVS_OK && res.state == KVS_TASK_OK;
+    if (!ok)
+        fprintf(stderr, "store of %u failed: %s\n", (unsigned)i,
+                rc == KVS_OK ? res.message : kvs_last_error());
+    kvs_memobj_free(o);
+    return ok;
+}
+
 /* "<dir>/<key path>" */
 static void key_file(const char *dir, const kvs_object_key *k, char *out, size_t size)
 {
@@ -177,7 +195,7 @@ static void write_file(const char *path, const void *data, size_t n)
 
 /* The tree walk (nftw has no user pointer: file-scope state). */
 static char walk_root[PATH_MAX];
-static int walk_regular, walk_tmp, walk_outside, walk_symlinks, walk_undecodable;
+static int walk_regular, walk_tmp, walk_outside, walk_symlinks, walk_undecodable, walk_marker;
 
 static int walk_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -188,7 +206,9 @@ static int walk_cb(const char *path, const struct stat *st, int flag, struct FTW
         walk_outside++;
     if (strncmp(path + ftw->base, ".tmp-", 5) == 0) walk_tmp++;
     if (flag == FTW_SL || flag == FTW_SLN) walk_symlinks++;
-    if (flag == FTW_F) {
+    if (flag == FTW_F && ftw->level == 1 && strcmp(path + ftw->base, ".kvserde-store") == 0) {
+        walk_marker++; /* the store marker: not counted as a file below */
+    } else if (flag == FTW_F) {
         walk_regular++;
         kvs_object_key k;
         if (kvs_fs_path_key(path + rl + 1, &k) != KVS_OK) walk_undecodable++;
@@ -199,7 +219,7 @@ static int walk_cb(const char *path, const struct stat *st, int flag, struct FTW
 static void walk(const char *dir)
 {
     snprintf(walk_root, sizeof walk_root, "%s", dir);
-    walk_regular = walk_tmp = walk_outside = walk_symlinks = walk_undecodable = 0;
+    walk_regular = walk_tmp = walk_outside = walk_symlinks = walk_undecodable = walk_marker = 0;
     nftw(dir, walk_cb, 16, FTW_PHYS);
 }
 
@@ -899,7 +919,7 @@ static void test_hostile_keys(void)
     CHECK_EQ_INT(walk_undecodable, 0);
     /* Nothing next to the store directory. */
     walk(parent);
-    CHECK_EQ_INT(walk_regular, N);
+    CHECK_EQ_INT(walk_regular, N + 1); /* and the store's marker, one level down */
     /* Every path resolves strictly below the directory. */
     char real_dir[PATH_MAX];
     REQUIRE(realpath(dir, real_dir) != NULL);
@@ -1113,28 +1133,33 @@ static void test_store_failures(void)
     rm_rf(dir);
 }
 
-/* Crash leftovers: ".tmp-*" files are removed at open, unless a writer
- * still holds one; other files are left alone and not counted. */
+/* Crash leftovers: files named exactly like the adapter's temporary files
+ * (".tmp-kvs-" and 32 hex digits) are removed at open, unless a writer
+ * still holds one; other files, even ".tmp-*" ones, are left alone and not
+ * counted. */
+#define TMP1 ".tmp-kvs-0123456789abcdef0000000000000001"
+#define TMP2 ".tmp-kvs-0123456789abcdef0000000000000002"
+#define TMP3 ".tmp-kvs-0123456789abcdef0000000000000003"
+
 static void test_temp_files_cleaned_at_open(void)
 {
     char dir[64];
     make_tmpdir(dir, sizeof dir);
     kvs_l2_adapter *a = open_fs(dir, 2, 0, 1);
     REQUIRE(a != NULL);
-    kvs_object_key k;
-    int_key(&k, 9, "model/x");
+    CHECK(store_int_key(a, 9, "model/x", 12));
+    kvs_l2_destroy(a);
     kvs_memobj *o = make_obj(12, 3);
     kvs_l2_store_result res;
-    REQUIRE_OK(store_wait(a, &k, &o, 1, &res));
-    CHECK_EQ_INT(res.state, KVS_TASK_OK);
-    kvs_l2_destroy(a);
 
     char p[PATH_MAX], held[PATH_MAX];
-    snprintf(p, sizeof p, "%s/.tmp-crash-1", dir);
+    snprintf(p, sizeof p, "%s/" TMP1, dir);
+    write_file(p, "partial", 7);
+    snprintf(p, sizeof p, "%s/model%%2Fx+/" TMP2, dir);
     write_file(p, "partial", 7);
     snprintf(p, sizeof p, "%s/model%%2Fx+/.tmp-crash-2", dir);
-    write_file(p, "partial", 7);
-    snprintf(held, sizeof held, "%s/model%%2Fx+/.tmp-live", dir);
+    write_file(p, "foreign", 7);
+    snprintf(held, sizeof held, "%s/model%%2Fx+/" TMP3, dir);
     write_file(held, "in use", 6);
     int hfd = open(held, O_RDONLY);
     REQUIRE(hfd >= 0 && flock(hfd, LOCK_EX) == 0);
@@ -1148,11 +1173,13 @@ static void test_temp_files_cleaned_at_open(void)
     a = open_fs(dir, 2, 0, 1);
     REQUIRE(a != NULL);
     walk(dir);
-    CHECK_EQ_INT(walk_tmp, 2); /* the held file and the directory */
-    snprintf(p, sizeof p, "%s/.tmp-crash-1", dir);
+    CHECK_EQ_INT(walk_tmp, 3); /* the held file, the foreign one, the directory */
+    snprintf(p, sizeof p, "%s/" TMP1, dir);
+    CHECK_EQ_INT(file_size(p), -1);
+    snprintf(p, sizeof p, "%s/model%%2Fx+/" TMP2, dir);
     CHECK_EQ_INT(file_size(p), -1);
     snprintf(p, sizeof p, "%s/model%%2Fx+/.tmp-crash-2", dir);
-    CHECK_EQ_INT(file_size(p), -1);
+    CHECK_EQ_INT(file_size(p), 7);
     CHECK_EQ_INT(file_size(held), 6);
     snprintf(p, sizeof p, "%s/README", dir);
     CHECK_EQ_INT(file_size(p), 13);
@@ -1178,8 +1205,8 @@ static void test_temp_files_cleaned_at_open(void)
         CHECK_EQ_INT(res.state, KVS_TASK_OK);
     }
     walk(dir);
-    CHECK_EQ_INT(walk_tmp, 2);
-    CHECK_EQ_INT(walk_regular, N + 1 + 3); /* + model/x, held, README, .keep */
+    CHECK_EQ_INT(walk_tmp, 3);
+    CHECK_EQ_INT(walk_regular, N + 1 + 4); /* + model/x, held, foreign, README, .keep */
     kvs_l2_destroy(a);
     kvs_memobj_free(o);
     rm_rf(dir);
@@ -1448,10 +1475,11 @@ static void test_create_and_factory_refusals(void)
         {"{\"type\": \"fs\", \"path\": 3}", KVS_EINVAL, "fs: path must be a string, got integer"},
         {"{\"type\": \"fs\", \"path\": \"\"}", KVS_EINVAL, "fs: path is empty"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"bogus\": 1}", KVS_EINVAL,
-         "fs: unknown key 'bogus'; accepted: path, fsync, capacity_bytes, workers, create"},
+         "fs: unknown key 'bogus'; accepted: path, fsync, capacity_bytes, workers, create, "
+         "adopt, mode"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"max_workers\": 1}", KVS_EINVAL,
          "fs: unknown key 'max_workers'; accepted: path, fsync, capacity_bytes, workers, "
-         "create"},
+         "create, adopt, mode"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"fsync\": 1}", KVS_EINVAL,
          "fs: fsync must be a JSON boolean, got integer"},
         {"{\"type\": \"fs\", \"path\": \"/x\", \"create\": \"yes\"}", KVS_EINVAL,
@@ -1823,6 +1851,383 @@ static void test_directory_removed(void)
     kvs_memobj_free(o);
 }
 
+
+/* ---------------------------------------------------------------------
+ * Hostile neighbours: a second process, foreign files, permissions
+ * ------------------------------------------------------------------ */
+
+/* Item: a second process opening the directory used to remove a live
+ * writer's temporary file between its create and its lock (the store then
+ * failed with "rename: No such file or directory"). A child stores one key
+ * per task in a loop while the parent opens and closes adapters on the same
+ * directory; every store and every open must succeed. Bounded: STORES
+ * stores or SECONDS seconds in the child, whichever comes first. */
+static void test_second_process_opening_never_breaks_stores(void)
+{
+    enum { STORES = 3000, SECONDS = 4 };
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        kvs_l2_adapter *a = open_fs(dir, 1, 0, 1);
+        if (a == NULL) _exit(2);
+        time_t end = time(NULL) + SECONDS;
+        int failed = 0;
+        for (uint32_t i = 0; i < STORES && time(NULL) < end && !failed; i++)
+            failed = !store_int_key(a, i % 64, "m", 64);
+        kvs_l2_destroy(a);
+        _exit(failed);
+    }
+    int opens = 0, open_failures = 0, status = 0;
+    for (; opens < 100000; opens++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) break;
+        kvs_l2_adapter *b = open_fs(dir, 1, 0, 1);
+        if (b == NULL) open_failures++;
+        else kvs_l2_destroy(b);
+    }
+    if (opens == 100000) REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(opens > 0);
+    CHECK_EQ_INT(open_failures, 0);
+    CHECK(WIFEXITED(status));
+    CHECK_EQ_INT(WEXITSTATUS(status), 0);
+    walk(dir);
+    CHECK_EQ_INT(walk_tmp, 0);
+    CHECK_EQ_INT(walk_regular, 64);
+    rm_rf(dir);
+}
+
+/* kvs_l2_create of an "fs" spec on dir with more members (", ..."). */
+static int create_spec(const char *dir, const char *more, kvs_l2_adapter **a)
+{
+    char spec[PATH_MAX + 128];
+    snprintf(spec, sizeof spec, "{\"type\": \"fs\", \"path\": \"%s\"%s}", dir, more);
+    return kvs_l2_create(spec, a);
+}
+
+#define KVS_TMP ".tmp-kvs-00000000000000000000000000000abc"
+
+/* Make dir/rel: a directory if text is NULL, else a file holding text.
+ * The full path goes to path (PATH_MAX bytes) if not NULL. */
+static void plant(const char *dir, const char *rel, const char *text, char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, rel);
+    if (text == NULL) {
+        if (mkdir(p, 0755) != 0) abort();
+    } else {
+        write_file(p, text, strlen(text));
+    }
+    if (path) memcpy(path, p, sizeof p);
+}
+
+/* The refusal of an unmarked directory holding `entry`. */
+static void not_a_store_msg(const char *dir, const char *entry, char *msg, size_t size)
+{
+    snprintf(msg, size,
+             "fs: directory '%s' is not a kvserde store: no .kvserde-store marker, and it "
+             "holds '%s'; set \"adopt\": true to use it",
+             dir, entry);
+}
+
+/* Item: opening used to remove every ".tmp-*" file up to 12 levels down,
+ * other programs' too. Now a directory that is neither empty, nor marked,
+ * nor shaped like a store is refused unless adopted; once adopted, only
+ * files named exactly as kvserde's temporaries, in directories the key
+ * scheme makes, are removed. */
+static void test_foreign_files_survive_open(void)
+{
+    char dir[64], p[PATH_MAX], msg[PATH_MAX + 256];
+    make_tmpdir(dir, sizeof dir);
+    plant(dir, "app", NULL, NULL);
+    plant(dir, "app/.tmp-build.lock", "x\n", p);
+
+    /* Not a store, and not adopted: refused, nothing touched. */
+    kvs_fs_options o = {0};
+    o.path = dir;
+    kvs_l2_adapter *a = (kvs_l2_adapter *)&a;
+    not_a_store_msg(dir, "app", msg, sizeof msg);
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EEXIST, msg);
+    CHECK(a == NULL);
+    CHECK_EQ_INT(file_size(p), 2);
+    CHECK_ERR(create_spec(dir, ", \"adopt\": false", &a),
+              KVS_EEXIST, msg);
+
+    /* Adopted: more foreign things, and kvserde-named files where kvserde
+     * never writes (outside the scheme's directories). */
+    char foreign[4][PATH_MAX], ours[PATH_MAX];
+    plant(dir, "app/" KVS_TMP, "keep", foreign[0]);
+    plant(dir, ".tmp-build.lock", "keep", foreign[1]);
+    plant(dir, "m+", NULL, NULL);
+    plant(dir, "m+/sub", NULL, NULL); /* not a directory the scheme makes */
+    plant(dir, "m+/sub/" KVS_TMP, "keep", foreign[2]);
+    plant(dir, "m+/sub/00000001,0,0", "keep", foreign[3]);
+    plant(dir, "m+/" KVS_TMP, "partial", ours); /* a crash leftover where kvserde writes */
+
+    REQUIRE_OK(create_spec(dir, ", \"adopt\": true", &a));
+    snprintf(p, sizeof p, "%s/app/.tmp-build.lock", dir);
+    CHECK_EQ_INT(file_size(p), 2);
+    for (int i = 0; i < 4; i++) CHECK_EQ_INT(file_size(foreign[i]), 4);
+    CHECK_EQ_INT(file_size(ours), -1);
+    kvs_l2_usage u;
+    CHECK_OK(kvs_l2_get_usage(a, &u));
+    CHECK_EQ_U64(u.bytes_used, 0); /* the file in m+/sub is no object */
+    kvs_l2_destroy(a);
+    snprintf(p, sizeof p, "%s/.kvserde-store", dir);
+    CHECK_EQ_INT(file_size(p), 27); /* "kvserde fs store, format 1\n" */
+
+    /* Marked now: opens without adopt. */
+    a = open_fs(dir, 1, 0, 1);
+    CHECK(a != NULL);
+    if (a) kvs_l2_destroy(a);
+    rm_rf(dir);
+}
+
+/* Unmarked directories: empty ones and stores written before markers
+ * existed (only kvserde-shaped names) are taken and marked; anything else
+ * is refused; a marker of another format is refused. */
+static void test_store_marker(void)
+{
+    char dir[64], p[PATH_MAX], msg[PATH_MAX + 256];
+    make_tmpdir(dir, sizeof dir);
+    /* An old store: one object, one crash leftover in the root. */
+    plant(dir, "m+", NULL, NULL);
+    plant(dir, "m+/00000001,0,0", "abc", NULL);
+    plant(dir, KVS_TMP, "partial", p);
+    kvs_l2_adapter *a = open_fs(dir, 1, 0, 1);
+    REQUIRE(a != NULL);
+    kvs_l2_usage u;
+    CHECK_OK(kvs_l2_get_usage(a, &u));
+    CHECK_EQ_U64(u.bytes_used, 3);
+    kvs_l2_destroy(a);
+    CHECK_EQ_INT(file_size(p), -1);
+    snprintf(p, sizeof p, "%s/.kvserde-store", dir);
+    CHECK_EQ_INT(file_size(p), 27);
+
+    /* A marker with other contents. */
+    write_file(p, "kvserde fs store, format 9\n", 27);
+    kvs_fs_options o = {0};
+    o.path = dir;
+    snprintf(msg, sizeof msg,
+             "fs: '%s/.kvserde-store' is not a store marker of format 1 (it should hold one "
+             "line: 'kvserde fs store, format 1')",
+             dir);
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EUNSUPPORTED, msg);
+    o.adopt = 1; /* adopting does not overrule a marker */
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EUNSUPPORTED, msg);
+    rm_rf(dir);
+
+    /* A foreign file in the root. */
+    make_tmpdir(dir, sizeof dir);
+    plant(dir, "notes.txt", "mine", p);
+    o.path = dir;
+    o.adopt = 0;
+    not_a_store_msg(dir, "notes.txt", msg, sizeof msg);
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EEXIST, msg);
+    CHECK_EQ_INT(file_size(p), 4);
+    snprintf(p, sizeof p, "%s/.kvserde-store", dir);
+    CHECK_EQ_INT(file_size(p), -1); /* a refused open writes nothing */
+    rm_rf(dir);
+}
+
+static int mode_of(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
+}
+
+/* The modes of a store made at dir/new/store with one key stored: the
+ * directories made (new, store, the key's), the object, the marker. */
+static void check_store_modes(const char *dir, kvs_l2_adapter *a, int fmode, int dmode)
+{
+    CHECK(store_int_key(a, 5, "m", 8));
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/new", dir);
+    CHECK_EQ_INT(mode_of(p), dmode);
+    snprintf(p, sizeof p, "%s/new/store", dir);
+    CHECK_EQ_INT(mode_of(p), dmode);
+    snprintf(p, sizeof p, "%s/new/store/m+", dir);
+    CHECK_EQ_INT(mode_of(p), dmode);
+    snprintf(p, sizeof p, "%s/new/store/m+/00000005,0,0", dir);
+    CHECK_EQ_INT(mode_of(p), fmode);
+    snprintf(p, sizeof p, "%s/new/store/.kvserde-store", dir);
+    CHECK_EQ_INT(mode_of(p), fmode);
+}
+
+/* Item: under umask 022 the store used to be 0755 / 0644, readable by every
+ * local user. Now private whatever the umask, or the mode asked for. */
+static void test_store_modes(void)
+{
+    static const struct {
+        mode_t umask;
+        const char *mode; /* NULL: the default */
+        int fmode, dmode;
+    } cases[] = {
+        {022, NULL, 0600, 0700}, {0, NULL, 0600, 0700},   {077, "0640", 0640, 0750},
+        {0, "640", 0640, 0750},  {022, "0660", 0660, 0770}, {0, "0644", 0644, 0755},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[64], p[PATH_MAX], more[64] = ", \"fsync\": false";
+        make_tmpdir(dir, sizeof dir);
+        snprintf(p, sizeof p, "%s/new/store", dir);
+        if (cases[i].mode)
+            snprintf(more, sizeof more, ", \"fsync\": false, \"mode\": \"%s\"", cases[i].mode);
+        mode_t old = umask(cases[i].umask);
+        kvs_l2_adapter *a = NULL;
+        int rc = create_spec(p, more, &a);
+        CHECK_OK(rc);
+        if (rc == KVS_OK) {
+            check_store_modes(dir, a, cases[i].fmode, cases[i].dmode);
+            kvs_l2_destroy(a);
+        }
+        umask(old);
+        rm_rf(dir);
+    }
+
+    /* The C option; an existing directory keeps its own mode, and a setgid
+     * bit (a group's shared directory) is passed on to the new ones. */
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    REQUIRE(chmod(dir, 02771) == 0);
+    kvs_fs_options o = {0};
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/new/store", dir);
+    o.path = p;
+    o.mode = 0660;
+    kvs_l2_adapter *a = NULL;
+    REQUIRE_OK(kvs_fs_adapter_create(&o, &a));
+    check_store_modes(dir, a, 0660, 02770);
+    kvs_l2_destroy(a);
+    CHECK_EQ_INT(mode_of(dir), 02771);
+    rm_rf(dir);
+}
+
+static void test_bad_modes(void)
+{
+    static const struct {
+        const char *mode; /* JSON text */
+        const char *msg;
+    } bad[] = {
+        {"\"0666\"", "fs: mode 0666 lets every local user write the store; grant write to the "
+                     "owner and group only"},
+        {"\"0622\"", "fs: mode 0622 lets every local user write the store; grant write to the "
+                     "owner and group only"},
+        {"\"0755\"", "fs: mode 0755 has execute bits; give the files' mode, such as 0640 "
+                     "(directories get the matching execute bits)"},
+        {"\"0400\"", "fs: mode 0400 must let the owner read and write (0600)"},
+        {"\"0\"", "fs: mode 0000 must let the owner read and write (0600)"},
+        {"\"1600\"", "fs: mode 1600 is not a permission mode (0000 to 0777)"},
+        {"\"0680\"", "fs: mode must be a string of octal digits such as \"0640\", got '0680'"},
+        {"\"00640\"", "fs: mode must be a string of octal digits such as \"0640\", got '00640'"},
+        {"\"\"", "fs: mode must be a string of octal digits such as \"0640\", got ''"},
+        {"\"rw-r-----\"",
+         "fs: mode must be a string of octal digits such as \"0640\", got 'rw-r-----'"},
+        {"416", "fs: mode must be a string of octal digits such as \"0640\", got integer"},
+        {"null", "fs: mode must be a string of octal digits such as \"0640\", got null"},
+    };
+    char dir[64], sub[PATH_MAX], more[64];
+    make_tmpdir(dir, sizeof dir);
+    snprintf(sub, sizeof sub, "%s/s", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(more, sizeof more, ", \"mode\": %s", bad[i].mode);
+        kvs_l2_adapter *a = (kvs_l2_adapter *)&a;
+        CHECK_ERR(create_spec(sub, more, &a), KVS_EINVAL, bad[i].msg);
+        CHECK(a == NULL);
+    }
+    kvs_fs_options o = {0};
+    o.path = dir;
+    kvs_l2_adapter *a = NULL;
+    o.mode = 0777;
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EINVAL,
+              "fs: mode 0777 has execute bits; give the files' mode, such as 0640 (directories "
+              "get the matching execute bits)");
+    o.mode = 04600;
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EINVAL,
+              "fs: mode 4600 is not a permission mode (0000 to 0777)");
+    o.mode = 0602;
+    CHECK_ERR(kvs_fs_adapter_create(&o, &a), KVS_EINVAL,
+              "fs: mode 0602 lets every local user write the store; grant write to the owner "
+              "and group only");
+    CHECK_EQ_INT(file_size(sub), -1); /* refused before anything is made */
+    rm_rf(dir);
+}
+
+/* Run fn(dir) in a child that cannot read directories of mode 0000 (as
+ * root: as the user nobody, owning dir's entries except `unreadable`). The
+ * child's exit status: 0 passed, 77 could not drop root. */
+static int run_unprivileged(const char *dir, const char *unreadable, int (*fn)(const char *))
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, unreadable);
+    if (chmod(p, 0) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(77);
+        _exit(fn(dir));
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    chmod(p, 0755);
+    return WEXITSTATUS(status);
+}
+
+static int open_succeeds(const char *dir)
+{
+    kvs_l2_adapter *a = open_fs(dir, 1, 0, 1);
+    if (a) kvs_l2_destroy(a);
+    return a == NULL;
+}
+
+static int open_refused_for_m(const char *dir)
+{
+    kvs_fs_options o = {0};
+    o.path = dir;
+    kvs_l2_adapter *a = NULL;
+    char msg[PATH_MAX + 128];
+    snprintf(msg, sizeof msg, "fs: cannot count the objects in '%s': open 'm+': %s", dir,
+             strerror(EACCES));
+    int rc = kvs_fs_adapter_create(&o, &a);
+    if (rc == KVS_EIO && strcmp(kvs_last_error(), msg) == 0) return 0;
+    fprintf(stderr, "expected KVS_EIO \"%s\", got %d \"%s\"\n", msg, rc, kvs_last_error());
+    if (a) kvs_l2_destroy(a);
+    return 1;
+}
+
+/* An unreadable directory kvserde did not make is not entered, so it does
+ * not stop the open; an unreadable directory of the key scheme does (its
+ * objects could not be counted). */
+static void test_unreadable_directories(void)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    plant(dir, "m+", NULL, NULL);
+    plant(dir, "m+/00000001,0,0", "abc", NULL);
+    plant(dir, "app", NULL, NULL);
+    plant(dir, "app/x", "x", NULL);
+    kvs_l2_adapter *a = NULL;
+    REQUIRE_OK(create_spec(dir, ", \"adopt\": true", &a)); /* writes the marker */
+    kvs_l2_destroy(a);
+    if (geteuid() == 0) {
+        static const char *const owned[] = {"", "/m+", "/m+/00000001,0,0", "/.kvserde-store"};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
+            char p[PATH_MAX];
+            snprintf(p, sizeof p, "%s%s", dir, owned[i]);
+            REQUIRE(chown(p, 65534, 65534) == 0);
+        }
+    }
+    int rc = run_unprivileged(dir, "app", open_succeeds);
+    if (rc == 77) {
+        fprintf(stderr, "test_unreadable_directories: cannot drop root, skipped\n");
+    } else {
+        CHECK_EQ_INT(rc, 0);
+        CHECK_EQ_INT(run_unprivileged(dir, "m+", open_refused_for_m), 0);
+    }
+    rm_rf(dir);
+}
+
 int main(void)
 {
     RUN(test_key_path_examples);
@@ -1846,5 +2251,11 @@ int main(void)
     RUN(test_long_paths_in_messages);
     RUN(test_directory_removed);
     RUN(test_load_wrong_layout_size_refused);
+    RUN(test_second_process_opening_never_breaks_stores);
+    RUN(test_foreign_files_survive_open);
+    RUN(test_store_marker);
+    RUN(test_store_modes);
+    RUN(test_bad_modes);
+    RUN(test_unreadable_directories);
     return TEST_SUMMARY();
 }

@@ -52,9 +52,13 @@
 #include "l2/task_queue.h"
 #include "util/thread_pool.h"
 
-#define TMP_PREFIX ".tmp-"
-#define SCAN_MAX_DEPTH 12 /* the scheme nests at most 8 levels */
 #define MSG_PATH_MAX 200  /* longer paths are shortened in messages */
+#define TMP_PATH_MAX (KVS_FS_KEY_PATH_MAX + KVS_FS_TEMP_NAME_LEN + 2)
+
+/* The store marker at the root: tells a later open that the directory is a
+ * store, so it may be adopted without asking (see l2_fs.h). */
+#define MARKER_NAME ".kvserde-store"
+#define MARKER_TEXT "kvserde fs store, format 1\n"
 
 typedef struct fs_adapter {
     kvs_l2_adapter base;
@@ -64,6 +68,8 @@ typedef struct fs_adapter {
     char *root;          /* the directory as given, without trailing '/' */
     int dirfd;           /* -1 once closed */
     int fsync;
+    mode_t mode;         /* of every file made; exact, whatever the umask */
+    mode_t dir_mode;     /* of every directory made: mode plus matching x bits */
     uint64_t capacity;
     unsigned workers;
     uint64_t nonce;      /* random: names this adapter's temporary files */
@@ -176,6 +182,30 @@ static int fsync_dir(fs_adapter *fs, const char *rel, size_t len)
     return rc;
 }
 
+/* The directory mode that goes with a file mode: each read bit brings the
+ * matching execute (search) bit, so whoever may read the objects may also
+ * reach them (0600 -> 0700, 0640 -> 0750). */
+static mode_t dir_mode_of(mode_t mode) { return mode | ((mode & 0444) >> 2); }
+
+/* mkdir with exactly mode dmode: mkdir's mode is narrowed by the umask, and
+ * changing the umask would change it for the whole process. A setgid bit
+ * inherited from the parent is kept: it is how a store shared by a group
+ * keeps new entries in that group. 1 if made, 0 if it was there, -1 with
+ * errno. */
+static int make_dir_at(int dfd, const char *path, mode_t dmode)
+{
+    if (mkdirat(dfd, path, dmode) != 0) return errno == EEXIST ? 0 : -1;
+    int fd = openat(dfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return -1;
+    struct stat st;
+    int rc = fstat(fd, &st);
+    if (rc == 0) rc = fchmod(fd, dmode | (st.st_mode & S_ISGID));
+    int err = errno;
+    close(fd);
+    errno = err;
+    return rc == 0 ? 1 : -1;
+}
+
 /* Make the directories of rel[0..dlen) that are missing (as mkdir -p below
  * the root); with fsync on, each new one's parent is synced so the new
  * entry is durable. 0, or -1 with errno and *call naming the call. */
@@ -186,17 +216,83 @@ static int make_dirs(fs_adapter *fs, const char *rel, size_t dlen, const char **
         if (i < dlen && rel[i] != '/') continue;
         memcpy(dir, rel, i);
         dir[i] = '\0';
-        if (mkdirat(fs->dirfd, dir, 0777) == 0) {
-            if (fs->fsync && fsync_dir(fs, rel, kvs_fs_dir_len(dir, i)) != 0) {
-                *call = "fsync";
-                return -1;
-            }
-        } else if (errno != EEXIST) {
+        int made = make_dir_at(fs->dirfd, dir, fs->dir_mode);
+        if (made < 0) {
             *call = "mkdir";
+            return -1;
+        }
+        if (made && fs->fsync && fsync_dir(fs, rel, kvs_fs_dir_len(dir, i)) != 0) {
+            *call = "fsync";
             return -1;
         }
     }
     return 0;
+}
+
+/* 1 if `name` (below dfd) still is the file open at fd; 0 if it has been
+ * removed or replaced; -1 with errno. */
+static int still_named(int dfd, const char *name, int fd)
+{
+    struct stat mine, named;
+    if (fstat(fd, &mine) != 0) return -1;
+    if (fstatat(dfd, name, &named, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -1;
+    return mine.st_nlink > 0 && mine.st_ino == named.st_ino && mine.st_dev == named.st_dev;
+}
+
+/* Create a new temporary file in the directory rel[0..dlen) (made if
+ * missing; dlen 0: the root), with the adapter's mode and locked, its path
+ * written into tmp (TMP_PATH_MAX bytes). The fd, or -1 with errno and *call
+ * naming the failing call.
+ *
+ * The flock tells an adapter opening the directory that the file is in use
+ * (remove_stale_temp). Create and lock are two steps: in between, such an
+ * adapter may take the file for a crash leftover, lock it and remove it. So
+ * after locking, the name must still lead to this very file; if it does not
+ * (or the remover holds the lock right now and is about to remove it), the
+ * file is dropped and a new name tried. Once the check passes, no remover
+ * can get the lock before the rename. */
+static int open_temp(fs_adapter *fs, const char *rel, size_t dlen, char *tmp,
+                     const char **call)
+{
+    for (int attempt = 0;; attempt++) {
+        char name[KVS_FS_TEMP_NAME_LEN + 1];
+        kvs_fs_temp_name(fs->nonce, atomic_fetch_add(&fs->tmp_seq, 1), name);
+        snprintf(tmp, TMP_PATH_MAX, "%.*s%s%s", (int)dlen, rel, dlen ? "/" : "", name);
+        int fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+                        fs->mode);
+        int err = errno;
+        if (fd < 0) {
+            if (err == ENOENT && dlen && attempt < 4) {
+                if (make_dirs(fs, rel, dlen, call) != 0) return -1;
+                continue;
+            }
+            if ((err == EEXIST || err == EINTR) && attempt < 16) continue;
+            *call = "open";
+            errno = err;
+            return -1;
+        }
+        int named = -1;
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            err = errno;
+            *call = "lock";
+            if (err == EWOULDBLOCK || err == EINTR) named = 0; /* a remover has it */
+        } else if ((named = still_named(fs->dirfd, tmp, fd)) < 0) {
+            err = errno;
+            *call = "stat";
+        } else if (named == 1) {
+            if (fchmod(fd, fs->mode) == 0) return fd; /* exact, whatever the umask */
+            err = errno;
+            *call = "chmod";
+        }
+        /* The name is this adapter's alone: removing it cannot hit another
+         * writer's file (if a remover got there first, this is a no-op). */
+        unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        if (named == 0 && attempt < 16) continue;
+        if (named == 0) err = EAGAIN; /* removed under us every time */
+        errno = err;
+        return -1;
+    }
 }
 
 /* ---------------------------------------------------------------------
@@ -214,35 +310,15 @@ static int store_one(fs_adapter *fs, kvs_l2_slice *s, size_t i)
     size_t dlen = kvs_fs_dir_len(rel, len);
 
     /* A new temporary file next to the final one (same directory, so the
-     * rename is atomic), created with O_EXCL under a name no one else
-     * uses. */
-    char tmp[KVS_FS_KEY_PATH_MAX + 64];
-    int fd = -1;
-    for (int attempt = 0;; attempt++) {
-        uint64_t seq = atomic_fetch_add(&fs->tmp_seq, 1);
-        snprintf(tmp, sizeof tmp, "%.*s/" TMP_PREFIX "%016" PRIx64 "-%" PRIu64, (int)dlen,
-                 rel, fs->nonce, seq);
-        fd = openat(fs->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
-                    0666);
-        if (fd >= 0) break;
-        int err = errno;
-        if (err == ENOENT && attempt < 4) {
-            const char *call = NULL;
-            if (make_dirs(fs, rel, dlen, &call) != 0) {
-                slice_fail_sys(s, "store", i, call, errno, rel);
-                return -1;
-            }
-            continue;
-        }
-        if ((err == EEXIST || err == EINTR) && attempt < 16) continue;
-        slice_fail_sys(s, "store", i, "open", err, rel);
+     * rename is atomic), locked until the rename. */
+    char tmp[TMP_PATH_MAX];
+    const char *call = NULL;
+    int fd = open_temp(fs, rel, dlen, tmp, &call);
+    if (fd < 0) {
+        slice_fail_sys(s, "store", i, call, errno, rel);
         return -1;
     }
-    /* Held until the rename: an adapter opening the directory meanwhile
-     * sees the file is in use and leaves it alone. */
-    (void)flock(fd, LOCK_EX | LOCK_NB);
-
-    const char *call = NULL;
+    call = NULL;
     int err = 0;
     if (write_all(fd, obj->data, size) != 0) call = "write";
     else if (fs->fsync && fsync(fd) != 0) call = "fsync";
@@ -650,8 +726,8 @@ static const struct kvs_l2_adapter_ops fs_ops = {
  * Opening the directory
  * ------------------------------------------------------------------ */
 
-/* mkdir -p. 0, or -1 with errno. */
-static int mkdir_p(const char *path)
+/* mkdir -p, each directory made with exactly dmode. 0, or -1 with errno. */
+static int mkdir_p(const char *path, mode_t dmode)
 {
     size_t len = strlen(path);
     char *p = malloc(len + 1);
@@ -665,7 +741,7 @@ static int mkdir_p(const char *path)
         if (i < len && p[i] != '/') continue;
         char saved = p[i];
         p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = -1;
+        if (make_dir_at(AT_FDCWD, p, dmode) < 0) rc = -1;
         p[i] = saved;
     }
     int err = errno;
@@ -674,13 +750,16 @@ static int mkdir_p(const char *path)
     return rc;
 }
 
-/* A leftover temporary file: remove it unless a writer still holds it. */
+/* A leftover temporary file: remove it unless a writer still holds it
+ * (open_temp). The name is checked again once locked: a writer that has
+ * finished may have renamed it away, and nothing else may be removed. */
 static void remove_stale_temp(int dfd, const char *name)
 {
     int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return;
     struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0)
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        still_named(dfd, name, fd) == 1)
         unlinkat(dfd, name, 0);
     close(fd);
 }
@@ -701,10 +780,12 @@ static int scan_error(const scan_totals *tot, const char *what, const char *rel)
 }
 
 /* Walk the directory open at fd (taken over): count the object files (the
- * regular files whose path is a key path), remove stale temporaries, skip
+ * regular files whose path is a key path), remove stale temporaries (files
+ * named exactly as open_temp names them), enter only the subdirectories the
+ * key scheme makes (kvs_fs_is_store_dir: that also bounds the depth), skip
  * everything else. rel holds the path of fd below the root. An entry that
  * vanishes while we look is skipped; any other error is returned. */
-static int scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *tot)
+static int scan_dir(int fd, char *rel, size_t rel_len, scan_totals *tot)
 {
     DIR *d = fdopendir(fd);
     if (d == NULL) {
@@ -722,11 +803,10 @@ static int scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *t
             break;
         }
         const char *name = de->d_name;
-        if (strncmp(name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0) {
-            remove_stale_temp(dfd, name);
+        if (name[0] == '.') { /* ".", "..", the marker, and never an object */
+            if (kvs_fs_is_temp_name(name)) remove_stale_temp(dfd, name);
             continue;
         }
-        if (name[0] == '.') continue; /* ".", "..", and never an object */
         size_t nl = strlen(name);
         if (rel_len + 1 + nl >= KVS_FS_KEY_PATH_MAX) continue; /* never a key path */
         size_t len = rel_len;
@@ -736,9 +816,9 @@ static int scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *t
         struct stat st;
         if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             if (errno != ENOENT) rc = scan_error(tot, "stat", rel);
-        } else if (S_ISDIR(st.st_mode) && depth < SCAN_MAX_DEPTH) {
+        } else if (S_ISDIR(st.st_mode) && kvs_fs_is_store_dir(rel)) {
             int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-            if (sub >= 0) rc = scan_dir(sub, rel, len, depth + 1, tot);
+            if (sub >= 0) rc = scan_dir(sub, rel, len, tot);
             else if (errno != ENOENT) rc = scan_error(tot, "open", rel);
         } else if (S_ISREG(st.st_mode)) {
             kvs_object_key key;
@@ -754,20 +834,147 @@ static int scan_dir(int fd, char *rel, size_t rel_len, int depth, scan_totals *t
     return rc;
 }
 
-/* 1 if "A" and "a" name the same entry in the directory. Not knowable in a
- * read-only directory: then 0 (nothing can be stored there anyway). */
-static int case_insensitive(int dfd, uint64_t nonce)
+/* 1 if "A" and "a" name the same entry in the directory: a temporary file
+ * (so a crash leaves only a file the next open removes) is also found under
+ * its uppercase name. Not knowable in a read-only directory: then 0
+ * (nothing can be stored there anyway). */
+static int case_insensitive(fs_adapter *fs)
 {
-    char upper[64], lower[64];
-    snprintf(upper, sizeof upper, TMP_PREFIX "case-%016" PRIx64 "-A", nonce);
-    snprintf(lower, sizeof lower, TMP_PREFIX "case-%016" PRIx64 "-a", nonce);
-    int fd = openat(dfd, upper, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    char tmp[TMP_PATH_MAX], upper[TMP_PATH_MAX];
+    const char *call;
+    int fd = open_temp(fs, "", 0, tmp, &call);
     if (fd < 0) return 0;
+    for (size_t i = 0;; i++) {
+        upper[i] = tmp[i] >= 'a' && tmp[i] <= 'z' ? (char)(tmp[i] - 'a' + 'A') : tmp[i];
+        if (tmp[i] == '\0') break;
+    }
+    int same = still_named(fs->dirfd, upper, fd) == 1;
+    unlinkat(fs->dirfd, tmp, 0);
     close(fd);
-    struct stat st;
-    int same = fstatat(dfd, lower, &st, AT_SYMLINK_NOFOLLOW) == 0;
-    unlinkat(dfd, upper, 0);
     return same;
+}
+
+/* 1 if a directory without a marker may be taken as a store: every entry
+ * of its root is one kvserde makes (a directory the key scheme makes, or a
+ * temporary file), so it is empty or a store written before markers
+ * existed. Else 0 with the first other entry's name in `foreign`; -1 with
+ * errno if the directory cannot be read. */
+static int only_store_entries(int dfd, char *foreign, size_t size)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        errno = err;
+        return -1;
+    }
+    int ok = 1;
+    for (;;) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (de == NULL) {
+            if (errno != 0) ok = -1;
+            break;
+        }
+        const char *name = de->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || kvs_fs_is_temp_name(name))
+            continue;
+        struct stat st;
+        if (kvs_fs_is_store_dir(name) && fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISDIR(st.st_mode))
+            continue;
+        snprintf(foreign, size, "%s", name);
+        ok = 0;
+        break;
+    }
+    int err = errno;
+    closedir(d);
+    errno = err;
+    return ok;
+}
+
+/* Look for the marker; without one, refuse a directory that holds other
+ * things than kvserde's unless `adopt`. *present says whether it is there. */
+static int check_marker(int dfd, const char *root, int adopt, int *present)
+{
+    *present = 0;
+    int fd = openat(dfd, MARKER_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0) {
+        char text[sizeof MARKER_TEXT];
+        ssize_t got = read_full(fd, text, sizeof text);
+        close(fd);
+        if (got != (ssize_t)sizeof MARKER_TEXT - 1 ||
+            memcmp(text, MARKER_TEXT, sizeof MARKER_TEXT - 1) != 0)
+            return kvs_set_error(KVS_EUNSUPPORTED,
+                                 "fs: '%s/" MARKER_NAME "' is not a store marker of format 1 "
+                                 "(it should hold one line: '%.*s')",
+                                 root, (int)sizeof MARKER_TEXT - 2, MARKER_TEXT);
+        *present = 1;
+        return KVS_OK;
+    }
+    if (errno != ENOENT)
+        return kvs_set_error(KVS_EIO, "fs: cannot read the store marker '%s/" MARKER_NAME
+                                      "': %s", root, strerror(errno));
+    if (adopt) return KVS_OK;
+    char foreign[256];
+    int only = only_store_entries(dfd, foreign, sizeof foreign);
+    if (only < 0)
+        return kvs_set_error(KVS_EIO, "fs: cannot read directory '%s': %s", root,
+                             strerror(errno));
+    if (only == 0)
+        return kvs_set_error(KVS_EEXIST,
+                             "fs: directory '%s' is not a kvserde store: no " MARKER_NAME
+                             " marker, and it holds '%s'; set \"adopt\": true to use it",
+                             root, foreign);
+    return KVS_OK;
+}
+
+/* Write the marker (through a temporary file and rename, like an object).
+ * A read-only directory is left without one: nothing is stored there, and
+ * the next writable open writes it. */
+static int write_marker(fs_adapter *fs)
+{
+    char tmp[TMP_PATH_MAX];
+    const char *call = NULL;
+    int fd = open_temp(fs, "", 0, tmp, &call);
+    if (fd < 0) {
+        if (errno == EACCES || errno == EPERM || errno == EROFS) return KVS_OK;
+    } else {
+        if (write_all(fd, MARKER_TEXT, sizeof MARKER_TEXT - 1) != 0) call = "write";
+        else if (fs->fsync && fsync(fd) != 0) call = "fsync";
+        else if (renameat(fs->dirfd, tmp, fs->dirfd, MARKER_NAME) != 0) call = "rename";
+        else if (fs->fsync && fsync(fs->dirfd) != 0) call = "fsync";
+        int err = errno;
+        if (call) unlinkat(fs->dirfd, tmp, 0);
+        close(fd);
+        errno = err;
+        if (call == NULL) return KVS_OK;
+    }
+    return kvs_set_error(KVS_EIO, "fs: cannot write the store marker '%s/" MARKER_NAME
+                                  "': %s: %s", fs->root, call, strerror(errno));
+}
+
+/* A mode given in the options (0: the default). */
+static int check_mode(unsigned mode)
+{
+    if (mode > 0777)
+        return kvs_set_error(KVS_EINVAL, "fs: mode %04o is not a permission mode (0000 to 0777)",
+                             mode);
+    if (mode & 0111)
+        return kvs_set_error(KVS_EINVAL,
+                             "fs: mode %04o has execute bits; give the files' mode, such as "
+                             "0640 (directories get the matching execute bits)",
+                             mode);
+    if (mode & 0002)
+        return kvs_set_error(KVS_EINVAL,
+                             "fs: mode %04o lets every local user write the store; grant "
+                             "write to the owner and group only",
+                             mode);
+    if ((mode & 0600) != 0600)
+        return kvs_set_error(KVS_EINVAL,
+                             "fs: mode %04o must let the owner read and write (0600)", mode);
+    return KVS_OK;
 }
 
 static uint64_t make_nonce(void)
@@ -800,6 +1007,9 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
     if (workers > KVS_FS_MAX_WORKERS)
         return kvs_set_error(KVS_EINVAL, "fs: workers %u out of range [1, %u]", workers,
                              (unsigned)KVS_FS_MAX_WORKERS);
+    int rc = opts->mode ? check_mode(opts->mode) : KVS_OK;
+    if (rc) return rc;
+    mode_t mode = opts->mode ? (mode_t)opts->mode : KVS_FS_DEFAULT_MODE;
 
     fs_adapter *fs = calloc(1, sizeof *fs);
     char *root = strdup(opts->path);
@@ -814,9 +1024,8 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
     size_t rlen = strlen(root);
     while (rlen > 1 && root[rlen - 1] == '/') root[--rlen] = '\0';
 
-    int rc = KVS_OK;
     int dfd = -1;
-    if (!opts->no_create && mkdir_p(root) != 0) {
+    if (!opts->no_create && mkdir_p(root, dir_mode_of(mode)) != 0) {
         rc = kvs_set_error(KVS_EIO, "fs: cannot create directory '%s': %s", root,
                            strerror(errno));
         goto fail;
@@ -828,8 +1037,17 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
                            "fs: cannot open directory '%s': %s", root, strerror(err));
         goto fail;
     }
-    uint64_t nonce = make_nonce();
-    if (case_insensitive(dfd, nonce)) {
+    int marked;
+    if ((rc = check_marker(dfd, root, opts->adopt, &marked)) != KVS_OK) goto fail;
+    /* What open_temp needs, for the probe and the marker. */
+    fs->root = root;
+    fs->dirfd = dfd;
+    fs->fsync = !opts->no_fsync;
+    fs->mode = mode;
+    fs->dir_mode = dir_mode_of(mode);
+    fs->nonce = make_nonce();
+    atomic_init(&fs->tmp_seq, 0);
+    if (case_insensitive(fs)) {
         rc = kvs_set_error(KVS_EUNSUPPORTED,
                            "fs: directory '%s' has case-insensitive names; keys differing "
                            "only in case would collide",
@@ -844,16 +1062,12 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
         goto fail;
     }
     char rel[KVS_FS_KEY_PATH_MAX] = "";
-    if ((rc = scan_dir(scan_fd, rel, 0, 0, &tot)) != KVS_OK) goto fail;
+    if ((rc = scan_dir(scan_fd, rel, 0, &tot)) != KVS_OK) goto fail;
+    if (!marked && (rc = write_marker(fs)) != KVS_OK) goto fail;
 
     fs->base.ops = &fs_ops;
-    fs->root = root;
-    fs->dirfd = dfd;
-    fs->fsync = !opts->no_fsync;
     fs->capacity = opts->capacity_bytes;
     fs->workers = workers;
-    fs->nonce = nonce;
-    atomic_init(&fs->tmp_seq, 0);
     fs->bytes_used = tot.bytes;
     fs->nkeys = tot.keys;
     fs->locks = locks;
@@ -890,6 +1104,30 @@ void kvs_fs_adapter_set_read_hook(kvs_l2_adapter *a, kvs_fs_read_hook hook, void
  * The registry's factory
  * ------------------------------------------------------------------ */
 
+/* "mode": a string of one to four octal digits ("0640"). An integer is
+ * refused: 640 and 0640 would be easy to confuse, and JSON has no octal. */
+static int parse_mode(const json_t *v, unsigned *out)
+{
+    *out = 0;
+    if (v == NULL) return KVS_OK;
+    const char *t = json_is_string(v) ? json_string_value(v) : NULL;
+    size_t n = t ? strlen(t) : 0;
+    int ok = n >= 1 && n <= 4 && strspn(t, "01234567") == n;
+    if (!ok && t)
+        return kvs_set_error(KVS_EINVAL,
+                             "fs: mode must be a string of octal digits such as \"0640\", "
+                             "got '%.40s'",
+                             t);
+    if (!ok)
+        return kvs_set_error(KVS_EINVAL,
+                             "fs: mode must be a string of octal digits such as \"0640\", "
+                             "got %s",
+                             kvs_json_type_name(v));
+    *out = (unsigned)strtoul(t, NULL, 8);
+    /* "0000" would otherwise read as "the default". */
+    return check_mode(*out);
+}
+
 int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out)
 {
     (void)userdata;
@@ -897,8 +1135,8 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
     if (!json_is_object(spec))
         return kvs_set_error(KVS_EINVAL, "fs: spec must be a JSON object, got %s",
                              spec ? kvs_json_type_name(spec) : "NULL");
-    static const char *const known[] = {"path", "fsync", "capacity_bytes", "workers",
-                                        "create", NULL};
+    static const char *const known[] = {"path",   "fsync", "capacity_bytes", "workers",
+                                        "create", "adopt", "mode",           NULL};
     int rc = kvs_json_check_keys(spec, "fs", "key", known);
     if (rc) return rc;
     kvs_fs_options o = {0};
@@ -908,10 +1146,13 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
         return kvs_set_error(KVS_EINVAL, "fs: path must be a string, got %s",
                              kvs_json_type_name(path));
     o.path = json_string_value(path);
-    int do_fsync, create;
+    int do_fsync, create, adopt;
     if ((rc = kvs_kwargs_get_bool(spec, "fs", "fsync", 1, &do_fsync)) ||
-        (rc = kvs_kwargs_get_bool(spec, "fs", "create", 1, &create)))
+        (rc = kvs_kwargs_get_bool(spec, "fs", "create", 1, &create)) ||
+        (rc = kvs_kwargs_get_bool(spec, "fs", "adopt", 0, &adopt)))
         return rc;
+    o.adopt = adopt;
+    if ((rc = parse_mode(json_object_get(spec, "mode"), &o.mode)) != KVS_OK) return rc;
     o.no_fsync = !do_fsync;
     o.no_create = !create;
     const json_t *cap = json_object_get(spec, "capacity_bytes");

@@ -311,3 +311,66 @@ int kvs_fs_path_key(const char *path, kvs_object_key *out)
     *out = key;
     return KVS_OK;
 }
+
+/* ---------------------------------------------------------------------
+ * Temporary names and store directories
+ * ------------------------------------------------------------------ */
+
+static int is_lower_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+static int is_upper_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); }
+
+void kvs_fs_temp_name(uint64_t nonce, uint64_t seq, char *buf)
+{
+    snprintf(buf, KVS_FS_TEMP_NAME_LEN + 1, KVS_FS_TEMP_PREFIX "%016" PRIx64 "%016" PRIx64,
+             nonce, seq);
+}
+
+int kvs_fs_is_temp_name(const char *name)
+{
+    size_t p = sizeof KVS_FS_TEMP_PREFIX - 1;
+    if (strncmp(name, KVS_FS_TEMP_PREFIX, p) != 0) return 0;
+    for (size_t i = 0; i < KVS_FS_TEMP_HEX; i++) /* stops at a NUL: not hex */
+        if (!is_lower_hex(name[p + i])) return 0;
+    return name[p + KVS_FS_TEMP_HEX] == '\0';
+}
+
+/* A D component that is not D's last was cut because the next code did not
+ * fit: it holds at least this many characters. */
+#define FULL_COMPONENT (KVS_FS_COMPONENT_MAX - 2)
+
+int kvs_fs_is_store_dir(const char *rel)
+{
+    int plus = 0, hash_dir = 0, have_d = 0;
+    size_t last_d = 0; /* length of the latest D component */
+    for (const char *c = rel;;) {
+        size_t n = strcspn(c, "/");
+        if (n == 0 || n > KVS_FS_COMPONENT_MAX || c[0] == '.' || hash_dir) return 0;
+        size_t commas = 0, pluses = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (c[i] == ',') commas++;
+            else if (c[i] == '+') pluses++;
+            else if (c[i] == '%') {
+                if (i + 2 >= n || !is_upper_hex(c[i + 1]) || !is_upper_hex(c[i + 2])) return 0;
+                i += 2;
+            } else if (!is_plain((unsigned char)c[i])) return 0;
+        }
+        if (commas == 0) {
+            if ((have_d && last_d < FULL_COMPONENT) || plus + pluses > 1) return 0;
+            plus += (int)pluses;
+            have_d = 1;
+            last_d = n;
+        } else {
+            /* H: the first 128 hex digits of a long hash and ',', after all of D */
+            if (commas != 1 || pluses || !plus || n != 2 * KVS_FS_HASH_SPLIT + 1 ||
+                c[n - 1] != ',')
+                return 0;
+            for (size_t i = 0; i + 1 < n; i++)
+                if (!is_lower_hex(c[i])) return 0;
+            hash_dir = 1;
+        }
+        if (c[n] == '\0') break;
+        c += n + 1;
+    }
+    /* D ends after the '+' was written; before that only full components. */
+    return hash_dir || plus || last_d >= FULL_COMPONENT;
+}
