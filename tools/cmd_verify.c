@@ -34,8 +34,9 @@ static const char verify_usage[] =
     "  --delete-damaged   delete the damaged objects (through the fs adapter)\n"
     "  -h, --help         show this help\n"
     "\n"
-    "It also warns about objects and directories that group or others may read\n"
-    "(a KV cache is derived from users' prompts; docs/security.md).\n"
+    "It also warns about objects and directories more open than the store's mode\n"
+    "(the spec's \"mode\", default 0600; a KV cache is derived from users' prompts:\n"
+    "docs/security.md).\n"
     "\n"
     "Exit status: 0 nothing damaged, 1 a damaged object or a failure, 2 usage error.\n";
 
@@ -50,6 +51,7 @@ static struct scrub {
     kvs_deserializer *de;
     size_t counts[NOUTCOMES];
     size_t objects, open_files, open_dirs, failures;
+    mode_t file_mode, dir_mode; /* the store's configured modes */
     char open_example[4096];
     kvs_object_key *damaged;
     size_t ndamaged, damaged_cap;
@@ -102,7 +104,8 @@ static enum outcome classify(const uint8_t *blob, size_t len, const kvs_object_k
 
 static void note_open(const char *path, mode_t mode, int is_dir)
 {
-    if ((mode & 077) == 0) return;
+    /* more open to group or others than the store's configured mode */
+    if ((mode & 077 & ~(is_dir ? S.dir_mode : S.file_mode)) == 0) return;
     if (is_dir)
         S.open_dirs++;
     else
@@ -156,9 +159,11 @@ static int visit(const char *path, const struct stat *st, int flag, struct FTW *
     return FTW_CONTINUE;
 }
 
-/* The store's directory from DIR or an fs spec. */
-static int store_dir(const char *spec, const char *dir, char **out)
+/* The store's directory from DIR or an fs spec, and its configured file
+ * mode (the spec's "mode", an octal string, else the fs default 0600). */
+static int store_dir(const char *spec, const char *dir, char **out, mode_t *mode)
 {
+    *mode = 0600;
     if (dir) {
         *out = strdup(dir);
         return *out ? 0 : -1;
@@ -179,6 +184,19 @@ static int store_dir(const char *spec, const char *dir, char **out)
         rc = -1;
     } else if ((*out = strdup(path)) == NULL) {
         rc = -1;
+    }
+    const char *m = json_string_value(json_object_get(j, "mode"));
+    if (rc == 0 && m) {
+        char *end;
+        long v = strtol(m, &end, 8);
+        if (*m == '\0' || *end != '\0' || v < 0 || v > 0777) {
+            fprintf(stderr, "kvserde: verify: --l2 \"mode\" must be an octal string such as "
+                            "\"0640\", got '%s'\n", m);
+            free(*out);
+            rc = -1;
+        } else {
+            *mode = (mode_t)v;
+        }
     }
     json_decref(j);
     return rc;
@@ -251,7 +269,8 @@ int kvs_cmd_verify(int argc, char **argv)
         return 2;
     }
     char *root;
-    if (store_dir(spec, dir, &root) != 0) return 1;
+    mode_t mode;
+    if (store_dir(spec, dir, &root, &mode) != 0) return 1;
     size_t len = strlen(root);
     while (len > 1 && root[len - 1] == '/') root[--len] = '\0';
     struct stat st;
@@ -271,6 +290,9 @@ int kvs_cmd_verify(int argc, char **argv)
     S.root_len = len;
     S.de = pair.deserializer;
     S.progress = isatty(STDERR_FILENO);
+    S.file_mode = mode;
+    /* directories: an execute bit wherever the mode reads (the fs adapter's rule) */
+    S.dir_mode = mode | (mode & 0444) >> 2;
     int walk = nftw(root, visit, 32, FTW_PHYS | FTW_ACTIONRETVAL);
     if (S.progress) fprintf(stderr, "\r\033[K");
     int status = 0;
@@ -282,9 +304,9 @@ int kvs_cmd_verify(int argc, char **argv)
     for (int o = 0; o < NOUTCOMES; o++) printf("  %-12s %zu\n", outcome_name[o], S.counts[o]);
     if (S.open_files || S.open_dirs)
         fprintf(stderr,
-                "kvserde: verify: warning: %zu objects and %zu directories are open to group or "
-                "others, e.g. %s; a KV cache reveals users' prompts (docs/security.md)\n",
-                S.open_files, S.open_dirs, S.open_example);
+                "kvserde: verify: warning: %zu objects and %zu directories are more open than "
+                "mode %04o, e.g. %s; a KV cache reveals users' prompts (docs/security.md)\n",
+                S.open_files, S.open_dirs, (unsigned)S.file_mode, S.open_example);
     if (del && S.ndamaged && delete_damaged(root) != KVS_OK) {
         fprintf(stderr, "kvserde: verify: deleting damaged objects: %s\n", kvs_last_error());
         status = 1;
