@@ -445,7 +445,7 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     if (rc) return rc;
     const uint8_t *bytes;
     size_t n;
-    uint8_t *owned;
+    uint8_t *owned = NULL; /* undo_bytes_stages leaves it unset on some failures */
     rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
     if (rc) return rc;
     const kvs_frame_stage *typed = &f.stages[0];
@@ -468,7 +468,7 @@ int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
     if (rc) return rc;
     const uint8_t *bytes;
     size_t n;
-    uint8_t *owned;
+    uint8_t *owned = NULL; /* undo_bytes_stages leaves it unset on some failures */
     rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
     free(owned);
     return rc;
