@@ -164,6 +164,16 @@ def resolve(obj, writable: bool, what: str):
     return bv.addr, bv.nbytes, None, None, bv
 
 
+def resolve_bytes(obj, writable: bool, what: str):
+    """(address, nbytes, keepalive) only: the cheaper form for blob buffers."""
+    if _kind(type(obj), obj) == "torch":
+        if not obj.is_cpu or not obj.is_contiguous():
+            torch_info(obj, what)  # raises the explanatory error
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
+    addr, n, _, _, keep = resolve(obj, writable, what)
+    return addr, n, keep
+
+
 def release(keepalive) -> None:
     if type(keepalive) is BufferView:
         keepalive.release()

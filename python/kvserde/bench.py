@@ -53,20 +53,22 @@ def main(argv=None) -> int:
         name = "tensor.to(torch.float8_e4m3fn)"
         ref = lambda: src.to(fp8)  # noqa: E731
     else:
-        name = "tensor.half() (this torch has no float8)"
+        name = "tensor.half() [no float8 in this torch]"
         ref = lambda: src.half()  # noqa: E731
     ref()
     t_ref = _median_time(ref, a.repeat)
     print(f"fp8 serialize of {a.mib} MiB bfloat16 [{n}] (median of {a.repeat}):")
-    print(f"  kvserde binding          {t_kvs * 1e3:8.2f} ms  {gb / t_kvs:6.2f} GB/s of source")
-    print(f"  {name:<24} {t_ref * 1e3:8.2f} ms  {gb / t_ref:6.2f} GB/s of source")
-    print(f"  ratio                    {t_ref / t_kvs:8.2f}x (torch time / kvserde time)")
+    w = max(len(name), 24)
+    print(f"  {'kvserde Serde.serialize':<{w}} {t_kvs * 1e3:8.2f} ms {gb / t_kvs:6.2f} GB/s of source")
+    print(f"  {name:<{w}} {t_ref * 1e3:8.2f} ms {gb / t_ref:6.2f} GB/s of source")
+    print(f"  {'speed-up':<{w}} {t_ref / t_kvs:8.2f}x (torch time / kvserde time)")
     del src, dst
 
     tiny = torch.randn(64).to(torch.bfloat16)
     out = torch.empty(64, dtype=torch.uint8)
     serde.serialize(tiny, out)
-    cs, cd, nw, pcs, pcd, pnw, _, _ = core._scratch()  # as the call above left them
+    s = core._scratch()  # this thread's structs, as the call above left them
+    pcs, pcd, pnw = s[5], s[6], s[9]
     f, h = core.lib.kvs_serialize, serde._h
 
     def full():
@@ -80,9 +82,9 @@ def main(argv=None) -> int:
     t_full = _median_time(full, a.repeat) / a.calls
     t_bare = _median_time(bare, a.repeat) / a.calls
     print(f"per call on a 64-element tensor (median of {a.repeat} x {a.calls} calls):")
-    print(f"  Serde.serialize          {t_full * 1e6:8.2f} us")
-    print(f"  bare ctypes kvs_serialize{t_bare * 1e6:8.2f} us")
-    print(f"  binding overhead         {(t_full - t_bare) * 1e6:8.2f} us (aim: < 5 us)")
+    print(f"  {'Serde.serialize':<26} {t_full * 1e6:8.2f} us")
+    print(f"  {'bare ctypes kvs_serialize':<26} {t_bare * 1e6:8.2f} us")
+    print(f"  {'binding overhead':<26} {(t_full - t_bare) * 1e6:8.2f} us (aim: < 5 us)")
     serde.close()
     return 0
 

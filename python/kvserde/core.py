@@ -412,18 +412,29 @@ _tls = threading.local()
 
 
 def _scratch():
+    """This thread's structs for the sync calls: (serialize source, serialize blob,
+    deserialize blob, deserialize destination, nwritten, their byrefs, and views of the
+    two blob structs' single dim). Each struct keeps one role, so a typed layout copied
+    into a source / destination stays valid for the next call with the same layout."""
     s = getattr(_tls, "s", None)
     if s is None:
-        cs, cd, nw = F.kvs_memobj(), F.kvs_memobj(), c_size_t()
-        # The blob side's layout is one flat uint8 group whose size alone changes:
-        # a view of that one int64 lets a call set it without copying a layout.
-        for c in (cs, cd):
-            c.layout = Layout.flat(0)._c
+        ss, sb, db, dd, nw = F.kvs_memobj(), F.kvs_memobj(), F.kvs_memobj(), \
+            F.kvs_memobj(), c_size_t()
+        for c in (ss, dd):
+            _last_layout.pop(id(c), None)  # an id a dead thread's struct may have had
+        # A blob's layout is one flat uint8 group whose size alone changes: a view of
+        # that one int64 lets a call set it without copying a layout.
         off = (F.kvs_memobj.layout.offset + F.kvs_layout.groups.offset +
                F.kvs_group.shape.offset + F.kvs_shape.dims.offset)
-        s = _tls.s = (cs, cd, nw, byref(cs), byref(cd), byref(nw),
-                      c_int64.from_buffer(cs, off), c_int64.from_buffer(cd, off))
+        for c in (sb, db):
+            c.layout = Layout.flat(0)._c
+            c.format = FMT_BINARY_BUFFER
+        s = _tls.s = (ss, sb, db, dd, nw, byref(ss), byref(sb), byref(db), byref(dd),
+                      byref(nw), c_int64.from_buffer(sb, off), c_int64.from_buffer(db, off))
     return s
+
+
+_last_layout: dict = {}  # id(struct) -> the Layout last copied into it
 
 
 def _fill(c: F.kvs_memobj, addr: int, n: int, layout: Layout, fmt: int, what: str):
@@ -433,7 +444,10 @@ def _fill(c: F.kvs_memobj, addr: int, n: int, layout: Layout, fmt: int, what: st
     c.data = addr or None
     c.capacity = n
     c.used_size = need
-    c.layout = layout._c
+    k = id(c)
+    if _last_layout.get(k) is not layout:  # a 1288-byte copy only when it changes
+        c.layout = layout._c
+        _last_layout[k] = layout
     c.format = fmt
 
 
@@ -505,15 +519,17 @@ class Serde(_Closable):
         if dst is None:
             own = bytearray(self.estimate(lay))
             dst = own
-        daddr, dn, _, _, dkeep = _resolve(dst, True, "serialize: destination")
+        if isinstance(dst, MemoryObject):
+            daddr, dn, dkeep = dst.data_ptr, dst.capacity, dst
+        else:
+            daddr, dn, dkeep = _b.resolve_bytes(dst, True, "serialize: destination")
         try:
-            cs, cd, nw, pcs, pcd, pnw, _, ddim = _scratch()
+            cs, cd, _, _, nw, pcs, pcd, _, _, pnw, ddim, _ = _scratch()
             _fill(cs, saddr, sn, lay, FMT_UNDEFINED, "serialize: source")
             cd.data = daddr or None
             cd.capacity = dn
             cd.used_size = dn
             ddim.value = dn
-            cd.format = FMT_BINARY_BUFFER
             rc = lib.kvs_serialize(ser, pcs, pcd, None if key is None else _keyp(key), pnw)
             if rc < 0:
                 _check(rc)
@@ -538,11 +554,14 @@ class Serde(_Closable):
             size = src.used_size
         if isinstance(dst, MemoryObject):
             layout = layout or dst.layout
-        saddr, sn, _, _, skeep = _resolve(src, False, "deserialize: source")
+        if isinstance(src, MemoryObject):
+            saddr, sn, skeep = src.data_ptr, src.capacity, src
+        else:
+            saddr, sn, skeep = _b.resolve_bytes(src, False, "deserialize: source")
         daddr, dn, ddt, dshape, dkeep = _resolve(dst, True, "deserialize: destination")
         try:
             lay = _src_layout(layout, ddt, dshape, dn)
-            cs, cd, _, pcs, pcd, _, sdim, _ = _scratch()
+            _, _, cs, cd, _, _, _, pcs, pcd, _, _, sdim = _scratch()
             used = sn if size is None else size
             if not 0 <= used <= sn:
                 raise InvalidError(f"deserialize: size {used} out of range [0, {sn}]")
@@ -550,7 +569,6 @@ class Serde(_Closable):
             cs.capacity = sn
             cs.used_size = used
             sdim.value = sn
-            cs.format = FMT_BINARY_BUFFER
             _fill(cd, daddr, dn, lay, FMT_UNDEFINED, "deserialize: destination")
             rc = lib.kvs_deserialize(de, pcs, pcd, None if key is None else _keyp(key))
             if rc < 0:
@@ -897,19 +915,23 @@ class L2Adapter(_Closable):
         keys = list(keys)
         return _key_array(keys, len(keys)), len(keys)
 
-    def store(self, keys: Sequence[Any], objects: Sequence[Any]) -> int:
-        """Queue a store of objects[i] (their used size) under keys[i]; the task id."""
+    def _submit_objects(self, fn, keys, objects, writable: bool, table: dict) -> int:
         h = self._live()
         karr, n = self._keys(keys)
         objs = list(objects)
         if len(objs) != n:
             raise InvalidError(f"l2: {n} keys but {len(objs)} objects")
-        mos = [_as_memobj(o, False) for o in objs]
+        mos = [_as_memobj(o, writable) for o in objs]
         tid = c_uint64()
-        with self._lock:
-            _check(lib.kvs_l2_submit_store(h, karr, _memarray(mos), n, byref(tid)))
-            self._stores[tid.value] = (_made(mos, objs), mos)
+        with self._lock:  # recorded before any other thread can pop the result
+            _check(fn(h, karr, _memarray(mos), n, byref(tid)))
+            table[tid.value] = (_made(mos, objs), mos)  # C reads them until then
         return tid.value
+
+    def store(self, keys: Sequence[Any], objects: Sequence[Any]) -> int:
+        """Queue a store of objects[i] (their used size) under keys[i]; the task id."""
+        return self._submit_objects(lib.kvs_l2_submit_store, keys, objects, False,
+                                    self._stores)
 
     def pop_completed_stores(self) -> list:
         """Every finished store task since the last call: a list of :class:`StoreResult`."""
@@ -965,17 +987,8 @@ class L2Adapter(_Closable):
     def load(self, keys: Sequence[Any], objects: Sequence[Any]) -> int:
         """Queue a load of keys[i] into objects[i] (writable tensors / buffers /
         MemoryObjects, whose used size becomes the stored size); the task id."""
-        h = self._live()
-        karr, n = self._keys(keys)
-        objs = list(objects)
-        if len(objs) != n:
-            raise InvalidError(f"l2: {n} keys but {len(objs)} objects")
-        mos = [_as_memobj(o, True) for o in objs]
-        tid = c_uint64()
-        with self._lock:
-            _check(lib.kvs_l2_submit_load(h, karr, _memarray(mos), n, byref(tid)))
-            self._loads[tid.value] = (_made(mos, objs), mos)
-        return tid.value
+        return self._submit_objects(lib.kvs_l2_submit_load, keys, objects, True,
+                                    self._loads)
 
     def query_load(self, task_id: int) -> Optional[BitmapResult]:
         """The load's per-key hits, once; None while pending."""

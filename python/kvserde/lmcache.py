@@ -173,43 +173,38 @@ class KvserdeSerdeProcessor:
                          keys: Optional[Sequence[Any]] = None) -> int:
         src = [memobj(o) for o in src_objs]
         dst = [memobj(o, blob=True) for o in dst_objs]
-        with self._lock:
+        with self._lock:  # the core processor keeps src / dst alive until the pop
             tid = self._p.submit_serialize(src, dst, keys)
-            self._dst[tid] = (list(dst_objs), src, dst)
+            self._dst[tid] = list(dst_objs)
         return tid
-
-    def query_serialize_result(self, task_id: int) -> Optional[bool]:
-        r = self._p.query_serialize_result(task_id)
-        if r is None:
-            return None
-        with self._lock:
-            objs, _, _ = self._dst.pop(task_id, ((), (), ()))
-        done = len(objs) if r.ok else r.failed_index
-        for obj, n in list(zip(objs, r.used_sizes))[:done]:
-            if hasattr(obj, "set_used_size"):
-                obj.set_used_size(n)
-        if not r.ok:
-            log.error("kvserde serialize task %d failed: %s", task_id, r.message)
-        return r.ok
 
     def submit_deserialize(self, src_objs: Sequence[Any], dst_objs: Sequence[Any],
                            keys: Optional[Sequence[Any]] = None) -> int:
         src = [memobj(o, blob=True) for o in src_objs]
         dst = [memobj(o) for o in dst_objs]
-        with self._lock:
-            tid = self._p.submit_deserialize(src, dst, keys)
-            self._dst[tid] = ((), src, dst)
-        return tid
+        return self._p.submit_deserialize(src, dst, keys)
 
-    def query_deserialize_result(self, task_id: int) -> Optional[bool]:
-        r = self._p.query_deserialize_result(task_id)
+    def _popped(self, r, task_id: int, what: str) -> Optional[bool]:
         if r is None:
             return None
-        with self._lock:
-            self._dst.pop(task_id, None)
         if not r.ok:
-            log.error("kvserde deserialize task %d failed: %s", task_id, r.message)
+            log.error("kvserde %s task %d failed: %s", what, task_id, r.message)
         return r.ok
+
+    def query_serialize_result(self, task_id: int) -> Optional[bool]:
+        r = self._p.query_serialize_result(task_id)
+        if r is not None:
+            with self._lock:
+                objs = self._dst.pop(task_id, [])
+            done = len(objs) if r.ok else r.failed_index  # those before a failure too
+            for obj, n in list(zip(objs, r.used_sizes))[:done]:
+                if hasattr(obj, "set_used_size"):
+                    obj.set_used_size(n)
+        return self._popped(r, task_id, "serialize")
+
+    def query_deserialize_result(self, task_id: int) -> Optional[bool]:
+        return self._popped(self._p.query_deserialize_result(task_id), task_id,
+                            "deserialize")
 
     def estimate_serialized_size(self, layout_desc: Any) -> int:
         return self._p.estimate(_layout_desc(layout_desc))
