@@ -16,7 +16,8 @@ See docs/python.md for the full API and the LMCache plug-in (kvserde.lmcache).
 """
 
 from ._ffi import LIBRARY_PATH
-from .core import (DTYPES, BitmapResult, L2Adapter, Layout, MemoryObject, MultiSerde,
+from .core import (DTYPES, BitmapResult, L2Adapter, Layout, MemoryObject, MultiProcessor,
+                   MultiSerde,
                    ObjectKey, Processor, Serde, StoreResult, TaskResult, consume_event_fd,
                    create_processor, create_serde, fp8_isa, inspect_frame, l2_types,
                    pipeline_stage_types, serde_types, strerror, version)
@@ -28,7 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LIBRARY_PATH", "DTYPES", "BitmapResult", "L2Adapter", "Layout", "MemoryObject",
-    "MultiSerde", "ObjectKey", "Processor", "Serde", "StoreResult", "TaskResult",
+    "MultiProcessor", "MultiSerde", "ObjectKey", "Processor", "Serde", "StoreResult", "TaskResult",
     "consume_event_fd", "create_processor", "create_serde", "fp8_isa", "inspect_frame",
     "l2_types", "pipeline_stage_types", "serde_types", "strerror", "version",
     "AuthError", "ClosedError", "CorruptError", "Error", "ExistsError", "InvalidError",

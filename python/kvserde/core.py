@@ -596,6 +596,17 @@ class Serde(_Closable):
             lib.kvs_serde_pair_destroy(byref(self._pair))
 
 
+def _layout_ptrs(layouts):
+    """A C array of layout pointers (NULL for None: an absent slot) and its length; the
+    Layouts stay alive through the array's references."""
+    lays = [None if x is None else Layout.of(x) for x in layouts]
+    arr = (F.LAYP * max(len(lays), 1))()
+    for i, x in enumerate(lays):
+        if x is not None:
+            arr[i] = ctypes.pointer(x._c)
+    return arr, len(lays)
+
+
 class MultiSerde(_Closable):
     """A multi-output serde pair (``kv_split``): a group of optional tensors <-> one blob."""
 
@@ -621,12 +632,9 @@ class MultiSerde(_Closable):
 
     def estimate(self, layouts: Sequence[Any]) -> int:
         """Blob size bound for a group of layouts (None for an absent slot)."""
-        lays = [None if x is None else Layout.of(x) for x in layouts]
-        arr = (F.LAYP * max(len(lays), 1))(*[
-            ctypes.cast(None, F.LAYP) if x is None else ctypes.pointer(x._c) for x in lays])
+        arr, k = _layout_ptrs(layouts)
         n = c_size_t()
-        _check(lib.kvs_multi_estimate_serialized_size(self._live(), arr, len(lays),
-                                                      byref(n)))
+        _check(lib.kvs_multi_estimate_serialized_size(self._live(), arr, k, byref(n)))
         return n.value
 
     def serialize(self, group: Sequence[Any], dst: Any = None, key: Any = None):
@@ -665,17 +673,17 @@ def create_serde(config: Config) -> Union[Serde, MultiSerde]:
     """Build a serde from a config (JSON text or dict: ``{"type": "fp8"}``,
     ``{"type": "pipeline", "stages": [...]}``, ``{"type": "kv_split"}``): a :class:`Serde`
     for single-output types, a :class:`MultiSerde` for multi-output ones."""
-    text = _config_text(config)
+    return MultiSerde(config) if _is_multi(config) else Serde(config)
+
+
+def _is_multi(config: Config) -> bool:
     try:
-        t = json.loads(text).get("type")
+        t = json.loads(_config_text(config)).get("type")
     except Exception:
-        t = None
-    if isinstance(t, str):
-        kind = c_int()
-        if lib.kvs_serde_type_kind(t.encode(), byref(kind)) == 0 and \
-                kind.value == F.KVS_SERDE_MULTI:
-            return MultiSerde(config)
-    return Serde(config)
+        return False  # the C side reports the bad config
+    kind = c_int()
+    return isinstance(t, str) and lib.kvs_serde_type_kind(t.encode(), byref(kind)) == 0 \
+        and kind.value == F.KVS_SERDE_MULTI
 
 
 # ---------------------------------------------------------------------------
@@ -709,7 +717,8 @@ class TaskResult:
 def _memarray(mos):
     arr = (F.MEMP * max(len(mos), 1))()
     for i, m in enumerate(mos):
-        arr[i] = ctypes.pointer(m._c)
+        if m is not None:  # None: an absent slot of a multi-output group (NULL)
+            arr[i] = ctypes.pointer(m._c)
     return arr
 
 
@@ -724,14 +733,20 @@ class Processor(_Closable):
     """
 
     _what = "processor"
+    _create, _destroy = lib.kvs_serde_create, lib.kvs_processor_destroy
+    _qser = lib.kvs_processor_query_serialize_result
+    _qde = lib.kvs_processor_query_deserialize_result
 
     def __init__(self, config: Config):
         h = c_void_p()
-        _check(lib.kvs_serde_create(_config_text(config), byref(h)))
+        _check(type(self)._create(_config_text(config), byref(h)))
         self._h = h.value
         self.config = config
         self._lock = threading.Lock()
         self._inflight: dict = {}
+        self._fds()
+
+    def _fds(self):
         self._sfd = lib.kvs_processor_serialize_event_fd(self._h)
         self._dfd = lib.kvs_processor_deserialize_event_fd(self._h)
 
@@ -759,32 +774,36 @@ class Processor(_Closable):
                                                           byref(n)))
         return n.value
 
-    def _submit(self, fn, src, dst, keys, src_writable, dst_writable):
+    def _submit_raw(self, call, src: list, dst: list) -> int:
+        """Wrap src (read) and dst (written; None: an absent slot), call
+        call(handle, src array, dst array, &id) and keep every struct and object alive
+        until the result is popped (C reads them until then)."""
         h = self._live()
+        smo = [None if o is None else _as_memobj(o, False) for o in src]
+        dmo = [None if o is None else _as_memobj(o, True) for o in dst]
+        tid = c_uint64()
+        with self._lock:  # the id is recorded before any other thread can pop it
+            _check(call(h, _memarray(smo), _memarray(dmo), byref(tid)))
+            self._inflight[tid.value] = (dmo, _made(smo + dmo, src + dst), smo)
+        return tid.value
+
+    def _submit(self, fn, src, dst, keys) -> int:
         src, dst = list(src), list(dst)
         if len(src) != len(dst):
             raise InvalidError(f"processor: {len(src)} sources but {len(dst)} destinations")
-        smo = [_as_memobj(o, src_writable) for o in src]
-        dmo = [_as_memobj(o, dst_writable) for o in dst]
         karr = _key_array(keys, len(src))
-        sarr, darr = _memarray(smo), _memarray(dmo)
-        tid = c_uint64()
-        with self._lock:  # the id is recorded before any other thread can pop it
-            _check(fn(h, sarr, len(smo), darr, len(dmo), karr, byref(tid)))
-            # every struct stays alive until the result is popped (C reads them)
-            self._inflight[tid.value] = (dmo, _made(smo + dmo, src + dst), smo)
-        return tid.value
+        return self._submit_raw(lambda h, s, d, i: fn(h, s, len(src), d, len(dst), karr, i),
+                                src, dst)
 
     def submit_serialize(self, src: Iterable[Any], dst: Iterable[Any],
                          keys: Optional[Iterable[Any]] = None) -> int:
         """Queue serialize src[i] -> dst[i] (keys[i], or no keys); returns the task id."""
-        return self._submit(lib.kvs_processor_submit_serialize, src, dst, keys, False, True)
+        return self._submit(lib.kvs_processor_submit_serialize, src, dst, keys)
 
     def submit_deserialize(self, src: Iterable[Any], dst: Iterable[Any],
                            keys: Optional[Iterable[Any]] = None) -> int:
         """Queue deserialize of the blobs src[i] into dst[i]; returns the task id."""
-        return self._submit(lib.kvs_processor_submit_deserialize, src, dst, keys, False,
-                            True)
+        return self._submit(lib.kvs_processor_submit_deserialize, src, dst, keys)
 
     def _query(self, fn, tid: int) -> Optional[TaskResult]:
         h = self._h
@@ -796,7 +815,7 @@ class Processor(_Closable):
             return None
         with self._lock:
             entry = self._inflight.pop(tid, None)
-        sizes = [m.used_size for m in entry[0]] if entry else []
+        sizes = [m.used_size for m in entry[0] if m is not None] if entry else []
         if entry:
             for m in entry[1]:
                 m.release()
@@ -805,11 +824,11 @@ class Processor(_Closable):
 
     def query_serialize_result(self, task_id: int) -> Optional[TaskResult]:
         """The serialize task's result, once; None while pending (or already popped)."""
-        return self._query(lib.kvs_processor_query_serialize_result, task_id)
+        return self._query(type(self)._qser, task_id)
 
     def query_deserialize_result(self, task_id: int) -> Optional[TaskResult]:
         """The deserialize task's result, once; None while pending (or already popped)."""
-        return self._query(lib.kvs_processor_query_deserialize_result, task_id)
+        return self._query(type(self)._qde, task_id)
 
     def close(self) -> None:
         """Finish every accepted task, join the threads, close the fds, free (idempotent;
@@ -817,8 +836,67 @@ class Processor(_Closable):
         h = getattr(self, "_h", None)
         if h:
             self._h = None
-            lib.kvs_processor_destroy(h)  # close (waits for tasks), then free
+            type(self)._destroy(h)  # close (waits for tasks), then free
             self._inflight.clear()
+
+
+class MultiProcessor(Processor):
+    """The async processor of a multi-output serde (``kv_split``): items are groups of
+    ``group_size`` tensors / buffers (``None`` for an absent slot) <-> one blob each.
+    Same fds, ids, pop-once queries and cleanup as :class:`Processor`."""
+
+    _what = "multi processor"
+    _create, _destroy = lib.kvs_multi_serde_create, lib.kvs_multi_processor_destroy
+    _qser = lib.kvs_multi_processor_query_serialize_result
+    _qde = lib.kvs_multi_processor_query_deserialize_result
+
+    def _fds(self):
+        self.group_size = lib.kvs_multi_processor_group_size(self._h)
+        self._sfd = lib.kvs_multi_processor_serialize_event_fd(self._h)
+        self._dfd = lib.kvs_multi_processor_deserialize_event_fd(self._h)
+
+    def _flat(self, groups):
+        flat = []
+        for i, g in enumerate(groups):
+            g = list(g)
+            if len(g) != self.group_size:
+                raise InvalidError(f"multi processor: group {i} has {len(g)} slots, expected "
+                                   f"{self.group_size}")
+            flat += g
+        return flat
+
+    def _submit_groups(self, groups, blobs, keys, serialize: bool) -> int:
+        groups, blobs = list(groups), list(blobs)
+        flat, gs, n = self._flat(groups), self.group_size, len(groups)
+        if n != len(blobs):
+            raise InvalidError(f"processor: {n} groups but {len(blobs)} blobs")
+        karr = _key_array(keys, n)
+        if serialize:  # (p, src groups, n, group size, blobs, n, keys, &id)
+            fn = lib.kvs_multi_processor_submit_serialize
+            return self._submit_raw(lambda h, s, d, i: fn(h, s, n, gs, d, n, karr, i),
+                                    flat, blobs)
+        fn = lib.kvs_multi_processor_submit_deserialize  # (p, blobs, n, groups, n, gs, ...)
+        return self._submit_raw(lambda h, s, d, i: fn(h, s, n, d, n, gs, karr, i), blobs, flat)
+
+    def submit_serialize(self, src: Iterable[Sequence[Any]], dst: Iterable[Any],
+                         keys: Optional[Iterable[Any]] = None) -> int:
+        """Queue serialize of group src[i] into blob dst[i]; the task id."""
+        return self._submit_groups(src, dst, keys, True)
+
+    def submit_deserialize(self, src: Iterable[Any], dst: Iterable[Sequence[Any]],
+                           keys: Optional[Iterable[Any]] = None) -> int:
+        """Queue deserialize of blob src[i] into group dst[i]; the task id."""
+        return self._submit_groups(dst, src, keys, False)
+
+    def estimate(self, layouts: Sequence[Any]) -> int:
+        """Blob size bound for a group of layouts (None for an absent slot)."""
+        arr, k = _layout_ptrs(layouts)
+        n = c_size_t()
+        _check(lib.kvs_multi_processor_estimate_serialized_size(self._live(), arr, k, byref(n)))
+        return n.value
+
+    def set_split(self, min_bytes: int, chunk_bytes: int = 0) -> None:
+        _check(lib.kvs_async_multi_processor_set_split(self._live(), min_bytes, chunk_bytes))
 
 
 def _made(mos, objs) -> list:
@@ -828,8 +906,9 @@ def _made(mos, objs) -> list:
 
 
 def create_processor(config: Config) -> Processor:
-    """upstream create_serde_processor: the configured serde in a new async processor."""
-    return Processor(config)
+    """upstream create_serde_processor: the configured serde in a new async processor
+    (a :class:`MultiProcessor` for multi-output types)."""
+    return MultiProcessor(config) if _is_multi(config) else Processor(config)
 
 
 # ---------------------------------------------------------------------------

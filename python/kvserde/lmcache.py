@@ -35,7 +35,7 @@ from .errors import InvalidError
 log = logging.getLogger("kvserde.lmcache")
 
 __all__ = ["KvserdeSerializer", "KvserdeDeserializer", "KvserdeMultiSerializer",
-           "KvserdeMultiDeserializer", "KvserdeSerdeProcessor", "register", "lmcache_bases",
+           "KvserdeMultiDeserializer", "KvserdeSerdeProcessor", "KvserdeMultiSerdeProcessor", "register", "lmcache_bases",
            "memobj"]
 
 
@@ -158,10 +158,17 @@ class KvserdeSerdeProcessor:
     AsyncSerdeProcessor does (also for the objects before a failing one).
     """
 
+    _processor = core.Processor
+
     def __init__(self, config: Any):
-        self._p = core.Processor(config)
+        self._p = type(self)._processor(config)
         self._lock = threading.Lock()
         self._dst: dict = {}
+
+    def _src(self, objs):
+        return [memobj(o) for o in objs]
+
+    _dst_objs = _src
 
     def get_serialize_event_fd(self) -> int:
         return self._p.serialize_event_fd
@@ -171,7 +178,7 @@ class KvserdeSerdeProcessor:
 
     def submit_serialize(self, src_objs: Sequence[Any], dst_objs: Sequence[Any],
                          keys: Optional[Sequence[Any]] = None) -> int:
-        src = [memobj(o) for o in src_objs]
+        src = self._src(src_objs)
         dst = [memobj(o, blob=True) for o in dst_objs]
         with self._lock:  # the core processor keeps src / dst alive until the pop
             tid = self._p.submit_serialize(src, dst, keys)
@@ -181,8 +188,7 @@ class KvserdeSerdeProcessor:
     def submit_deserialize(self, src_objs: Sequence[Any], dst_objs: Sequence[Any],
                            keys: Optional[Sequence[Any]] = None) -> int:
         src = [memobj(o, blob=True) for o in src_objs]
-        dst = [memobj(o) for o in dst_objs]
-        return self._p.submit_deserialize(src, dst, keys)
+        return self._p.submit_deserialize(src, self._dst_objs(dst_objs), keys)
 
     def _popped(self, r, task_id: int, what: str) -> Optional[bool]:
         if r is None:
@@ -215,6 +221,28 @@ class KvserdeSerdeProcessor:
             self._dst.clear()
 
 
+class KvserdeMultiSerdeProcessor(KvserdeSerdeProcessor):
+    """The same SerdeProcessor shape for a multi-output serde (kv_split), backed by
+    kvserde's C multi processor: each source of submit_serialize (and each destination
+    of submit_deserialize) is a tuple of ``group_size`` MemoryObjs, None for an absent
+    slot; ``estimate_serialized_size`` takes a tuple of layout descs."""
+
+    _processor = core.MultiProcessor
+
+    @property
+    def group_size(self) -> int:
+        return self._p.group_size
+
+    def _src(self, groups):
+        return [[None if o is None else memobj(o) for o in g] for g in groups]
+
+    _dst_objs = _src
+
+    def estimate_serialized_size(self, layout_descs: Any) -> int:
+        return self._p.estimate([None if d is None else _layout_desc(d)
+                                 for d in layout_descs])
+
+
 _SUBCLASSES: dict = {}
 
 
@@ -236,8 +264,8 @@ def register(prefix: str = "kvserde_",
     Uses ``lmcache.v1.distributed.serde.factory.register_serde_factory`` (or
     ``register_fn``, e.g. a test stand-in). Each factory gets LMCache's kwargs dict
     (every key but "type") and returns a :class:`KvserdeSerdeProcessor` (subclassing
-    LMCache's SerdeProcessor when importable). Multi-output types (kv_split) are
-    registered only when LMCache is importable, wrapped in its AsyncSerdeProcessor.
+    LMCache's SerdeProcessor when importable); a multi-output type (kv_split) gets a
+    :class:`KvserdeMultiSerdeProcessor` (groups of MemoryObjs per item).
     Names already registered are skipped, so calling it twice is harmless. Returns
     the names registered by this call. Raises RuntimeError when LMCache is not
     importable and no register_fn is given.
@@ -257,12 +285,7 @@ def register(prefix: str = "kvserde_",
     done = []
     for name, kind in serde_types().items():
         full = prefix + name
-        if kind == "multi":
-            factory = _multi_factory(name, bases)
-            if factory is None:
-                continue
-        else:
-            factory = _single_factory(name, bases)
+        factory = _factory(name, bases, kind == "multi")
         extra = {}
         if "size_contract" in params:
             extra = _size_contract(name)
@@ -286,8 +309,9 @@ def _size_contract(name: str) -> dict:
             SerdeSizeContract.UPPER_BOUND}
 
 
-def _single_factory(name: str, bases):
-    cls = _bind(KvserdeSerdeProcessor, "SerdeProcessor", bases)
+def _factory(name: str, bases, multi: bool):
+    cls = _bind(KvserdeMultiSerdeProcessor if multi else KvserdeSerdeProcessor,
+                "SerdeProcessor", bases)
 
     def factory(kwargs: Optional[dict] = None):
         cfg = dict(kwargs or {})
@@ -296,27 +320,6 @@ def _single_factory(name: str, bases):
         return cls(cfg)
 
     factory.__name__ = f"create_kvserde_{name}"
-    return factory
-
-
-def _multi_factory(name: str, bases):
-    if not bases:
-        return None
-    try:
-        from lmcache.v1.distributed.serde.async_processor import (  # type: ignore
-            AsyncSerdeProcessor)
-    except Exception:
-        return None
-    ser_cls = _bind(KvserdeMultiSerializer, "MultiSerializer", bases)
-    de_cls = _bind(KvserdeMultiDeserializer, "MultiDeserializer", bases)
-
-    def factory(kwargs: Optional[dict] = None):
-        cfg = dict(kwargs or {})
-        cfg.pop("type", None)
-        workers = int(cfg.get("max_workers", 1))
-        cfg["type"] = name
-        return AsyncSerdeProcessor(ser_cls(cfg), de_cls(cfg), max_workers=workers)
-
     return factory
 
 

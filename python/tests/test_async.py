@@ -186,3 +186,24 @@ def test_close_and_gc_free_fds_and_threads(tmp_path):
     del objs  # garbage collection frees them too
     gc.collect()
     assert (fd_count(), task_count(), threading.active_count()) == (fds, tasks, pythreads)
+
+
+def test_multi_processor_kv_split():
+    with kvserde.create_processor({"type": "kv_split", "max_workers": 2}) as p:
+        assert isinstance(p, kvserde.MultiProcessor) and p.group_size == 2
+        ks, vs = [bf16(1024) for _ in range(2)], [bf16(1024) * 2 for _ in range(2)]
+        est = p.estimate([ks[0], vs[0]])
+        blobs = [kvserde.MemoryObject(bytearray(est)) for _ in range(2)]
+        tid = p.submit_serialize(list(zip(ks, vs)), blobs, keys(2))
+        wait_readable(p.serialize_event_fd)
+        assert kvserde.consume_event_fd(p.serialize_event_fd) == 1
+        r = p.query_serialize_result(tid)
+        assert r.ok and r.used_sizes == [b.used_size for b in blobs] and \
+            all(0 < n <= est for n in r.used_sizes)
+        k2, v2 = torch.zeros(1024, dtype=torch.bfloat16), torch.zeros(1024, dtype=torch.bfloat16)
+        tid = p.submit_deserialize(blobs[1:], [(k2, v2)], keys(2)[1:])
+        wait_readable(p.deserialize_event_fd)
+        assert p.query_deserialize_result(tid).ok
+        assert torch.equal(k2, ks[1]) and torch.allclose(v2.float(), vs[1].float(), rtol=0.07)
+        with pytest.raises(kvserde.InvalidError, match="group 0 has 1 slots"):
+            p.submit_serialize([(ks[0],)], blobs[:1])

@@ -2,7 +2,6 @@
 (MemoryObj accessors, MemoryLayoutDesc(shapes, dtypes), ObjectKey fields,
 register_serde_factory(name, factory)), and against the real lmcache when installed."""
 
-import ctypes
 import importlib.util
 import selectors
 from dataclasses import dataclass
@@ -163,6 +162,30 @@ def test_register_with_stand_in_and_processor_shape():
     assert proc.query_deserialize_result(tid3) is False
     sel.close()
     proc.close()
+    # the multi-output type: groups of MemoryObjs per item
+    assert "kvserde_kv_split" in names
+    mp = registry["kvserde_kv_split"]({"v_dtype": "float8_e5m2"})
+    k, v = MemoryObj([(4, 64)], [torch.bfloat16]), MemoryObj([(4, 64)], [torch.bfloat16])
+    k.get_tensor(0).fill_(1.5)
+    v.get_tensor(0).fill_(0.5)
+    desc = MemoryLayoutDesc(k.shapes, k.dtypes)
+    blob = blob_obj(mp.estimate_serialized_size((desc, desc)))
+    tid = mp.submit_serialize([(k, v)], [blob], [KEY])
+    sel = selectors.DefaultSelector()
+    sel.register(mp.get_serialize_event_fd(), selectors.EVENT_READ)
+    assert sel.select(20)
+    assert mp.query_serialize_result(tid) is True
+    assert blob._used is not None and 0 < blob.get_size() <= blob.phy  # set_used_size(n)
+    k2, v2 = MemoryObj([(4, 64)], [torch.bfloat16]), MemoryObj([(4, 64)], [torch.bfloat16])
+    tid = mp.submit_deserialize([blob], [(k2, v2)], [KEY])
+    sel.unregister(mp.get_serialize_event_fd())
+    sel.register(mp.get_deserialize_event_fd(), selectors.EVENT_READ)
+    assert sel.select(20)
+    assert mp.query_deserialize_result(tid) is True
+    assert torch.equal(k2.get_tensor(0), k.get_tensor(0))
+    assert torch.equal(v2.get_tensor(0), v.get_tensor(0))
+    sel.close()
+    mp.close()
 
 
 def test_register_without_lmcache_refuses_clearly():
