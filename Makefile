@@ -22,7 +22,9 @@ demo: build
 	./$(BUILD)/kvserde demo
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && { ctest --output-on-failure -j $(JOBS); rc=$$?; \
+	  grep -ho '=* [0-9]* passed.* in [0-9.]*s =*' Testing/Temporary/LastTest.log \
+	    | sed 's/^/python_binding (pytest): /'; exit $$rc; }
 
 bench: build
 	./$(BUILD)/bench_fp8
