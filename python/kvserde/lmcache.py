@@ -23,7 +23,9 @@ is importable; without it they are plain classes with the same signatures.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import json
 import logging
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -85,6 +87,36 @@ def memobj(obj: Any, *, blob: bool = False) -> MemoryObject:
                                      keepalive=obj)
 
 
+def stored_blob(obj: Any, dst_layouts: Sequence[Optional[Layout]]) -> MemoryObject:
+    """The serialized bytes of LMCache MemoryObj ``obj``, without padding.
+
+    LMCache may hand a deserializer a temp buffer sized from the estimate, with the
+    stored bytes at its start ("src may be padded larger than the stored frame"; the
+    length comes from dst or the serde's own header). kvserde's serdes refuse a blob
+    whose size is not the stored object's (a truncated or foreign object must not load
+    silently), so the padding is cut here, where LMCache's contract applies: a frame
+    (KVSF) or a kv_split blob (KVSP) by the length its header records, a plain fp8 blob
+    by the destination's element count. Nothing is cut when the recorded length does
+    not fit, so the serde's own checks still see a damaged blob whole.
+    """
+    if isinstance(obj, MemoryObject) or not hasattr(obj, "get_size"):
+        return memobj(obj, blob=True)
+    size = int(obj.get_size())
+    addr = _data_ptr(obj)
+    head = ctypes.string_at(addr, min(size, 16)) if size else b""
+    n = size
+    if len(head) == 16 and head[:4] == b"KVSF":
+        n = int.from_bytes(head[6:8], "little") + int.from_bytes(head[8:16], "little")
+    elif len(head) == 16 and head[:4] == b"KVSP":
+        n = int.from_bytes(head[8:16], "little")
+    elif len(dst_layouts) == 1 and dst_layouts[0] is not None:
+        n = dst_layouts[0].numel  # plain fp8: one code per element
+    if n > size:
+        n = size
+    return MemoryObject.from_address(addr, size, Layout.flat(n), core.FMT_BINARY_BUFFER,
+                                     keepalive=obj, used_size=n)
+
+
 def _layout_desc(layout_desc) -> Layout:
     return Layout.of(layout_desc)
 
@@ -94,6 +126,10 @@ class _Base:
         if serde is None:
             serde = create_serde(config if config is not None else {"type": "fp8"})
         self._serde = serde
+        cfg = json.loads(config) if isinstance(config, str) else config
+        # plain fp8 blobs carry no length: padding is cut by the destination's size
+        self._plain_fp8 = serde is not None and isinstance(cfg, dict) and \
+            cfg.get("type", "fp8") == "fp8" or config is None
 
     def close(self) -> None:
         self._serde.close()
@@ -117,8 +153,11 @@ class KvserdeDeserializer(_Base):
     """LMCache ``Deserializer`` backed by a kvserde serde."""
 
     def deserialize(self, src: Any, dst: Any, key: Any = None) -> None:
-        """Decode the first get_size() bytes of MemoryObj ``src`` into ``dst``."""
-        self._serde.deserialize(memobj(src, blob=True), memobj(dst), ObjectKey.of(key))
+        """Decode MemoryObj ``src`` (its stored bytes: padding after them is cut, see
+        stored_blob) into ``dst``."""
+        d = memobj(dst)
+        blob = stored_blob(src, [d.layout]) if self._plain_fp8 else stored_blob(src, [])
+        self._serde.deserialize(blob, d, ObjectKey.of(key))
 
 
 class KvserdeMultiSerializer(_Base):
@@ -146,7 +185,7 @@ class KvserdeMultiDeserializer(KvserdeMultiSerializer):
 
     def deserialize(self, src: Any, dst: Sequence[Any], key: Any = None) -> None:
         group = [None if o is None else memobj(o) for o in dst]
-        self._serde.deserialize(memobj(src, blob=True), group, ObjectKey.of(key))
+        self._serde.deserialize(stored_blob(src, []), group, ObjectKey.of(key))
 
 
 class KvserdeSerdeProcessor:
