@@ -1499,6 +1499,11 @@ static void test_bad_kvserde_metadata(void)
         {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\","
          "\"kvserde.extra\":\"1\"}",
          "U8", "kvserde metadata: unknown key 'kvserde.extra'"},
+        {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"stages\\\":[{\\\"type\\\":"
+         "\\\"fp8\\\"}],\\\"type\\\":\\\"pipeline\\\"}\",\"kvserde.dtype.x\":\"float32\","
+         "\"kvserde.shape.x\":\"[4]\"}",
+         "U8", "kvserde metadata: tensor 'x' is not a frame but kvserde.serde is the pipeline "
+               "serde"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tdesc t[] = {{"x", cases[i].dtype, "[4]", codes, 4}};
