@@ -151,6 +151,17 @@ static int run(char **out, char **err, const char *const *args)
         free(e_);                                                           \
     } while (0)
 
+/* Exit status 0, stdout exactly `msg`, stderr empty. */
+#define CHECK_PRINTS(args, msg)                                             \
+    do {                                                                    \
+        char *o_ = NULL, *e_ = NULL;                                        \
+        CHECK_EQ_INT(run(&o_, &e_, args), 0);                               \
+        CHECK_EQ_STR(o_, msg);                                              \
+        CHECK_EQ_STR(e_, "");                                               \
+        free(o_);                                                           \
+        free(e_);                                                           \
+    } while (0)
+
 static char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *strf(const char *fmt, ...)
 {
@@ -897,6 +908,378 @@ static void test_compare(void)
                 strf("kvserde inspect: tensor 'bf16_all' of %s is not in %s\n", in, p1));
 }
 
+/* ----- framed pipelines ---------------------------------------------------- */
+
+#define PIPE_FP8_CRC "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"crc32c\"}]}"
+#define PIPE_BYTES_XXH3                                                                    \
+    "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"xxh3\"}]}"
+
+/* Every float tensor of the round-trip input is a 1-D U8 frame in `path`,
+ * with the usual kvserde metadata (kvserde.dtype and kvserde.shape kept for
+ * frames too). Returns the parsed file (st_free it). */
+static int check_framed(const char *path, const char *serde_meta, stf *f)
+{
+    if (st_load(path, f) != 0) {
+        KVS_FAIL_("cannot load %s", path);
+        return -1;
+    }
+    const char *names[3] = {"bf16_all", "f16_all", "f32"};
+    for (int i = 0; i < 3; i++) {
+        json_t *t = json_object_get(f->hdr, names[i]);
+        CHECK(t != NULL);
+        CHECK_EQ_STR(json_string_value(json_object_get(t, "dtype")), "U8");
+        json_t *offs = json_object_get(t, "data_offsets");
+        uint64_t b = (uint64_t)json_integer_value(json_array_get(offs, 0));
+        uint64_t e = (uint64_t)json_integer_value(json_array_get(offs, 1));
+        CHECK(e - b >= 4 && memcmp(f->buf + 8 + f->n + b, "KVSF", 4) == 0);
+    }
+    const uint8_t *p;
+    if ((p = st_get(f, "ids", "U8", "[7]", 7))) CHECK(memcmp(p, ids, 7) == 0);
+    char *m = st_meta(f);
+    CHECK_EQ_STR(m, strf("{\"format\":\"pt\",\"kvserde.dtype.bf16_all\":\"bfloat16\","
+                         "\"kvserde.dtype.f16_all\":\"float16\",\"kvserde.dtype.f32\":"
+                         "\"float32\",\"kvserde.format\":\"1\",\"kvserde.serde\":\"%s\","
+                         "\"kvserde.shape.bf16_all\":\"[256,256]\",\"kvserde.shape.f16_all\":"
+                         "\"[65536]\",\"kvserde.shape.f32\":\"[4,5]\",\"source\":\"kvserde test\"}",
+                         serde_meta));
+    free(m);
+    return 0;
+}
+
+/* A decoded file holds exactly the round-trip input (a lossless pipeline). */
+static void check_exact(const char *path)
+{
+    stf f;
+    if (st_load(path, &f) != 0) {
+        KVS_FAIL_("cannot load %s", path);
+        return;
+    }
+    const uint8_t *p;
+    if ((p = st_get(&f, "bf16_all", "BF16", "[256,256]", sizeof all16)))
+        CHECK(memcmp(p, all16, sizeof all16) == 0);
+    if ((p = st_get(&f, "f16_all", "F16", "[65536]", sizeof all16)))
+        CHECK(memcmp(p, all16, sizeof all16) == 0);
+    if ((p = st_get(&f, "f32", "F32", "[4,5]", sizeof f32_vals)))
+        CHECK(memcmp(p, f32_vals, sizeof f32_vals) == 0);
+    if ((p = st_get(&f, "ids", "U8", "[7]", 7))) CHECK(memcmp(p, ids, 7) == 0);
+    char *m = st_meta(&f);
+    CHECK_EQ_STR(m, IN_META);
+    free(m);
+    CHECK_EQ_U64(json_object_size(f.hdr), 5);
+    st_free(&f);
+}
+
+/* Where tensor `name`'s bytes start in the file (0 if absent). */
+static size_t tensor_file_offset(const stf *f, const char *name, size_t *len)
+{
+    json_t *offs = json_object_get(json_object_get(f->hdr, name), "data_offsets");
+    if (offs == NULL) return 0;
+    uint64_t b = (uint64_t)json_integer_value(json_array_get(offs, 0));
+    uint64_t e = (uint64_t)json_integer_value(json_array_get(offs, 1));
+    if (len) *len = (size_t)(e - b);
+    return (size_t)(8 + f->n + b);
+}
+
+static void test_frames_roundtrip(void)
+{
+    clear_dir(work);
+    const char *in = write_roundtrip_input();
+    REQUIRE(in);
+    static expected e;
+    expect_codes(KVS_DTYPE_FLOAT8_E4M3FN, 1, &e);
+    const char *enc = path_in("enc.safetensors"), *dec = path_in("dec.safetensors");
+
+    /* fp8 + crc32c: the header records the chain; decode needs no --serde
+     * and gives the library's fp8 decoding. */
+    char *err = NULL;
+    CHECK_PRINTS(ARGS("encode", "--serde", PIPE_FP8_CRC, in, enc),
+                 strf("%s: encoded 3 of 4 tensors with {\"stages\":[{\"type\":\"fp8\"},"
+                      "{\"type\":\"crc32c\"}],\"type\":\"pipeline\"}; data 262231 -> "
+                      "131283 bytes\n",
+                      enc));
+    stf f;
+    if (check_framed(enc, "{\\\"stages\\\":[{\\\"type\\\":\\\"fp8\\\"},{\\\"type\\\":"
+                          "\\\"crc32c\\\"}],\\\"type\\\":\\\"pipeline\\\"}",
+                     &f) == 0) {
+        /* the fp8 stage's payload is exactly the fp8 serde's codes */
+        size_t len = 0, off = tensor_file_offset(&f, "f32", &len);
+        CHECK_EQ_U64(len, 60 + 20 + 4);
+        if (len == 84) CHECK(memcmp(f.buf + off + 60, e.f32, 20) == 0);
+        st_free(&f);
+    }
+    CHECK_PRINTS(ARGS("decode", enc, dec),
+                 strf("%s: decoded 3 of 4 tensors; data 131283 -> 262231 bytes\n", dec));
+    check_decoded(dec, KVS_DTYPE_FLOAT8_E4M3FN, &e, -1);
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("decode", "--dtype", "float32", enc, dec)), 0);
+    check_decoded(dec, KVS_DTYPE_FLOAT8_E4M3FN, &e, KVS_DTYPE_FLOAT32);
+
+    /* bytes + xxh3: lossless, the exact input back. */
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("encode", "--serde", PIPE_BYTES_XXH3, in, enc)), 0);
+    if (check_framed(enc, "{\\\"stages\\\":[{\\\"type\\\":\\\"bytes\\\"},{\\\"type\\\":"
+                          "\\\"xxh3\\\"}],\\\"type\\\":\\\"pipeline\\\"}",
+                     &f) == 0)
+        st_free(&f);
+    CHECK_PRINTS(ARGS("decode", enc, dec),
+                 strf("%s: decoded 3 of 4 tensors; data 262421 -> 262231 bytes\n", dec));
+    check_exact(dec);
+
+    /* A frame is read as a frame whatever kvserde.serde says: here the
+     * record claims the fp8 serde. */
+    REQUIRE(st_load(enc, &f) == 0);
+    char *hdr = strndup(f.buf + 8, f.n);
+    char *at = strstr(hdr, "{\\\"stages\\\"");
+    REQUIRE(at != NULL);
+    const char *pipe = "{\\\"stages\\\":[{\\\"type\\\":\\\"bytes\\\"},{\\\"type\\\":\\\"xxh3\\\"}],"
+                       "\\\"type\\\":\\\"pipeline\\\"}";
+    const char *fp8 = "{\\\"type\\\":\\\"fp8\\\"}";
+    REQUIRE(strncmp(at, pipe, strlen(pipe)) == 0);
+    /* same length: pad the fp8 config with spaces inside the JSON string */
+    memset(at, ' ', strlen(pipe));
+    memcpy(at, fp8, strlen(fp8));
+    memcpy(f.buf + 8, hdr, f.n);
+    free(hdr);
+    const char *other = path_in("other.safetensors");
+    REQUIRE(write_all_file(other, f.buf, f.len) == 0);
+    st_free(&f);
+    CHECK_EQ_INT(run(NULL, &err, ARGS("decode", other, dec)), 0);
+    CHECK_EQ_STR(err, "");
+    free(err);
+    check_exact(dec);
+}
+
+/* A damaged frame, and a frame whose layout is not the recorded one. */
+static void test_frames_damaged(void)
+{
+    clear_dir(work);
+    const char *in = write_roundtrip_input();
+    REQUIRE(in);
+    const char *enc = path_in("enc.safetensors"), *bad = path_in("bad.safetensors"),
+               *dec = path_in("dec.safetensors");
+    REQUIRE(run(NULL, NULL, ARGS("encode", "--serde", PIPE_FP8_CRC, in, enc)) == 0);
+    stf f;
+    REQUIRE(st_load(enc, &f) == 0);
+    size_t len = 0, off = tensor_file_offset(&f, "f32", &len);
+    REQUIRE(len == 84);
+    f.buf[off + 60 + 3] ^= 0x01; /* the fourth fp8 code */
+    REQUIRE(write_all_file(bad, f.buf, f.len) == 0);
+    f.buf[off + 60 + 3] ^= 0x01;
+    CHECK_FAILS(ARGS("decode", bad, dec), 1,
+                strf("kvserde decode: %s: tensor 'f32': pipeline: crc32c: payload damaged: "
+                     "checksum 8b7a0ca5 over 20 bytes, stored d49ed0fa; loading no key\n",
+                     bad));
+    CHECK(!exists(dec));
+    /* inspect reports it and still lists the file */
+    char *out = NULL;
+    CHECK_EQ_INT(run(&out, NULL, ARGS("inspect", bad)), 0);
+    CHECK(out && strstr(out, "  f32: frame v1, header 60 bytes, payload 24 bytes, layout [4x5 "
+                             "float32], not keyed\n"
+                             "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                             "    stage 2: crc32c {}\n"
+                             "    checks failed: pipeline: crc32c: payload damaged: checksum "
+                             "8b7a0ca5 over 20 bytes, stored d49ed0fa; loading no key\n"));
+    free(out);
+
+    /* The recorded shape says [5,4]: the frame says [4x5]. */
+    char *hdr = strndup(f.buf + 8, f.n);
+    char *at = strstr(hdr, "\"kvserde.shape.f32\":\"[4,5]\"");
+    REQUIRE(at != NULL);
+    memcpy(at + strlen("\"kvserde.shape.f32\":\""), "[5,4]", 5);
+    memcpy(f.buf + 8, hdr, f.n);
+    free(hdr);
+    REQUIRE(write_all_file(bad, f.buf, f.len) == 0);
+    CHECK_FAILS(ARGS("decode", bad, dec), 1,
+                strf("kvserde decode: %s: kvserde metadata: tensor 'f32': the frame holds [4x5 "
+                     "float32] but kvserde.shape.f32 and kvserde.dtype.f32 say [5x4 float32]\n",
+                     bad));
+    st_free(&f);
+    CHECK(!exists(dec));
+    CHECK_EQ_STR(listing(), "bad.safetensors,enc.safetensors,in.safetensors");
+}
+
+/* aes_gcm: encode with a key file, decode with --key-file (the path the
+ * file records need not exist), refuse without it. */
+static void test_frames_aes_gcm(void)
+{
+    clear_dir(work);
+    const char *in = write_roundtrip_input();
+    REQUIRE(in);
+    char key[4400], key2[4400];
+    snprintf(key, sizeof key, "%s", path_in("k1.key"));
+    snprintf(key2, sizeof key2, "%s", path_in("k2.key"));
+    uint8_t k[32];
+    for (int i = 0; i < 32; i++) k[i] = (uint8_t)(7 * i + 1);
+    int fd = open(key, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(write(fd, k, 32) == 32);
+    close(fd);
+    const char *enc = path_in("enc.safetensors"), *dec = path_in("dec.safetensors");
+    char serde[9000];
+    snprintf(serde, sizeof serde,
+             "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"aes_gcm\","
+             "\"key_files\":[\"%s\"]}]}",
+             key);
+    char *out = NULL, *err = NULL;
+    CHECK_EQ_INT(run(&out, &err, ARGS("encode", "--serde", serde, in, enc)), 0);
+    CHECK_EQ_STR(err, "");
+    free(out);
+    free(err);
+    /* the key moves: decode uses --key-file, not the recorded path */
+    REQUIRE(rename(key, key2) == 0);
+    CHECK_EQ_INT(run(&out, &err, ARGS("decode", "--key-file", key2, enc, dec)), 0);
+    CHECK_EQ_STR(err, "");
+    free(out);
+    free(err);
+    check_exact(dec);
+    unlink(dec);
+    const char *want_key_id = "6c55f58b367249f7";
+    CHECK_FAILS(ARGS("decode", enc, dec), 1,
+                strf("kvserde decode: %s: tensor 'f32': aes_gcm: no configured key has key "
+                     "id %s (configured: none)\n",
+                     enc, want_key_id));
+    CHECK(!exists(dec));
+    CHECK_FAILS(ARGS("decode", "--key-file", key, enc, dec), 1,
+                strf("kvserde decode: --key-file: pipeline: stage 1: aes_gcm: cannot open key "
+                     "file %s: No such file or directory\n",
+                     key));
+
+    /* inspect: not verified without the key, checks ok with it */
+    CHECK_EQ_INT(run(&out, &err, ARGS("inspect", enc)), 0);
+    CHECK_EQ_STR(err, "");
+    const char *stage = strf("    stage 1: bytes {}\n"
+                             "    stage 2: aes_gcm {\"key_id\":\"%s\",\"nonce\":\"",
+                             want_key_id);
+    CHECK(out && strstr(out, "  f32: frame v1, header 78 bytes, payload 96 bytes, layout [4x5 "
+                             "float32], not keyed\n"));
+    CHECK(out && strstr(out, stage));
+    CHECK(out && strstr(out, "\"}\n    encrypted: not verified (no --key-file)\n"));
+    CHECK(out && !strstr(out, "checks ok"));
+    free(out);
+    free(err);
+    CHECK_EQ_INT(run(&out, &err, ARGS("inspect", "--key-file", key2, enc)), 0);
+    CHECK_EQ_STR(err, "");
+    CHECK(out && strstr(out, "\"}\n    checks ok\n"));
+    CHECK(out && !strstr(out, "not verified"));
+    free(out);
+    free(err);
+    CHECK_EQ_STR(listing(), "enc.safetensors,in.safetensors,k2.key");
+}
+
+/* inspect lists every frame's stages, parameters, layout and checks. */
+static void test_frames_inspect(void)
+{
+    clear_dir(work);
+    const char *in = write_roundtrip_input();
+    REQUIRE(in);
+    const char *enc = path_in("enc.safetensors");
+    REQUIRE(run(NULL, NULL, ARGS("encode", "--serde", PIPE_FP8_CRC, in, enc)) == 0);
+    char *out = NULL, *err = NULL;
+    CHECK_EQ_INT(run(&out, &err, ARGS("inspect", enc)), 0);
+    CHECK_EQ_STR(out,
+                 strf("%s: 4 tensors, header %llu bytes, data 131283 bytes\n"
+                      "metadata:\n"
+                      "  format: pt\n"
+                      "  kvserde.dtype.bf16_all: bfloat16\n"
+                      "  kvserde.dtype.f16_all: float16\n"
+                      "  kvserde.dtype.f32: float32\n"
+                      "  kvserde.format: 1\n"
+                      "  kvserde.serde: {\"stages\":[{\"type\":\"fp8\"},{\"type\":\"crc32c\"}],"
+                      "\"type\":\"pipeline\"}\n"
+                      "  kvserde.shape.bf16_all: [256,256]\n"
+                      "  kvserde.shape.f16_all: [65536]\n"
+                      "  kvserde.shape.f32: [4,5]\n"
+                      "  source: kvserde test\n"
+                      "tensors:\n"
+                      "  NAME      DTYPE  SHAPE    BYTES\n"
+                      "  bf16_all  U8     [65600]  65600\n"
+                      "  f16_all   U8     [65592]  65592\n"
+                      "  f32       U8     [84]        84\n"
+                      "  ids       U8     [7]          7\n"
+                      "frames:\n"
+                      "  bf16_all: frame v1, header 60 bytes, payload 65540 bytes, layout "
+                      "[256x256 bfloat16], not keyed\n"
+                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 2: crc32c {}\n"
+                      "    checks ok\n"
+                      "  f16_all: frame v1, header 52 bytes, payload 65540 bytes, layout "
+                      "[65536 float16], not keyed\n"
+                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 2: crc32c {}\n"
+                      "    checks ok\n"
+                      "  f32: frame v1, header 60 bytes, payload 24 bytes, layout [4x5 float32], "
+                      "not keyed\n"
+                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 2: crc32c {}\n"
+                      "    checks ok\n",
+                      enc, header_size(enc)));
+    CHECK_EQ_STR(err, "");
+    free(out);
+    free(err);
+    /* --compare decodes the frames first */
+    CHECK_EQ_INT(run(&out, &err, ARGS("inspect", enc, "--compare", in)), 0);
+    CHECK_EQ_STR(err, "");
+    CHECK(out && strstr(out, "\nframes:\n  bf16_all: frame v1, "));
+    CHECK(out && strstr(out, "checks ok\ndata: 131283 bytes; "));
+    free(out);
+    free(err);
+}
+
+/* A plain fp8 file, as PyTorch or vLLM save one: no kvserde metadata. */
+static void test_plain_fp8(void)
+{
+    clear_dir(work);
+    uint8_t e4[6] = {0x00, 0x38, 0xB8, 0x7E, 0x7F, 0x01};
+    uint8_t e5[4] = {0x3C, 0x7B, 0x7C, 0xFF};
+    int32_t n32[3] = {1, -2, 300000};
+    tdesc t[] = {{"k", "F8_E4M3", "[2,3]", e4, 6},
+                 {"v", "F8_E5M2", "[4]", e5, 4},
+                 {"pos", "I32", "[3]", n32, 12}};
+    const char *in = path_in("plain.safetensors"), *dec = path_in("dec.safetensors");
+    REQUIRE(write_st(in, t, 3, "{\"format\":\"pt\",\"model\":\"m\"}", 1) == 0);
+    kvs_dtype as[2] = {KVS_DTYPE_BFLOAT16, KVS_DTYPE_FLOAT32};
+    for (int r = 0; r < 2; r++) {
+        char *out = NULL, *err = NULL;
+        if (r == 0)
+            CHECK_EQ_INT(run(&out, &err, ARGS("decode", in, dec)), 0);
+        else
+            CHECK_EQ_INT(run(&out, &err, ARGS("decode", "--dtype", "float32", in, dec)), 0);
+        CHECK_EQ_STR(out, strf("%s: decoded 2 of 3 tensors; data 22 -> %d bytes\n", dec,
+                               r == 0 ? 32 : 52));
+        CHECK_EQ_STR(err, "");
+        free(out);
+        free(err);
+        size_t es = kvs_dtype_size(as[r]);
+        const char *stn = r == 0 ? "BF16" : "F32";
+        uint8_t want[64];
+        stf f;
+        REQUIRE(st_load(dec, &f) == 0);
+        const uint8_t *p;
+        CHECK_OK(kvs_fp8_decode(e4, KVS_DTYPE_FLOAT8_E4M3FN, want, as[r], 6));
+        if ((p = st_get(&f, "k", stn, "[2,3]", 6 * es))) CHECK(memcmp(p, want, 6 * es) == 0);
+        CHECK_OK(kvs_fp8_decode(e5, KVS_DTYPE_FLOAT8_E5M2, want, as[r], 4));
+        if ((p = st_get(&f, "v", stn, "[4]", 4 * es))) CHECK(memcmp(p, want, 4 * es) == 0);
+        if (r == 1 && p) {
+            float v1;
+            memcpy(&v1, p + 4, 4);
+            CHECK(v1 == 57344.0f); /* 0x7B: the largest finite e5m2 */
+        }
+        if ((p = st_get(&f, "pos", "I32", "[3]", 12))) CHECK(memcmp(p, n32, 12) == 0);
+        char *m = st_meta(&f);
+        CHECK_EQ_STR(m, "{\"format\":\"pt\",\"model\":\"m\"}");
+        free(m);
+        CHECK_EQ_U64(json_object_size(f.hdr), 4);
+        st_free(&f);
+    }
+    /* Neither kvserde metadata nor an fp8 tensor: refused, and it says so. */
+    tdesc plain[] = {{"pos", "I32", "[3]", n32, 12}};
+    REQUIRE(write_st(in, plain, 1, "{\"format\":\"pt\"}", 1) == 0);
+    unlink(dec);
+    CHECK_FAILS(ARGS("decode", in, dec), 1,
+                strf("kvserde decode: %s: not a kvserde-encoded file (no 'kvserde.serde' "
+                     "metadata) and no F8_E4M3 or F8_E5M2 tensor to decode\n",
+                     in));
+    CHECK_EQ_STR(listing(), "plain.safetensors");
+}
+
 /* ----- refusals -------------------------------------------------------- */
 
 static void test_usage(void)
@@ -1116,6 +1499,11 @@ static void test_bad_kvserde_metadata(void)
         {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\","
          "\"kvserde.extra\":\"1\"}",
          "U8", "kvserde metadata: unknown key 'kvserde.extra'"},
+        {"{\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"stages\\\":[{\\\"type\\\":"
+         "\\\"fp8\\\"}],\\\"type\\\":\\\"pipeline\\\"}\",\"kvserde.dtype.x\":\"float32\","
+         "\"kvserde.shape.x\":\"[4]\"}",
+         "U8", "kvserde metadata: tensor 'x' is not a frame but kvserde.serde is the pipeline "
+               "serde"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tdesc t[] = {{"x", cases[i].dtype, "[4]", codes, 4}};
@@ -1145,7 +1533,7 @@ static void test_bad_kvserde_metadata(void)
     REQUIRE(write_st(p, plain, 1, "{\"format\":\"pt\"}", 1) == 0);
     CHECK_FAILS(ARGS("decode", p, out), 1,
                 strf("kvserde decode: %s: not a kvserde-encoded file (no 'kvserde.serde' "
-                     "metadata)\n",
+                     "metadata) and no F8_E4M3 or F8_E5M2 tensor to decode\n",
                      p));
     const char *enc = path_in("enc.safetensors");
     REQUIRE(run(NULL, NULL, ARGS("encode", p, enc)) == 0);
@@ -1517,6 +1905,11 @@ int main(int argc, char **argv)
         RUN(test_malformed);
         RUN(test_bad_kvserde_metadata);
         RUN(test_failed_write);
+        RUN(test_frames_roundtrip);
+        RUN(test_frames_damaged);
+        RUN(test_frames_aes_gcm);
+        RUN(test_frames_inspect);
+        RUN(test_plain_fp8);
     }
 
     clear_dir(root_dir);

@@ -238,7 +238,7 @@ static void test_verify_warns_about_open_modes(void)
     CHECK_EQ_INT(run(&out, &err, ARGS("verify", store)), 0);
     char want[8192];
     snprintf(want, sizeof want,
-             "kvserde: verify: warning: 1 objects and 0 directories are more open than mode "
+             "kvserde verify: warning: 1 objects and 0 directories are more open than mode "
              "0600, e.g. %s (mode 0640); a KV cache reveals users' prompts "
              "(docs/security.md)\n",
              obj_path(1));
@@ -258,12 +258,12 @@ static void test_verify_usage(void)
 {
     char *out, *err;
     CHECK_EQ_INT(run(&out, &err, ARGS("verify")), 2);
-    CHECK(err && strstr(err, "kvserde: verify: give the store as --l2 SPEC or as DIR (one of "
+    CHECK(err && strstr(err, "kvserde verify: give the store as --l2 SPEC or as DIR (one of "
                              "them)\n") == err);
     free(out);
     free(err);
     CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", "{\"type\": \"memory\"}")), 1);
-    CHECK_EQ_STR(err, "kvserde: verify: --l2 must be an fs spec with a \"path\" (got type "
+    CHECK_EQ_STR(err, "kvserde verify: --l2 must be an fs spec with a \"path\" (got type "
                       "'memory'); only a filesystem store can be listed object by object\n");
     free(out);
     free(err);

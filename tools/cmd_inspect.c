@@ -9,15 +9,19 @@
 
 #include "codecs/half.h"
 #include "commands.h"
+#include "frames.h"
 #include "kvserde/kvserde.h"
 #include "safetensors.h"
 
 static const char inspect_usage[] =
-    "usage: kvserde inspect FILE [--compare ORIG]\n"
+    "usage: kvserde inspect FILE [--compare ORIG] [--key-file F]...\n"
     "\n"
     "Validates FILE (a safetensors file) and lists its header size, data size,\n"
     "__metadata__ entries, and each tensor's name, dtype, shape and bytes, in\n"
-    "data order.\n"
+    "data order. Tensors that hold a frame (the pipeline serde's blobs) are then\n"
+    "listed under frames: their stages and parameters, the layout the frame\n"
+    "records, header and payload bytes, the key binding, and whether every\n"
+    "check (header, checksums, with a key file the aes_gcm tag) passes.\n"
     "\n"
     "  --compare ORIG  also compare every tensor with the tensor of the same name\n"
     "                  in ORIG (both files must hold the same names and shapes).\n"
@@ -29,6 +33,8 @@ static const char inspect_usage[] =
     "                    SNR_DB       10 log10(sum o^2 / sum (x - o)^2)\n"
     "                    COSINE       sum x o / sqrt(sum x^2 sum o^2)\n"
     "                  A non-finite x against a finite o makes the error infinite.\n"
+    "  --key-file F    an aes_gcm key file (repeatable): check and decode\n"
+    "                  encrypted frames\n"
     "  -h, --help      show this help\n"
     "\n"
     "Exit status: 0 success, 1 failure (reason on stderr), 2 usage error.\n";
@@ -275,7 +281,7 @@ typedef struct opened {
     int open, enc_open;
 } opened;
 
-static int open_file(opened *o, const char *path, int with_enc)
+static int open_file(opened *o, const char *path, int with_enc, kvs_deserializer *frames)
 {
     o->path = path;
     if (kvs_st_open(path, &o->map, &o->file) != KVS_OK) {
@@ -284,7 +290,7 @@ static int open_file(opened *o, const char *path, int with_enc)
     }
     o->open = 1;
     if (with_enc) {
-        if (kvs_enc_open(&o->file, &o->enc) != KVS_OK) {
+        if (kvs_enc_open(&o->file, frames, &o->enc) != KVS_OK) {
             fprintf(stderr, "kvserde inspect: %s: %s\n", path, kvs_last_error());
             return -1;
         }
@@ -363,20 +369,76 @@ out:
     return status;
 }
 
+/* The frames section: for every U8 tensor that holds a frame, what its
+ * header says and whether its checks pass. Written to `out`. */
+static void frame_report(FILE *out, const kvs_st_file *file, kvs_deserializer *de, size_t nkeys)
+{
+    int any = 0;
+    for (size_t i = 0; i < file->ntensors; i++) {
+        const kvs_st_tensor *t = &file->tensors[i];
+        size_t len = (size_t)(t->end - t->begin);
+        if (t->dtype != KVS_ST_U8 || !kvs_frame_detect(t->data, len)) continue;
+        if (!any) fputs("frames:\n", out);
+        any = 1;
+        char *name = printable(t->name);
+        kvs_frame_info fi;
+        if (kvs_frame_inspect(t->data, len, &fi) != KVS_OK) {
+            char *msg = printable(kvs_last_error());
+            fprintf(out, "  %s: not a valid frame: %s\n", name ? name : "?", msg ? msg : "?");
+            free(msg);
+            free(name);
+            continue;
+        }
+        char layout[512];
+        fprintf(out, "  %s: frame v%u, header %zu bytes, payload %llu bytes, layout %s",
+                name ? name : "?", fi.version, fi.header_bytes,
+                (unsigned long long)fi.payload_bytes,
+                kvs_layout_format(&fi.layout, layout, sizeof layout));
+        if (fi.format != KVS_FMT_UNDEFINED) fprintf(out, ", memory format %d", (int)fi.format);
+        if (fi.keyed)
+            fprintf(out, ", keyed (key fingerprint %016llx)\n",
+                    (unsigned long long)fi.key_fingerprint);
+        else
+            fputs(", not keyed\n", out);
+        int encrypted = 0;
+        for (uint32_t s = 0; s < fi.nstages && s < KVS_FRAME_INFO_MAX_STAGES; s++) {
+            fprintf(out, "    stage %u: %s %s\n", s + 1, fi.stages[s].name, fi.stages[s].params);
+            encrypted |= strcmp(fi.stages[s].name, "aes_gcm") == 0;
+        }
+        int rc = kvs_pipeline_verify(de, t->data, len, NULL);
+        if (rc == KVS_OK) {
+            fputs("    checks ok\n", out);
+        } else if (encrypted && nkeys == 0 && rc == KVS_EAUTH) {
+            fputs("    encrypted: not verified (no --key-file)\n", out);
+        } else {
+            char *msg = printable(kvs_last_error());
+            fprintf(out, "    checks failed: %s\n", msg ? msg : "?");
+            free(msg);
+        }
+        free(name);
+    }
+}
+
 int kvs_cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"compare", required_argument, NULL, 'c'},
+        {"key-file", required_argument, NULL, 'k'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *orig_path = NULL;
+    char *key_files[KVS_TOOL_MAX_KEY_FILES];
+    size_t nkeys = 0;
     int c;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': orig_path = optarg; break;
+        case 'k':
+            if (kvs_tool_add_key_file("inspect", key_files, &nkeys, optarg) != 0) return 2;
+            break;
         case 'h': fputs(inspect_usage, stdout); return 0;
         case ':':
             fprintf(stderr, "kvserde inspect: option '%s' needs a value\n\n%s", argv[optind - 1],
@@ -394,7 +456,15 @@ int kvs_cmd_inspect(int argc, char **argv)
         return 2;
     }
 
+    kvs_serde_pair frames = {0};
+    if (kvs_tool_frame_deserializer(key_files, nkeys, &frames) != KVS_OK) {
+        fprintf(stderr, "kvserde inspect: --key-file: %s\n", kvs_last_error());
+        return 1;
+    }
     int status = 1;
+    char *report = NULL;
+    size_t report_len = 0;
+    FILE *report_f = NULL;
     opened f = {0}, o = {0};
     table tab = {.ncols = orig_path ? 10 : 4};
     static const char *const heads[MAX_COLS] = {"NAME",        "DTYPE", "SHAPE",  "BYTES",
@@ -406,8 +476,8 @@ int kvs_cmd_inspect(int argc, char **argv)
         if ((head[j] = fmt("%s", heads[j])) == NULL) goto out;
     if (table_add(&tab, head) != 0) goto out;
 
-    if (open_file(&f, argv[optind], orig_path != NULL) != 0) goto out;
-    if (orig_path && open_file(&o, orig_path, 1) != 0) goto out;
+    if (open_file(&f, argv[optind], orig_path != NULL, frames.deserializer) != 0) goto out;
+    if (orig_path && open_file(&o, orig_path, 1, frames.deserializer) != 0) goto out;
     for (size_t i = 0; i < f.file.ntensors; i++)
         if (tensor_row(&tab, &f, i, orig_path ? &o : NULL) != 0) goto out;
     if (orig_path) {
@@ -420,6 +490,18 @@ int kvs_cmd_inspect(int argc, char **argv)
                 goto out;
             }
     }
+
+    if ((report_f = open_memstream(&report, &report_len)) == NULL) {
+        fprintf(stderr, "kvserde inspect: out of memory\n");
+        goto out;
+    }
+    frame_report(report_f, &f.file, frames.deserializer, nkeys);
+    if (fclose(report_f) != 0) {
+        report_f = NULL;
+        fprintf(stderr, "kvserde inspect: out of memory\n");
+        goto out;
+    }
+    report_f = NULL;
 
     /* Everything is known: print it all at once. */
     char *path = printable(f.path);
@@ -440,6 +522,7 @@ int kvs_cmd_inspect(int argc, char **argv)
     }
     printf("tensors:\n");
     table_print(&tab, "  ");
+    if (report_len) fwrite(report, 1, report_len, stdout);
     if (orig_path) {
         char *op = printable(orig_path);
         printf("data: %llu bytes; %s: %llu bytes (ratio %.3f)\n",
@@ -453,5 +536,7 @@ out:
     table_free(&tab);
     close_file(&f);
     close_file(&o);
+    free(report);
+    kvs_serde_pair_destroy(&frames);
     return status;
 }

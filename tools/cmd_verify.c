@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "frames.h"
 #include "kvserde/kvserde.h"
 
 static const char verify_usage[] =
@@ -131,7 +132,7 @@ static int visit(const char *path, const struct stat *st, int flag, struct FTW *
     uint8_t *blob;
     size_t len;
     if (read_file(path, &blob, &len) != 0) {
-        fprintf(stderr, "kvserde: verify: cannot read %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "kvserde verify: cannot read %s: %s\n", path, strerror(errno));
         S.failures++;
         return FTW_CONTINUE;
     }
@@ -174,11 +175,11 @@ static int store_dir(const char *spec, const char *dir, char **out, mode_t *mode
     const char *path = json_string_value(json_object_get(j, "path"));
     int rc = 0;
     if (j == NULL) {
-        fprintf(stderr, "kvserde: verify: --l2 is not JSON: %s (line %d)\n", err.text, err.line);
+        fprintf(stderr, "kvserde verify: --l2 is not JSON: %s (line %d)\n", err.text, err.line);
         rc = -1;
     } else if (type == NULL || strcmp(type, "fs") != 0 || path == NULL) {
         fprintf(stderr,
-                "kvserde: verify: --l2 must be an fs spec with a \"path\" (got type '%s'); "
+                "kvserde verify: --l2 must be an fs spec with a \"path\" (got type '%s'); "
                 "only a filesystem store can be listed object by object\n",
                 type ? type : "(none)");
         rc = -1;
@@ -190,7 +191,7 @@ static int store_dir(const char *spec, const char *dir, char **out, mode_t *mode
         char *end;
         long v = strtol(m, &end, 8);
         if (*m == '\0' || *end != '\0' || v < 0 || v > 0777) {
-            fprintf(stderr, "kvserde: verify: --l2 \"mode\" must be an octal string such as "
+            fprintf(stderr, "kvserde verify: --l2 \"mode\" must be an octal string such as "
                             "\"0640\", got '%s'\n", m);
             free(*out);
             rc = -1;
@@ -199,22 +200,6 @@ static int store_dir(const char *spec, const char *dir, char **out, mode_t *mode
         }
     }
     json_decref(j);
-    return rc;
-}
-
-static int make_deserializer(char **key_files, size_t nkeys, kvs_serde_pair *pair)
-{
-    /* Only the deserializer's key files matter: it reads every frame's own
-     * stage chain. */
-    json_t *stages = json_pack("[{s:s}]", "type", "bytes");
-    if (nkeys) {
-        json_t *files = json_array();
-        for (size_t i = 0; i < nkeys; i++) json_array_append_new(files, json_string(key_files[i]));
-        json_array_append_new(stages, json_pack("{s:s,s:o}", "type", "aes_gcm", "key_files", files));
-    }
-    json_t *config = json_pack("{s:s,s:o}", "type", "pipeline", "stages", stages);
-    int rc = kvs_serde_create_pair_json(config, pair);
-    json_decref(config);
     return rc;
 }
 
@@ -243,7 +228,7 @@ int kvs_cmd_verify(int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *spec = NULL;
-    char *key_files[16];
+    char *key_files[KVS_TOOL_MAX_KEY_FILES];
     size_t nkeys = 0;
     int del = 0, c;
     optind = 1;
@@ -251,11 +236,7 @@ int kvs_cmd_verify(int argc, char **argv)
         switch (c) {
         case 'l': spec = optarg; break;
         case 'k':
-            if (nkeys == 16) {
-                fprintf(stderr, "kvserde: verify: at most 16 --key-file\n");
-                return 2;
-            }
-            key_files[nkeys++] = optarg;
+            if (kvs_tool_add_key_file("verify", key_files, &nkeys, optarg) != 0) return 2;
             break;
         case 'd': del = 1; break;
         case 'h': fputs(verify_usage, stdout); return 0;
@@ -264,7 +245,7 @@ int kvs_cmd_verify(int argc, char **argv)
     }
     const char *dir = optind < argc ? argv[optind] : NULL;
     if ((spec == NULL) == (dir == NULL) || argc - optind > 1) {
-        fprintf(stderr, "kvserde: verify: give the store as --l2 SPEC or as DIR (one of them)\n");
+        fprintf(stderr, "kvserde verify: give the store as --l2 SPEC or as DIR (one of them)\n");
         fputs(verify_usage, stderr);
         return 2;
     }
@@ -275,13 +256,13 @@ int kvs_cmd_verify(int argc, char **argv)
     while (len > 1 && root[len - 1] == '/') root[--len] = '\0';
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kvserde: verify: %s is not a directory\n", root);
+        fprintf(stderr, "kvserde verify: %s is not a directory\n", root);
         free(root);
         return 1;
     }
     kvs_serde_pair pair;
-    if (make_deserializer(key_files, nkeys, &pair) != KVS_OK) {
-        fprintf(stderr, "kvserde: verify: %s\n", kvs_last_error());
+    if (kvs_tool_frame_deserializer(key_files, nkeys, &pair) != KVS_OK) {
+        fprintf(stderr, "kvserde verify: %s\n", kvs_last_error());
         free(root);
         return 1;
     }
@@ -297,18 +278,18 @@ int kvs_cmd_verify(int argc, char **argv)
     if (S.progress) fprintf(stderr, "\r\033[K");
     int status = 0;
     if (walk != 0) {
-        fprintf(stderr, "kvserde: verify: listing %s failed: %s\n", root, strerror(errno));
+        fprintf(stderr, "kvserde verify: listing %s failed: %s\n", root, strerror(errno));
         status = 1;
     }
     printf("verified %zu objects in %s\n", S.objects, root);
     for (int o = 0; o < NOUTCOMES; o++) printf("  %-12s %zu\n", outcome_name[o], S.counts[o]);
     if (S.open_files || S.open_dirs)
         fprintf(stderr,
-                "kvserde: verify: warning: %zu objects and %zu directories are more open than "
+                "kvserde verify: warning: %zu objects and %zu directories are more open than "
                 "mode %04o, e.g. %s; a KV cache reveals users' prompts (docs/security.md)\n",
                 S.open_files, S.open_dirs, (unsigned)S.file_mode, S.open_example);
     if (del && S.ndamaged && delete_damaged(root) != KVS_OK) {
-        fprintf(stderr, "kvserde: verify: deleting damaged objects: %s\n", kvs_last_error());
+        fprintf(stderr, "kvserde verify: deleting damaged objects: %s\n", kvs_last_error());
         status = 1;
     }
     if (S.counts[DAMAGED] || S.failures) status = 1;

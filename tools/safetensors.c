@@ -931,8 +931,30 @@ out:
 }
 
 /* Fill info for tensor t, which kvserde.dtype.<name> says is encoded. */
+/* A blob tensor whose bytes are a frame: its header must parse and record
+ * the layout kvserde.shape and kvserde.dtype give (info->layout). */
+static int enc_frame(const kvs_st_tensor *t, kvs_enc_info *info)
+{
+    kvs_frame_info fi;
+    int rc = kvs_frame_inspect(t->data, (size_t)(t->end - t->begin), &fi);
+    if (rc) {
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        return kvs_set_error(rc, "tensor '%s': %s", t->name, msg);
+    }
+    if (!kvs_layout_equal(&fi.layout, &info->layout)) {
+        char a[256], b[256];
+        return enc_corrupt("tensor '%s': the frame holds %s but %s%s and %s%s say %s", t->name,
+                           kvs_layout_format(&fi.layout, a, sizeof a), KVS_META_SHAPE, t->name,
+                           KVS_META_DTYPE, t->name, kvs_layout_format(&info->layout, b, sizeof b));
+    }
+    info->kind = KVS_ENC_FRAME;
+    info->frame_format = fi.format;
+    return KVS_OK;
+}
+
 static int enc_tensor(const kvs_st_file *file, const kvs_st_tensor *t, const char *dtype_text,
-                      int is_fp8, kvs_dtype fp8, kvs_enc_info *info)
+                      int is_fp8, kvs_dtype fp8, int pipeline, kvs_enc_info *info)
 {
     if (kvs_dtype_parse(dtype_text, &info->orig_dtype) != KVS_OK ||
         (info->orig_dtype != KVS_DTYPE_FLOAT32 && info->orig_dtype != KVS_DTYPE_FLOAT16 &&
@@ -984,6 +1006,14 @@ static int enc_tensor(const kvs_st_file *file, const kvs_st_tensor *t, const cha
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
         return enc_corrupt("tensor '%s': %s", t->name, msg);
     }
+    if (info->kind == KVS_ENC_BLOB) {
+        /* A frame says what it is, whatever kvserde.serde says. */
+        if (kvs_frame_detect(t->data, (size_t)(t->end - t->begin))) return enc_frame(t, info);
+        if (pipeline)
+            return enc_corrupt("tensor '%s' is not a frame but kvserde.serde is the pipeline "
+                               "serde",
+                               t->name);
+    }
     return KVS_OK;
 }
 
@@ -993,9 +1023,22 @@ static long tensor_index(const kvs_st_file *file, const char *name)
     return t ? (long)(t - file->tensors) : -1;
 }
 
-int kvs_enc_open(const kvs_st_file *file, kvs_enc_file *out)
+/* 1 if a serde config's "type" is "pipeline", 0 if not, KVS_EINVAL if the
+ * text is not a JSON object. */
+static int serde_config_pipeline(const char *json_text)
+{
+    json_t *root = load_object(json_text, "serde config");
+    if (root == NULL) return KVS_EINVAL;
+    const char *type = json_string_value(json_object_get(root, "type"));
+    int rc = type != NULL && strcmp(type, "pipeline") == 0;
+    json_decref(root);
+    return rc;
+}
+
+int kvs_enc_open(const kvs_st_file *file, kvs_deserializer *frames, kvs_enc_file *out)
 {
     memset(out, 0, sizeof *out);
+    out->frames = frames;
     out->info = calloc(file->ntensors ? file->ntensors : 1, sizeof *out->info);
     if (out->info == NULL) return oom();
     out->ntensors = file->ntensors;
@@ -1018,7 +1061,18 @@ int kvs_enc_open(const kvs_st_file *file, kvs_enc_file *out)
     else if (strcmp(format, KVS_META_FORMAT_VERSION) != 0)
         rc = enc_corrupt("unsupported %s '%s'; this kvserde reads format %s", KVS_META_FORMAT,
                          format, KVS_META_FORMAT_VERSION);
-    if (rc == KVS_OK && (rc = kvs_serde_create_pair(serde, &out->serde)) != KVS_OK) {
+    if (rc == KVS_OK) {
+        /* The pipeline serde is not built: its frames rebuild their own
+         * chain, and its config may name key files only the writer has. */
+        out->pipeline = serde_config_pipeline(serde);
+        if (out->pipeline < 0) {
+            char msg[KVS_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", kvs_last_error());
+            rc = enc_corrupt("%s: %s", KVS_META_SERDE, msg);
+        }
+    }
+    if (rc == KVS_OK && !out->pipeline &&
+        (rc = kvs_serde_create_pair(serde, &out->serde)) != KVS_OK) {
         char msg[KVS_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
         rc = enc_corrupt("%s: %s", KVS_META_SERDE, msg);
@@ -1040,7 +1094,7 @@ int kvs_enc_open(const kvs_st_file *file, kvs_enc_file *out)
                 rc = enc_corrupt("'%s' names no tensor", key);
             else
                 rc = enc_tensor(file, &file->tensors[ti], file->meta[i].value, is_fp8, fp8,
-                                &out->info[ti]);
+                                out->pipeline, &out->info[ti]);
         } else if (has_prefix(key, KVS_META_SHAPE)) {
             const char *name = key + strlen(KVS_META_SHAPE);
             long ti = tensor_index(file, name);
@@ -1084,8 +1138,12 @@ int kvs_enc_decode_tensor(const kvs_st_file *file, kvs_enc_file *enc, size_t i, 
     size_t nbytes = (size_t)kvs_layout_nbytes(&dst_layout);
     void *buf = via == dtype ? dst : malloc(nbytes);
     if (buf == NULL) return oom();
-    rc = kvs_memobj_init(&out, buf, nbytes, &dst_layout, KVS_FMT_UNDEFINED);
-    if (rc == KVS_OK) rc = kvs_deserialize(enc->serde.deserializer, &src, &out, NULL);
+    rc = kvs_memobj_init(&out, buf, nbytes, &dst_layout,
+                         info->kind == KVS_ENC_FRAME ? info->frame_format : KVS_FMT_UNDEFINED);
+    kvs_deserializer *de = info->kind == KVS_ENC_FRAME ? enc->frames : enc->serde.deserializer;
+    if (rc == KVS_OK && de == NULL)
+        rc = kvs_set_error(KVS_EINVAL, "no deserializer for this tensor");
+    if (rc == KVS_OK) rc = kvs_deserialize(de, &src, &out, NULL);
     if (rc == KVS_OK && buf != dst) kvs_convert_floats(buf, via, dst, dtype, (size_t)info->numel);
     if (buf != dst) free(buf);
     if (rc) {

@@ -194,7 +194,9 @@ int kvs_safetensors_write(const char *path, const kvs_st_out *tensors,
  *   kvserde.serde           the serde config, compact JSON with sorted keys
  *   kvserde.dtype.<name>    original dtype of an encoded tensor ("bfloat16")
  *   kvserde.shape.<name>    original shape of a tensor stored as an opaque
- *                           U8 blob ("[2,4,8]"); absent for native fp8 ones
+ *                           U8 blob ("[2,4,8]"), frames included (a frame
+ *                           records its layout too: the two must agree);
+ *                           absent for native fp8 ones
  * Every key starting with "kvserde." belongs to kvserde. */
 #define KVS_META_PREFIX "kvserde."
 #define KVS_META_FORMAT "kvserde.format"
@@ -208,6 +210,8 @@ typedef enum kvs_enc_kind {
     KVS_ENC_NONE = 0, /* not encoded: kept as it was */
     KVS_ENC_FP8,      /* native F8_E4M3 / F8_E5M2 tensor, shape kept */
     KVS_ENC_BLOB,     /* U8 tensor holding the serde's serialized bytes */
+    KVS_ENC_FRAME,    /* U8 tensor holding a frame (pipeline.h), whatever
+                       * kvserde.serde says: read by the frame deserializer */
 } kvs_enc_kind;
 
 typedef struct kvs_enc_info {
@@ -217,6 +221,7 @@ typedef struct kvs_enc_info {
     uint64_t *shape;
     uint64_t numel;
     kvs_layout layout;    /* what the serde saw: kvs_enc_layout() */
+    kvs_memory_format frame_format; /* KVS_ENC_FRAME: the frame's own */
 } kvs_enc_info;
 
 /* The layout the serde is given for a tensor: its shape when it has at most
@@ -235,26 +240,38 @@ int kvs_serde_config_fp8(const char *json_text, kvs_dtype *fp8);
 /* An opened encoded file: its serde and per-tensor encoding info. */
 typedef struct kvs_enc_file {
     int encoded;          /* the file has kvserde.serde metadata */
-    kvs_serde_pair serde; /* built from kvserde.serde (when encoded) */
+    int pipeline;         /* kvserde.serde is the pipeline serde */
+    kvs_serde_pair serde; /* built from kvserde.serde (when encoded and not
+                           * the pipeline serde, whose config may name key
+                           * files this machine does not have) */
+    kvs_deserializer *frames; /* borrowed: reads the KVS_ENC_FRAME tensors */
     size_t ntensors;
     kvs_enc_info *info;   /* ntensors entries, parallel to file->tensors */
 } kvs_enc_file;
 
 /* Read kvserde's metadata of a parsed file and check it against the
- * tensors: the format version, the serde config (built with the registry),
- * each kvserde.dtype / kvserde.shape entry naming an existing tensor of the
- * right storage dtype and size. KVS_ECORRUPT (or the registry's code) with
- * the reason. A file without kvserde.serde is "not encoded" (every tensor
- * KVS_ENC_NONE) unless it has other kvserde.* entries, which is refused. */
-int kvs_enc_open(const kvs_st_file *file, kvs_enc_file *out);
+ * tensors: the format version, the serde config (built with the registry,
+ * except the pipeline serde's), each kvserde.dtype / kvserde.shape entry
+ * naming an existing tensor of the right storage dtype and size. A U8 blob
+ * whose bytes are a frame (kvs_frame_detect) is KVS_ENC_FRAME, decoded by
+ * `frames` (kvs_tool_frame_deserializer, frames.h; borrowed, must outlive
+ * *out) whatever kvserde.serde says; its header must parse and record the
+ * layout kvserde.shape / kvserde.dtype give ("kvserde metadata: tensor 'x':
+ * the frame holds [2x4 float32] but kvserde.shape.x and kvserde.dtype.x
+ * say [8 float32]"). With the pipeline serde every blob must be a frame.
+ * KVS_ECORRUPT (or the registry's code) with the reason. A file without
+ * kvserde.serde is "not encoded" (every tensor KVS_ENC_NONE) unless it has
+ * other kvserde.* entries, which is refused. */
+int kvs_enc_open(const kvs_st_file *file, kvs_deserializer *frames, kvs_enc_file *out);
 void kvs_enc_close(kvs_enc_file *enc);
 
 /* Decode tensor i (encoded: kind != NONE) of `file` into dst as dtype
  * `dtype` (float32, float16 or bfloat16): the element count of
  * info[i].layout x dtype size bytes. Native fp8 tensors go through the
- * serde's deserializer straight to `dtype`; blobs are deserialized to their
- * original dtype and then converted (round to nearest even) if asked for
- * another. */
+ * serde's deserializer straight to `dtype`; blobs and frames are
+ * deserialized to their original dtype and then converted (round to nearest
+ * even) if asked for another. A failure's message starts with the tensor's
+ * name ("tensor 'x': crc32c: ..."). */
 int kvs_enc_decode_tensor(const kvs_st_file *file, kvs_enc_file *enc, size_t i,
                           kvs_dtype dtype, void *dst);
 
