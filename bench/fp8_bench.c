@@ -38,6 +38,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVS_BENCH_X86 1
+#endif
+
 #include "codecs/fp8_kernels.h"
 #include "codecs/half.h"
 #include "fp8_bench.h"
@@ -62,6 +67,7 @@ typedef struct options {
     int threads[8];
     int nthreads;
     int isa[3]; /* asked for */
+    int nt_sweep;
 } options;
 
 /* ---- timing and threads --------------------------------------------------- */
@@ -85,13 +91,119 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-enum { OP_MEMCPY, OP_ENCODE, OP_DECODE };
+/* ---- the streaming limit ----------------------------------------------------
+ * What a conversion of a given read/write shape could reach if it did no
+ * arithmetic: n elements of `in` bytes read with 64-byte AVX-512 loads, one
+ * byte of each (2->1, 4->1: the low byte; 1->2, 1->4: zero-extended) written
+ * with 64-byte non-temporal stores, no software prefetch. Scalar (ordinary
+ * stores) when the CPU lacks AVX-512BW; the report names which. The bench's
+ * buffers are 4096-aligned and split on 64-element boundaries, so every
+ * store is a whole aligned line. */
+#ifdef KVS_BENCH_X86
+#define KVS_BENCH_T __attribute__((target("avx512f,avx512bw")))
+KVS_BENCH_T static void limit_21(const void *src, void *dst, size_t n)
+{
+    const uint16_t *s = src;
+    uint8_t *d = dst;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m256i a = _mm512_cvtepi16_epi8(_mm512_loadu_si512((const void *)(s + i)));
+        const __m256i b = _mm512_cvtepi16_epi8(_mm512_loadu_si512((const void *)(s + i + 32)));
+        _mm512_stream_si512((void *)(d + i), _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    }
+    for (; i < n; i++) d[i] = (uint8_t)s[i];
+    _mm_sfence();
+}
+KVS_BENCH_T static void limit_41(const void *src, void *dst, size_t n)
+{
+    const uint32_t *s = src;
+    uint8_t *d = dst;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i v = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(_mm512_loadu_si512((const void *)(s + i))));
+        v = _mm512_inserti32x4(v, _mm512_cvtepi32_epi8(_mm512_loadu_si512((const void *)(s + i + 16))), 1);
+        v = _mm512_inserti32x4(v, _mm512_cvtepi32_epi8(_mm512_loadu_si512((const void *)(s + i + 32))), 2);
+        v = _mm512_inserti32x4(v, _mm512_cvtepi32_epi8(_mm512_loadu_si512((const void *)(s + i + 48))), 3);
+        _mm512_stream_si512((void *)(d + i), v);
+    }
+    for (; i < n; i++) d[i] = (uint8_t)s[i];
+    _mm_sfence();
+}
+KVS_BENCH_T static void limit_12(const void *src, void *dst, size_t n)
+{
+    const uint8_t *s = src;
+    uint16_t *d = dst;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512i a = _mm512_loadu_si512((const void *)(s + i));
+        _mm512_stream_si512((void *)(d + i), _mm512_cvtepu8_epi16(_mm512_castsi512_si256(a)));
+        _mm512_stream_si512((void *)(d + i + 32), _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(a, 1)));
+    }
+    for (; i < n; i++) d[i] = s[i];
+    _mm_sfence();
+}
+KVS_BENCH_T static void limit_14(const void *src, void *dst, size_t n)
+{
+    const uint8_t *s = src;
+    uint32_t *d = dst;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512i a = _mm512_loadu_si512((const void *)(s + i));
+        _mm512_stream_si512((void *)(d + i), _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(a, 0)));
+        _mm512_stream_si512((void *)(d + i + 16), _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(a, 1)));
+        _mm512_stream_si512((void *)(d + i + 32), _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(a, 2)));
+        _mm512_stream_si512((void *)(d + i + 48), _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(a, 3)));
+    }
+    for (; i < n; i++) d[i] = s[i];
+    _mm_sfence();
+}
+#endif
+static void limit_scalar_21(const void *src, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)((const uint16_t *)src)[i];
+}
+static void limit_scalar_41(const void *src, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)((const uint32_t *)src)[i];
+}
+static void limit_scalar_12(const void *src, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = ((const uint8_t *)src)[i];
+}
+static void limit_scalar_14(const void *src, void *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = ((const uint8_t *)src)[i];
+}
+
+typedef void (*limit_fn)(const void *src, void *dst, size_t n);
+/* [encode 0 / decode 1][element size 2 -> 0, 4 -> 1] */
+static limit_fn limit_kernels[2][2] = {{limit_scalar_21, limit_scalar_41},
+                                       {limit_scalar_12, limit_scalar_14}};
+static const char *limit_isa = "scalar";
+static const char *const limit_shape[2][2] = {{"2->1", "4->1"}, {"1->2", "1->4"}};
+
+static void pick_limit_kernels(void)
+{
+#ifdef KVS_BENCH_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+        limit_kernels[0][0] = limit_21;
+        limit_kernels[0][1] = limit_41;
+        limit_kernels[1][0] = limit_12;
+        limit_kernels[1][1] = limit_14;
+        limit_isa = "avx512";
+    }
+#endif
+}
+
+enum { OP_MEMCPY, OP_ENCODE, OP_DECODE, OP_LIMIT };
 
 /* What one thread does `reps` times. */
 typedef struct work {
     int op;
     kvs_fp8_encode_fn enc;
     kvs_fp8_decode_fn dec;
+    limit_fn lim;
     const unsigned char *src;
     unsigned char *dst;
     size_t n; /* elements (memcpy: bytes) */
@@ -114,6 +226,7 @@ static void do_work(const work *w)
         switch (w->op) {
         case OP_MEMCPY: memcpy(w->dst, w->src, w->n); break;
         case OP_ENCODE: w->enc(w->src, w->dst, w->n, 1); break;
+        case OP_LIMIT: w->lim(w->src, w->dst, w->n); break;
         default: w->dec(w->src, w->dst, w->n); break;
         }
     }
@@ -178,9 +291,11 @@ static void split(team *t, int nthreads, const work *whole, size_t src_es, size_
 typedef struct measurement {
     double seconds[MAX_RUNS];  /* the conversion, per pass */
     double memcpy_s[MAX_RUNS]; /* the memcpy run just before it, per pass */
+    double limit_s[MAX_RUNS];  /* the streaming-limit run just before it */
     int nruns;
-    double median_s, memcpy_median_s;
+    double median_s, memcpy_median_s, limit_median_s;
     double ratio; /* median over runs of memcpy time / conversion time */
+    double ratio_limit, ratio_limit_min, ratio_limit_max; /* limit time / conversion time */
 } measurement;
 
 /* Prepare a team for `whole` and choose its repetitions from one untimed
@@ -200,21 +315,27 @@ static int prepare(team *t, const options *opt, int nthreads, const work *whole,
 }
 
 /* opt->runs timed runs of the conversion, each right after a timed memcpy
- * run of the same wide-side bytes: the ratio of each pair is taken under
- * the same conditions, which keeps it meaningful on a shared machine. */
+ * run of the same wide-side bytes and a timed run of the streaming-limit
+ * kernel of the same shape and elements: the ratios of each triple are taken
+ * under the same conditions, which keeps them meaningful on a shared
+ * machine. */
 static void measure(const options *opt, int nthreads, const work *conv, size_t src_es,
-                    size_t dst_es, const work *copy, measurement *out)
+                    size_t dst_es, const work *copy, const work *limit, measurement *out)
 {
-    static team tc, tm; /* large: not on the stack */
+    static team tc, tm, tl; /* large: not on the stack */
     const int rc = prepare(&tc, opt, nthreads, conv, src_es, dst_es);
     const int rm = prepare(&tm, opt, nthreads, copy, 1, 1);
-    double ratios[MAX_RUNS], tmp[MAX_RUNS];
+    const int rl = prepare(&tl, opt, nthreads, limit, src_es, dst_es);
+    double ratios[MAX_RUNS], rlim[MAX_RUNS], tmp[MAX_RUNS];
     out->nruns = 0;
     for (int r = 0; r < opt->runs; r++) {
         const double m = run_team(&tm, nthreads) / rm;
+        const double l = run_team(&tl, nthreads) / rl;
         const double c = run_team(&tc, nthreads) / rc;
         out->memcpy_s[out->nruns] = m;
+        out->limit_s[out->nruns] = l;
         out->seconds[out->nruns] = c;
+        rlim[out->nruns] = l / c;
         ratios[out->nruns++] = m / c;
     }
     const size_t bytes = sizeof(double) * (size_t)out->nruns;
@@ -222,7 +343,12 @@ static void measure(const options *opt, int nthreads, const work *conv, size_t s
     out->median_s = median(tmp, out->nruns);
     memcpy(tmp, out->memcpy_s, bytes);
     out->memcpy_median_s = median(tmp, out->nruns);
+    memcpy(tmp, out->limit_s, bytes);
+    out->limit_median_s = median(tmp, out->nruns);
     out->ratio = median(ratios, out->nruns);
+    out->ratio_limit = median(rlim, out->nruns); /* sorts rlim */
+    out->ratio_limit_min = rlim[0];
+    out->ratio_limit_max = rlim[out->nruns - 1];
 }
 
 /* ---- data ---------------------------------------------------------------- */
@@ -292,7 +418,8 @@ typedef struct result {
     int fmt, wide, isa;
     int in_cache;
     double median_s, memcpy_s, ratio;
-    double runs_s[MAX_RUNS], memcpy_runs_s[MAX_RUNS];
+    double limit_s, ratio_limit, ratio_limit_min, ratio_limit_max;
+    double runs_s[MAX_RUNS], memcpy_runs_s[MAX_RUNS], limit_runs_s[MAX_RUNS];
     int nruns;
 } result;
 
@@ -365,16 +492,19 @@ static void print_text(const options *opt, const group *g, int ng, const result 
     printf("median of %d runs, each >= %.0f ms; GB/s = 1e9 bytes/s; x memcpy = wide-side bytes/s\n"
            "over memcpy of the same bytes with the same threads, timed right before each run\n"
            "(encode: input bytes, decode: output bytes; median of the pairs' ratios);\n"
-           "x scalar = over the scalar kernel\n",
-           opt->runs, opt->min_s * 1e3);
+           "x limit = over the streaming limit of the conversion's shape (%s kernel: 2->1,\n"
+           "4->1, 1->2, 1->4 bytes per element, loads and non-temporal stores, no arithmetic),\n"
+           "timed right before each run, median [min-max] of the ratios; limit GB/s = its\n"
+           "wide-side median; x scalar = over the scalar kernel\n",
+           opt->runs, opt->min_s * 1e3, limit_isa);
     for (int gi = 0; gi < ng; gi++) {
         char sz[32];
         size_label(g[gi].wide_bytes, sz, sizeof sz);
         printf("\n== %s wide buffers (%s), %d thread%s: memcpy %.2f GB/s ==\n", sz,
                g[gi].in_cache ? "in cache" : "memory-bound", g[gi].threads,
                g[gi].threads > 1 ? "s" : "", gbps(g[gi].wide_bytes, g[gi].memcpy_s));
-        printf("%-22s %-7s %9s %9s %9s %9s\n", "conversion", "isa", "in GB/s", "out GB/s",
-               "x memcpy", "x scalar");
+        printf("%-22s %-7s %9s %9s %9s %6s %10s %-11s %9s\n", "conversion", "isa", "in GB/s",
+               "out GB/s", "x memcpy", "shape", "limit GB/s", "x limit", "x scalar");
         for (int op = OP_ENCODE; op <= OP_DECODE; op++)
             for (int a = 0; a < (op == OP_ENCODE ? KVS_NWIDE : KVS_FP8_NFMT); a++)
                 for (int b = 0; b < (op == OP_ENCODE ? KVS_FP8_NFMT : KVS_NWIDE); b++)
@@ -396,9 +526,13 @@ static void print_text(const options *opt, const group *g, int ng, const result 
                             char xs[16] = "-";
                             if (sc)
                                 snprintf(xs, sizeof xs, "%.2f", sc->median_s / r->median_s);
-                            printf("%-22s %-7s %9.2f %9.2f %9.2f %9s\n", name, isa_names[isa],
-                                   gbps(in, r->median_s), gbps(out, r->median_s),
-                                   r->ratio, xs);
+                            char xl[32];
+                            snprintf(xl, sizeof xl, "%.2f [%.2f-%.2f]", r->ratio_limit,
+                                     r->ratio_limit_min, r->ratio_limit_max);
+                            printf("%-22s %-7s %9.2f %9.2f %9.2f %6s %10.2f %-11s %9s\n", name,
+                                   isa_names[isa], gbps(in, r->median_s), gbps(out, r->median_s),
+                                   r->ratio, limit_shape[op == OP_DECODE][r->wide == KVS_WIDE_F32],
+                                   gbps(r->wide_bytes, r->limit_s), xl, xs);
                         }
     }
 }
@@ -412,6 +546,8 @@ static int print_json(const options *opt, const group *g, int ng, const result *
     json_object_set_new(root, "cpu", json_string(cpu));
     json_object_set_new(root, "online_cpus", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
     json_object_set_new(root, "default_isa", json_string(kvs_fp8_isa()));
+    json_object_set_new(root, "limit_isa", json_string(limit_isa));
+    json_object_set_new(root, "nt_min_bytes", json_integer((json_int_t)kvs_fp8_nt_min_bytes()));
     json_object_set_new(root, "runs", json_integer(opt->runs));
     json_object_set_new(root, "min_ms", json_real(opt->min_s * 1e3));
     json_t *groups = json_array();
@@ -448,6 +584,12 @@ static int print_json(const options *opt, const group *g, int ng, const result *
         json_object_set_new(o, "out_gbps", json_real(gbps(out, r->median_s)));
         json_object_set_new(o, "memcpy_gbps", json_real(gbps(r->wide_bytes, r->memcpy_s)));
         json_object_set_new(o, "ratio_memcpy", json_real(r->ratio));
+        json_object_set_new(o, "limit_shape",
+                            json_string(limit_shape[r->op == OP_DECODE][r->wide == KVS_WIDE_F32]));
+        json_object_set_new(o, "limit_gbps", json_real(gbps(r->wide_bytes, r->limit_s)));
+        json_object_set_new(o, "ratio_limit", json_real(r->ratio_limit));
+        json_object_set_new(o, "ratio_limit_min", json_real(r->ratio_limit_min));
+        json_object_set_new(o, "ratio_limit_max", json_real(r->ratio_limit_max));
         const result *sc = find_scalar(res, nres, r);
         json_object_set_new(o, "ratio_scalar", sc ? json_real(sc->median_s / r->median_s)
                                                   : json_null());
@@ -459,6 +601,10 @@ static int print_json(const options *opt, const group *g, int ng, const result *
         for (int k = 0; k < r->nruns; k++)
             json_array_append_new(runs, json_real(r->memcpy_runs_s[k]));
         json_object_set_new(o, "memcpy_runs_s", runs);
+        runs = json_array();
+        for (int k = 0; k < r->nruns; k++)
+            json_array_append_new(runs, json_real(r->limit_runs_s[k]));
+        json_object_set_new(o, "limit_runs_s", runs);
         json_array_append_new(arr, o);
     }
     json_object_set_new(root, "results", arr);
@@ -484,7 +630,10 @@ static void usage(FILE *f, const char *prog)
             "  --threads LIST    thread counts, e.g. 1,2 (default 1,2)\n"
             "  --isa LIST        kernel variants among scalar,avx2,avx512 (default: all\n"
             "                    this CPU and build support)\n"
-            "  --quick           smoke run: 16 MiB and 256 KiB buffers, 3 runs of >= 5 ms\n",
+            "  --quick           smoke run: 16 MiB and 256 KiB buffers, 3 runs of >= 5 ms\n"
+            "  --nt-sweep        instead: the non-temporal store threshold, bfloat16 -> e4m3fn\n"
+            "                    (default variant, 1 thread), outputs of 256 KiB to --size-mib/2\n"
+            "                    MiB converted and read back, streaming vs ordinary stores\n",
             prog);
 }
 
@@ -517,6 +666,8 @@ static int parse_options(int argc, char **argv, options *o)
             return 1;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
+        } else if (strcmp(a, "--nt-sweep") == 0) {
+            o->nt_sweep = 1;
         } else if (strcmp(a, "--quick") == 0) {
             quick = 1;
         } else if (strcmp(a, "--size-mib") == 0 || strcmp(a, "--cache-kib") == 0 ||
@@ -602,6 +753,89 @@ static const kvs_fp8_kernels *kernels_for(int isa)
                     : isa == 1 ? kvs_fp8_kernels_avx2() : kvs_fp8_kernels_avx512();
 }
 
+/* ---- the non-temporal store threshold ---------------------------------------- */
+
+static volatile uint64_t sweep_sink;
+
+/* Reads `bytes` at p (the consumer of a small object's output: a checksum,
+ * a frame, a socket). */
+static uint64_t read_back(const unsigned char *p, size_t bytes)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0, w[4];
+    size_t i = 0;
+    for (; i + 32 <= bytes; i += 32) {
+        memcpy(w, p + i, 32);
+        a ^= w[0], b ^= w[1], c ^= w[2], d ^= w[3];
+    }
+    for (; i < bytes; i++) a += p[i];
+    return a ^ b ^ c ^ d;
+}
+
+/* bfloat16 -> e4m3fn through kvs_fp8_encode (the default variant), one
+ * thread, outputs of 256 KiB .. size/2: each size with the threshold at 0
+ * (every call streams) and at SIZE_MAX (never), interleaved run by run, once
+ * encoding only and once encoding then reading the output back. The same
+ * input buffer is converted over and over, so at small sizes it is in the
+ * caches, as a small object that was just produced would be. */
+static int nt_sweep(const options *opt)
+{
+    const size_t max_out = opt->size_bytes / 2 >= ((size_t)256 << 10) ? opt->size_bytes / 2
+                                                                        : (size_t)256 << 10;
+    unsigned char *src = alloc_faulted(2 * max_out), *dst = alloc_faulted(max_out);
+    if (!src || !dst) {
+        fprintf(stderr, "fp8 bench: cannot allocate %zu MiB\n", (3 * max_out) >> 20);
+        free(src), free(dst);
+        return 1;
+    }
+    fill_wide(src, 2 * max_out, KVS_WIDE_BF16);
+    const size_t saved = kvs_fp8_nt_min_bytes();
+    printf("kvserde fp8 non-temporal store threshold: bfloat16 -> e4m3fn, kernel %s, 1 thread\n"
+           "current threshold: %zu bytes of output; median of %d runs (>= %.0f ms each),\n"
+           "input GB/s; NT/ord = streaming time over ordinary time inverted (> 1: streaming\n"
+           "wins), median [min-max] of the run-by-run ratios\n",
+           kvs_fp8_isa(), saved, opt->runs, opt->min_s * 1e3);
+    printf("%-10s | %-31s | %-31s\n", "", "encode only", "encode, then read the output");
+    printf("%-10s | %7s %7s %-15s | %7s %7s %-15s\n", "output", "ord", "NT", "NT/ord", "ord",
+           "NT", "NT/ord");
+    for (size_t out = (size_t)256 << 10; out <= max_out; out *= 2) {
+        char sz[32], cell[2][40];
+        size_label(out, sz, sizeof sz);
+        double gb[2][2];
+        for (int rb = 0; rb <= 1; rb++) {
+            double t[2][MAX_RUNS], ratio[MAX_RUNS];
+            int reps = 1;
+            for (int r = -1; r < opt->runs; r++) { /* r = -1: warm-up, sets reps */
+                for (int nt = 0; nt <= 1; nt++) {
+                    kvs_fp8_set_nt_min_bytes(nt ? 0 : SIZE_MAX);
+                    const double t0 = now_s();
+                    for (int k = 0; k < reps; k++) {
+                        kvs_fp8_encode(src, KVS_DTYPE_BFLOAT16, dst, KVS_DTYPE_FLOAT8_E4M3FN, 1,
+                                       out);
+                        if (rb) sweep_sink = read_back(dst, out);
+                    }
+                    const double e = (now_s() - t0) / reps;
+                    if (r >= 0) t[nt][r] = e;
+                    else if (nt == 0 && e < opt->min_s)
+                        reps = (int)ceil(opt->min_s / (e > 1e-7 ? e : 1e-7));
+                }
+                if (r >= 0) ratio[r] = t[0][r] / t[1][r];
+            }
+            gb[rb][0] = gbps(2 * out, median(t[0], opt->runs));
+            gb[rb][1] = gbps(2 * out, median(t[1], opt->runs));
+            const double m = median(ratio, opt->runs); /* sorts ratio */
+            snprintf(cell[rb], sizeof cell[rb], "%.2f [%.2f-%.2f]", m, ratio[0],
+                     ratio[opt->runs - 1]);
+        }
+        printf("%-10s | %7.2f %7.2f %-15s | %7.2f %7.2f %-15s\n", sz, gb[0][0], gb[0][1], cell[0],
+               gb[1][0], gb[1][1], cell[1]);
+        fflush(stdout);
+    }
+    kvs_fp8_set_nt_min_bytes(saved);
+    free(src);
+    free(dst);
+    return 0;
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 int kvs_fp8_bench_main(int argc, char **argv)
@@ -610,6 +844,9 @@ int kvs_fp8_bench_main(int argc, char **argv)
     int rc = parse_options(argc, argv, &opt);
     if (rc)
         return rc == 1 ? 0 : 2;
+    pick_limit_kernels();
+    if (opt.nt_sweep)
+        return nt_sweep(&opt);
 
     const kvs_fp8_kernels *kern[3] = {NULL, NULL, NULL};
     int nisa = 0;
@@ -662,7 +899,7 @@ int kvs_fp8_bench_main(int argc, char **argv)
                 fprintf(stderr, "fp8 bench: %zu KiB, %d thread%s...\n", bytes >> 10, th,
                         th > 1 ? "s" : "");
             }
-            const work mc = {OP_MEMCPY, NULL, NULL, wide, copy, bytes, 1};
+            const work mc = {OP_MEMCPY, NULL, NULL, NULL, wide, copy, bytes, 1};
             double all_memcpy[12 * 3 * MAX_RUNS];
             int nall = 0;
             for (int wi = 0; wi < KVS_NWIDE; wi++) {
@@ -675,11 +912,14 @@ int kvs_fp8_bench_main(int argc, char **argv)
                         for (int isa = 0; isa < 3; isa++) {
                             if (!kern[isa]) continue;
                             work wk = {op, kern[isa]->encode[fmt][w], kern[isa]->decode[fmt][w],
-                                       op == OP_ENCODE ? wide : fp8,
+                                       NULL, op == OP_ENCODE ? wide : fp8,
                                        op == OP_ENCODE ? fp8 : wide, n, 1};
+                            work wl = wk;
+                            wl.op = OP_LIMIT;
+                            wl.lim = limit_kernels[op == OP_DECODE][wide_size[w] == 4];
                             measurement cm;
                             measure(&opt, th, &wk, op == OP_ENCODE ? wide_size[w] : 1,
-                                    op == OP_ENCODE ? 1 : wide_size[w], &mc, &cm);
+                                    op == OP_ENCODE ? 1 : wide_size[w], &mc, &wl, &cm);
                             result *r = &res[nres++];
                             r->wide_bytes = bytes;
                             r->threads = th;
@@ -691,7 +931,12 @@ int kvs_fp8_bench_main(int argc, char **argv)
                             r->median_s = cm.median_s;
                             r->memcpy_s = cm.memcpy_median_s;
                             r->ratio = cm.ratio;
+                            r->limit_s = cm.limit_median_s;
+                            r->ratio_limit = cm.ratio_limit;
+                            r->ratio_limit_min = cm.ratio_limit_min;
+                            r->ratio_limit_max = cm.ratio_limit_max;
                             r->nruns = cm.nruns;
+                            memcpy(r->limit_runs_s, cm.limit_s, sizeof(double) * (size_t)cm.nruns);
                             memcpy(r->runs_s, cm.seconds, sizeof(double) * (size_t)cm.nruns);
                             memcpy(r->memcpy_runs_s, cm.memcpy_s, sizeof(double) * (size_t)cm.nruns);
                             memcpy(all_memcpy + nall, cm.memcpy_s, sizeof(double) * (size_t)cm.nruns);

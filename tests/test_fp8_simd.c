@@ -13,7 +13,11 @@
  *   - lengths 0..200 at byte offsets 0..7 of src and dst (so unaligned
  *     elements too), with guard bytes before and after dst checked;
  *   - arrays long enough to take the non-temporal store path, at aligned,
- *     unaligned and element-misaligned destinations;
+ *     unaligned and element-misaligned destinations, both with the store
+ *     threshold lowered (kvs_fp8_set_nt_min_bytes) and at the default;
+ *   - with the threshold at 0 (every call streams): lengths 0..200 at every
+ *     destination offset 0..63 from a cache line, so every head, prefetch
+ *     cut-off and tail around the streaming loop, with guard bytes;
  *   - runs with MXCSR set to flush-to-zero, denormals-are-zero and each
  *     directed rounding mode, which must not change a single byte.
  */
@@ -422,9 +426,88 @@ static void test_lengths_and_offsets(void)
 
 /* ---- long arrays (non-temporal store path) ---------------------------------- */
 
-/* Longer than any threshold a kernel uses to switch to streaming stores
- * (4 MiB written), and not a multiple of any block. */
-#define LONG_N ((size_t)(4u << 20) + 4099)
+/* Arrays past the streaming-store threshold, and not a multiple of any
+ * block: test_long_arrays runs them with the threshold lowered to
+ * LONG_NT_MIN (so they stream without needing 8 MiB outputs), and once more
+ * at bfloat16 -> fp8 with the default threshold and an output just past it. */
+#define LONG_N ((size_t)(1u << 20) + 4099)
+#define LONG_NT_MIN ((size_t)1 << 20)
+
+/* bfloat16 -> both formats just past the default threshold, streaming. */
+static void test_default_threshold(void)
+{
+    const size_t n = KVS_FP8_NT_DEFAULT_MIN_BYTES + 4099;
+    CHECK_EQ_INT(kvs_fp8_nt_min_bytes() == KVS_FP8_NT_DEFAULT_MIN_BYTES, 1);
+    uint16_t *src = xmalloc(2 * n);
+    uint8_t *want = xmalloc(n), *buf = xmalloc(n + 64);
+    uint8_t *d = buf + (64 - ((uintptr_t)buf & 63)) % 64 + 3;
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint16_t)(f32_inputs.v[rng32() % f32_inputs.n] >> 16);
+    for (int v = 0; v < nvariants; v++)
+        for (int fmt = 0; fmt < KVS_FP8_NFMT; fmt++) {
+            ref->encode[fmt][KVS_WIDE_BF16](src, want, n, 1);
+            memset(d, 0, n);
+            variants[v].k->encode[fmt][KVS_WIDE_BF16](src, d, n, 1);
+            if (memcmp(d, want, n) != 0) {
+                fprintf(stderr, "  %s encode bfloat16 -> %s at the default threshold differs\n",
+                        variants[v].name, fmt_names[fmt]);
+                CHECK(0);
+            }
+        }
+    free(src);
+    free(want);
+    free(buf);
+}
+
+/* Threshold 0: every call streams, so short arrays exercise the head that
+ * aligns dst, the prefetching loop's end, the plain loop and the tail, at
+ * every destination offset within a cache line. */
+static void test_nt_edges(void)
+{
+    enum { NOFF = 64 };
+    unsigned char *buf = xmalloc(GUARD + NOFF + 4 * MAXLEN + GUARD + 64);
+    unsigned char *base = buf + (64 - ((uintptr_t)buf & 63)) % 64 + GUARD; /* 64-aligned */
+    unsigned char *want = xmalloc(4 * MAXLEN);
+    uint8_t codes[8 + MAXLEN];
+    size_t bad = 0, guard_bad = 0;
+    for (size_t i = 0; i < sizeof codes; i++)
+        codes[i] = (uint8_t)rng32();
+    kvs_fp8_set_nt_min_bytes(0);
+    for (int v = 0; v < nvariants; v++)
+        for (int wide = 0; wide < KVS_NWIDE; wide++) {
+            const size_t es = wide_size[wide];
+            fill_mixed(wide);
+            for (size_t n = 0; n <= MAXLEN; n++)
+                for (int fmt = 0; fmt < KVS_FP8_NFMT; fmt++) {
+                    for (int sat = 0; sat <= 1; sat++) {
+                        const unsigned char *s = mixed_src + (n & 1); /* odd: misaligned */
+                        ref->encode[fmt][wide](s, want, n, sat);
+                        for (int off = 0; off < NOFF; off++) {
+                            unsigned char *d = base + off;
+                            memset(d - GUARD, 0xEE, GUARD + n + GUARD);
+                            variants[v].k->encode[fmt][wide](s, d, n, sat);
+                            bad += memcmp(d, want, n) != 0;
+                            for (int g = 0; g < GUARD; g++)
+                                guard_bad += (d[-1 - g] != 0xEE) + (d[n + g] != 0xEE);
+                        }
+                    }
+                    ref->decode[fmt][wide](codes + (n & 7), want, n);
+                    for (int off = 0; off < NOFF; off += (int)es) {
+                        unsigned char *d = base + off;
+                        memset(d - GUARD, 0xEE, GUARD + n * es + GUARD);
+                        variants[v].k->decode[fmt][wide](codes + (n & 7), d, n);
+                        bad += memcmp(d, want, n * es) != 0;
+                        for (int g = 0; g < GUARD; g++)
+                            guard_bad += (d[-1 - g] != 0xEE) + (d[n * es + g] != 0xEE);
+                    }
+                }
+        }
+    kvs_fp8_set_nt_min_bytes(KVS_FP8_NT_DEFAULT_MIN_BYTES);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(guard_bad, 0);
+    free(buf);
+    free(want);
+}
 
 static void test_long_arrays(void)
 {
@@ -437,6 +520,7 @@ static void test_long_arrays(void)
     unsigned char *base = buf + (64 - ((uintptr_t)buf & 63)); /* 64-aligned, 64 spare */
     for (size_t i = 0; i < LONG_N + 64; i++)
         codes[i] = (uint8_t)rng32();
+    kvs_fp8_set_nt_min_bytes(LONG_NT_MIN);
     for (int v = 0; v < nvariants; v++)
         for (int wide = 0; wide < KVS_NWIDE; wide++) {
             const size_t es = wide_size[wide];
@@ -475,6 +559,7 @@ static void test_long_arrays(void)
                     }
                 }
         }
+    kvs_fp8_set_nt_min_bytes(KVS_FP8_NT_DEFAULT_MIN_BYTES);
     free(src);
     free(codes);
     free(want);
@@ -522,6 +607,8 @@ int main(void)
     RUN(test_float32_inputs);
     RUN(test_lengths_and_offsets);
     RUN(test_long_arrays);
+    RUN(test_default_threshold);
+    RUN(test_nt_edges);
     RUN(test_mxcsr_independent);
     free(f32_inputs.v);
     return TEST_SUMMARY();

@@ -170,8 +170,9 @@ typedef int (*kvs_serde_range_fn)(void *ctx, uint64_t begin, uint64_t end);
 #define KVS_SPLIT_DEFAULT_MIN_BYTES ((size_t)32 << 20)
 /* The default piece size, in bytes of `nbytes`. Pieces must stay large:
  * the fp8 kernels switch to non-temporal stores when one call writes at
- * least 4 MiB, and 16 MiB of bfloat16 / float16 / float32 writes at least
- * that in both directions. With 1 MiB pieces a 256 MiB deserialize was
+ * least 8 MiB (KVS_FP8_NT_DEFAULT_MIN_BYTES, src/codecs/fp8_kernels.h), and
+ * 16 MiB of bfloat16 / float16 writes that much in both directions (float32
+ * encode pieces write 4 MiB and take ordinary stores). With 1 MiB pieces a 256 MiB deserialize was
  * 0.8-0.9x of one worker instead of 1.1-1.2x. */
 #define KVS_SPLIT_DEFAULT_CHUNK_BYTES ((size_t)16 << 20)
 

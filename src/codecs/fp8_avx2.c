@@ -45,8 +45,6 @@
 
 #define KVS_AI static inline __attribute__((always_inline))
 
-/* Arrays writing at least this many bytes use non-temporal stores. */
-#define KVS_FP8_NT_MIN_DST_BYTES ((size_t)4 << 20)
 
 /* ---- scalar elements (heads and tails) --------------------------------- */
 
@@ -156,18 +154,50 @@ KVS_AI __m256i enc_block(const unsigned char *s, int wide, int fmt, int sat)
     return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* Pairs of blocks [i, end) -> dst: 64 codes, stored as two 32-byte halves
+ * back to back (one whole line when dst + i is 64-aligned, so a streaming
+ * store never leaves a partial line in the write-combining buffer), input
+ * prefetched KVS_FP8_PREFETCH_BYTES ahead while `pf`. */
+KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, size_t i, size_t end, int wide,
+                       int fmt, int sat, int nt, int pf)
+{
+    const size_t es = wide == KVS_WIDE_F32 ? 4 : 2;
+    for (; i + 64 <= end; i += 64) {
+        const unsigned char *p = s + i * es;
+        if (pf)
+            for (size_t l = 0; l < es; l++)
+                _mm_prefetch((const char *)(p + KVS_FP8_PREFETCH_BYTES + 64 * l), _MM_HINT_T0);
+        const __m256i v0 = enc_block(p, wide, fmt, sat);
+        const __m256i v1 = enc_block(p + 32 * es, wide, fmt, sat);
+        if (nt) {
+            _mm256_stream_si256((__m256i *)(dst + i), v0);
+            _mm256_stream_si256((__m256i *)(dst + i + 32), v1);
+        } else {
+            _mm256_storeu_si256((__m256i *)(dst + i), v0);
+            _mm256_storeu_si256((__m256i *)(dst + i + 32), v1);
+        }
+    }
+    return i;
+}
+
 KVS_AI void encode_array(const void *src, uint8_t *dst, size_t n, int wide, int fmt, int sat)
 {
     const size_t es = wide == KVS_WIDE_F32 ? 4 : 2;
     const unsigned char *s = (const unsigned char *)src;
+    const size_t ahead = KVS_FP8_PREFETCH_BYTES / es;
+    const size_t pf_end = n > ahead + 64 ? n - ahead : 0;
     size_t i = 0;
-    if (n >= KVS_FP8_NT_MIN_DST_BYTES) {
-        for (; ((uintptr_t)(dst + i) & 31) != 0; i++)
+    if (n >= kvs_fp8_nt_min_bytes()) {
+        for (; i < n && ((uintptr_t)(dst + i) & 63) != 0; i++)
             dst[i] = encode_one(s + i * es, wide, fmt, sat);
-        for (; i + 32 <= n; i += 32)
+        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 1, 1);
+        i = enc_loop(s, dst, i, n, wide, fmt, sat, 1, 0);
+        for (; i + 32 <= n; i += 32) /* one 32-byte half: aligned, the last line */
             _mm256_stream_si256((__m256i *)(dst + i), enc_block(s + i * es, wide, fmt, sat));
         _mm_sfence();
     } else {
+        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 0, 1);
+        i = enc_loop(s, dst, i, n, wide, fmt, sat, 0, 0);
         for (; i + 32 <= n; i += 32)
             _mm256_storeu_si256((__m256i *)(dst + i), enc_block(s + i * es, wide, fmt, sat));
     }
@@ -239,8 +269,8 @@ KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int 
     const size_t es = wide == KVS_WIDE_F32 ? 4 : 2;
     unsigned char *d = (unsigned char *)dst;
     size_t i = 0;
-    if (n * es >= KVS_FP8_NT_MIN_DST_BYTES && (uintptr_t)d % es == 0) {
-        for (; ((uintptr_t)(d + i * es) & 31) != 0; i++)
+    if (n * es >= kvs_fp8_nt_min_bytes() && (uintptr_t)d % es == 0) {
+        for (; i < n && ((uintptr_t)(d + i * es) & 31) != 0; i++)
             decode_one(src[i], d + i * es, wide, fmt);
         for (; i + 16 <= n; i += 16)
             dec_block(src + i, d + i * es, wide, fmt, 1);

@@ -139,6 +139,18 @@ const char *kvs_fp8_isa(void)
     return kvs_fp8_kernels_get(&k) == KVS_OK ? k->isa : "none";
 }
 
+static _Atomic size_t nt_min_bytes = KVS_FP8_NT_DEFAULT_MIN_BYTES;
+
+size_t kvs_fp8_nt_min_bytes(void)
+{
+    return atomic_load_explicit(&nt_min_bytes, memory_order_relaxed);
+}
+
+void kvs_fp8_set_nt_min_bytes(size_t bytes)
+{
+    atomic_store_explicit(&nt_min_bytes, bytes, memory_order_relaxed);
+}
+
 int kvs_fp8_fmt_index(kvs_dtype dtype)
 {
     switch (dtype) {

@@ -39,6 +39,29 @@ const kvs_fp8_kernels *kvs_fp8_kernels_avx512(void);
  * a variant that is unknown or cannot run on this CPU. */
 int kvs_fp8_kernels_get(const kvs_fp8_kernels **out);
 
+/* Store policy, shared by every SIMD variant (decided per kernel call, from
+ * the bytes that one call writes): a call writing at least
+ * kvs_fp8_nt_min_bytes() uses non-temporal (streaming) stores, full 64-byte
+ * lines after a head that aligns the destination; smaller outputs use
+ * ordinary stores, because the output of a small object is read again at
+ * once (checksum, frame, network) and should still be in the caches. The
+ * default was measured with bench_fp8 --nt-sweep (docs/performance.md):
+ * ordinary stores win up to 4 MiB when the output is read back, NT wins
+ * from 16 MiB, 8 MiB is a wash. Keep it at most the output of one piece of a
+ * parallel split (KVS_SPLIT_DEFAULT_CHUNK_BYTES of bfloat16: 8 MiB), so the
+ * pieces of a large object stream too. kvs_fp8_set_nt_min_bytes() is for
+ * tests and the benchmark (0: always stream, SIZE_MAX: never); it is not
+ * synchronized with kernels running at the time, which read it once. */
+#define KVS_FP8_NT_DEFAULT_MIN_BYTES ((size_t)8 << 20)
+size_t kvs_fp8_nt_min_bytes(void);
+void kvs_fp8_set_nt_min_bytes(size_t bytes);
+
+/* Encoders prefetch their input this many bytes ahead (software prefetch
+ * into L1): the hardware prefetchers alone left the AVX-512 bfloat16
+ * encoder at about 0.6 of the streaming limit, its loads waiting on memory
+ * while the arithmetic of earlier blocks could have run (docs/performance.md). */
+#define KVS_FP8_PREFETCH_BYTES 4096
+
 /* Map dtypes to table indexes; -1 if not an fp8 / wide dtype. */
 int kvs_fp8_fmt_index(kvs_dtype dtype);
 
