@@ -23,6 +23,7 @@
 #include "kvserde/multi.h"
 #include "kvserde/registry.h"
 #include "util/crc32c.h"
+#include "util/le.h"
 
 #define NSLOTS 2
 #define FIXED_SIZE 16 /* magic, version, nslots, mask, total size */
@@ -37,42 +38,6 @@
 _Static_assert(FIXED_SIZE + NSLOTS * DESC_SIZE == HEADER_SIZE, "header layout");
 
 static const char *const slot_names[NSLOTS] = {"K", "V"};
-
-/* ---------------------------------------------------------------------
- * Little-endian fixed-width fields, byte by byte (any alignment, any host)
- * ------------------------------------------------------------------ */
-
-static void put_le16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 
 /* ---------------------------------------------------------------------
  * Element access for float32 / float16 / bfloat16 arrays at any alignment

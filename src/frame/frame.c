@@ -10,39 +10,7 @@
 #include "kvserde/error.h"
 #include "kvserde/pipeline.h"
 #include "util/crc32c.h"
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
+#include "util/le.h"
 
 /* ---------------------------------------------------------------------
  * Keys
@@ -58,21 +26,21 @@ size_t kvs_key_canonical(const kvs_object_key *key, uint8_t *out)
                                                          : KVS_CHUNK_HASH_MAX;
     memcpy(out, tag, sizeof tag);
     n += sizeof tag;
-    put_u32(out + n, (uint32_t)hl);
+    put_le32(out + n, (uint32_t)hl);
     n += 4;
     memcpy(out + n, key->chunk_hash, hl);
     n += hl;
     size_t ml = strnlen(key->model_name, KVS_MODEL_NAME_MAX);
-    put_u16(out + n, (uint16_t)ml);
+    put_le16(out + n, (uint16_t)ml);
     n += 2;
     memcpy(out + n, key->model_name, ml);
     n += ml;
-    put_u64(out + n, (uint64_t)key->kv_rank);
+    put_le64(out + n, (uint64_t)key->kv_rank);
     n += 8;
-    put_u64(out + n, (uint64_t)key->object_group_id);
+    put_le64(out + n, (uint64_t)key->object_group_id);
     n += 8;
     size_t sl = strnlen(key->cache_salt, KVS_CACHE_SALT_MAX);
-    put_u16(out + n, (uint16_t)sl);
+    put_le16(out + n, (uint16_t)sl);
     n += 2;
     memcpy(out + n, key->cache_salt, sl);
     return n + sl;
@@ -118,9 +86,9 @@ void kvs_frame_write_header(uint8_t *out, const kvs_layout *layout, kvs_memory_f
     memcpy(out, KVS_FRAME_MAGIC, 4);
     out[4] = KVS_FRAME_VERSION;
     out[5] = key ? KVS_FRAME_FLAG_KEYED : 0;
-    put_u16(out + 6, (uint16_t)h);
-    put_u64(out + 8, payload_len);
-    put_u64(out + 16, kvs_object_key_fingerprint(key));
+    put_le16(out + 6, (uint16_t)h);
+    put_le64(out + 8, payload_len);
+    put_le64(out + 16, kvs_object_key_fingerprint(key));
     out[24] = (uint8_t)format;
     out[25] = (uint8_t)layout->ngroups;
     out[26] = (uint8_t)nstages;
@@ -131,16 +99,16 @@ void kvs_frame_write_header(uint8_t *out, const kvs_layout *layout, kvs_memory_f
         out[p++] = (uint8_t)gr->dtype;
         out[p++] = (uint8_t)gr->shape.ndim;
         for (uint32_t d = 0; d < gr->shape.ndim; d++, p += 8)
-            put_u64(out + p, (uint64_t)gr->shape.dims[d]);
+            put_le64(out + p, (uint64_t)gr->shape.dims[d]);
     }
     for (uint32_t s = 0; s < nstages; s++) {
-        put_u16(out + p, ids[s]);
-        put_u16(out + p + 2, (uint16_t)nparams[s]);
+        put_le16(out + p, ids[s]);
+        put_le16(out + p + 2, (uint16_t)nparams[s]);
         p += 4;
         if (nparams[s]) memcpy(out + p, params[s], nparams[s]);
         p += nparams[s];
     }
-    put_u32(out + p, kvs_crc32c(0, out, p));
+    put_le32(out + p, kvs_crc32c(0, out, p));
 }
 
 /* ---------------------------------------------------------------------
@@ -167,13 +135,13 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
         return kvs_set_error(KVS_EUNSUPPORTED,
                              "%s: frame format version %u; this build reads version %d",
                              who, out->version, KVS_FRAME_VERSION);
-    out->header_len = get_u16(blob + 6);
+    out->header_len = get_le16(blob + 6);
     size_t h = out->header_len;
     if (h < KVS_FRAME_FIXED + 4 || h > len)
         return kvs_set_error(KVS_ECORRUPT,
                              "%s: frame header length %zu does not fit the %zu-byte blob", who,
                              h, len);
-    uint32_t crc = kvs_crc32c(0, blob, h - 4), stored = get_u32(blob + h - 4);
+    uint32_t crc = kvs_crc32c(0, blob, h - 4), stored = get_le32(blob + h - 4);
     if (crc != stored)
         return kvs_set_error(KVS_ECORRUPT,
                              "%s: frame header damaged: CRC-32C 0x%08x, stored 0x%08x", who,
@@ -184,8 +152,8 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
     if (out->flags & ~KVS_FRAME_FLAG_KEYED)
         return kvs_set_error(KVS_EUNSUPPORTED, "%s: unknown frame flags 0x%02x", who,
                              out->flags);
-    out->payload_len = get_u64(blob + 8);
-    out->key_fingerprint = get_u64(blob + 16);
+    out->payload_len = get_le64(blob + 8);
+    out->key_fingerprint = get_le64(blob + 16);
     if (blob[24] > KVS_FMT_HS_TD)
         return kvs_set_error(KVS_ECORRUPT, "%s: unknown memory format %u in the frame", who,
                              blob[24]);
@@ -218,7 +186,7 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
         if ((end - p) / 8 < gr->shape.ndim)
             return kvs_set_error(KVS_ECORRUPT, "%s: frame header ends inside group %u", who, g);
         for (uint32_t d = 0; d < gr->shape.ndim; d++, p += 8)
-            gr->shape.dims[d] = (int64_t)get_u64(blob + p);
+            gr->shape.dims[d] = (int64_t)get_le64(blob + p);
     }
     /* Negative dims and element counts that overflow are the layout's own
      * checks (the same ones every layout passes). */
@@ -230,8 +198,8 @@ int kvs_frame_parse(const uint8_t *blob, size_t len, const char *who, kvs_frame 
         kvs_frame_stage *st = &out->stages[s];
         if (end - p < 4)
             return kvs_set_error(KVS_ECORRUPT, "%s: frame header ends inside stage %u", who, s);
-        st->id = get_u16(blob + p);
-        st->nparams = get_u16(blob + p + 2);
+        st->id = get_le16(blob + p);
+        st->nparams = get_le16(blob + p + 2);
         p += 4;
         if (st->nparams > KVS_STAGE_PARAMS_MAX || end - p < st->nparams)
             return kvs_set_error(KVS_ECORRUPT,
