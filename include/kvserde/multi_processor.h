@@ -32,11 +32,11 @@
  *     kvs_memobj *groups[4] = { k0, v0,  k1, v1 };
  *     kvs_memobj *blobs[2]  = { b0, b1 };
  *     kvs_task_id id;
- *     kvs_multi_processor_submit_serialize(p, groups, 2, 2, blobs, 2, &id);
+ *     kvs_multi_processor_submit_serialize(p, groups, 2, 2, blobs, 2, keys, &id);
  *
  *     // V only back from blob 0: K's slot absent, so K is not touched
  *     kvs_memobj *out[2] = { NULL, v0_back };
- *     kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, &id);
+ *     kvs_multi_processor_submit_deserialize(p, blobs, 1, out, 1, 2, keys, &id);
  *
  * A NULL slot is passed through to the serde, which decides (kv_split
  * refuses a missing required slot, and never touches an absent destination

@@ -7,7 +7,7 @@
  * drive both:
  *
  *     kvs_task_id id;
- *     kvs_processor_submit_serialize(p, src, n, dst, n, &id);
+ *     kvs_processor_submit_serialize(p, src, n, dst, n, keys, &id);   (keys: n keys or NULL)
  *     struct pollfd pfd = { kvs_processor_serialize_event_fd(p), POLLIN, 0 };
  *     poll(&pfd, 1, -1);
  *     kvs_event_fd_consume(pfd.fd, NULL);      // reset the counter
