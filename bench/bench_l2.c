@@ -11,12 +11,27 @@
  * keys into fresh objects, each timed from submit to its result (the wrapper
  * serializes / deserializes on its processor's worker; the adapter does the
  * I/O on its own threads); median of `repetitions` (default 5). Figures are
- * GB/s (10^9 bytes/s) of raw bytes: the bfloat16 side. */
+ * GB/s (10^9 bytes/s) of raw bytes: the bfloat16 side.
+ *
+ *   bench_l2 --vs-hiredis [runs] [values]
+ *
+ * The raw Redis adapter (no serde) next to plain hiredis on the same
+ * server (this program's): `values` (default 4, even) values of 32 MiB,
+ * 2 connections. kvserde: one store task, then one load task of all the
+ * values into KV-shaped objects (connections: 2, so each connection has
+ * half of them). Plain hiredis: 2 threads, each with its own blocking
+ * redisContext (redisConnect), SET / GET of its half, one redisCommand per
+ * value; loads are reported as GET alone (the reply freed) and as GET plus
+ * the memcpy into the destination object. Every run (default 9) does the
+ * five in turn, the order rotating by run, so load changes on a shared
+ * machine hit all of them alike. Reports median, min and max GB/s of each,
+ * the ratios of the medians to plain hiredis, and the load average. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -29,8 +44,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "kvserde/error.h"
 #include "kvserde/l2.h"
+#include "kvserde/l2_fs.h"
+#include "kvserde/l2_redis.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
 
@@ -156,6 +175,21 @@ static int wait_fd(int fd)
     return r == 1;
 }
 
+/* Key k of `model` and a source and a destination object of layout l; 0,
+ * or -1 with a message. */
+static int make_pair(const kvs_layout *l, size_t k, const char *model, kvs_object_key *key,
+                     kvs_memobj **src, kvs_memobj **dst)
+{
+    uint8_t h[8] = {(uint8_t)k, 1, 2, 3, 4, 5, 6, 7};
+    if (kvs_object_key_init(key, h, sizeof h, model, 0, 0, NULL) != KVS_OK ||
+        kvs_memobj_alloc(l, KVS_FMT_KV_2LTD, src) != KVS_OK ||
+        kvs_memobj_alloc(l, KVS_FMT_KV_2LTD, dst) != KVS_OK) {
+        fprintf(stderr, "bench_l2: %s\n", kvs_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 /* Store then load `n` chunks, `reps` times; medians in *store_s / *load_s.
  * 0, or -1 with a message. */
 static int run(const char *spec, kvs_object_key *keys, kvs_memobj **src, kvs_memobj **dst,
@@ -225,23 +259,236 @@ static int run(const char *spec, kvs_object_key *keys, kvs_memobj **src, kvs_mem
     return 0;
 }
 
+/* ---------------------------------------------------------------------
+ * --vs-hiredis: the raw adapter against plain blocking hiredis
+ * ------------------------------------------------------------------ */
+
+#define VS_VALUE ((size_t)32 << 20) /* bytes per value */
+#define VS_MAX 16                   /* values */
+#define VS_CONNS 2
+
+enum { VS_KVS_STORE, VS_PLAIN_SET, VS_KVS_LOAD, VS_PLAIN_GET, VS_PLAIN_GET_COPY, VS_NCASES };
+
+static const char *const vs_name[VS_NCASES] = {
+    "kvserde store", "hiredis SET", "kvserde load", "hiredis GET", "hiredis GET + copy"};
+
+typedef struct vs_thread {
+    int port, mode; /* VS_PLAIN_* */
+    kvs_object_key *keys;
+    kvs_memobj **objs;
+    size_t begin, end;
+    int failed;
+} vs_thread;
+
+/* One plain-hiredis thread: SET or GET keys [begin, end) on a blocking
+ * connection of its own, under the same Redis keys as the adapter's. */
+static void *vs_plain(void *arg)
+{
+    vs_thread *t = arg;
+    redisContext *c = redisConnect("127.0.0.1", t->port);
+    if (c == NULL || c->err) {
+        t->failed = 1;
+        if (c) redisFree(c);
+        return NULL;
+    }
+    char path[KVS_FS_KEY_PATH_MAX + 16];
+    for (size_t i = t->begin; i < t->end && !t->failed; i++) {
+        memcpy(path, "vs:", 3);
+        (void)kvs_fs_key_path(&t->keys[i], path + 3, sizeof path - 3);
+        kvs_memobj *o = t->objs[i];
+        redisReply *r;
+        if (t->mode == VS_PLAIN_SET) {
+            r = redisCommand(c, "SET %s %b", path, o->data, kvs_memobj_size(o));
+            t->failed = r == NULL || r->type != REDIS_REPLY_STATUS;
+        } else {
+            r = redisCommand(c, "GET %s", path);
+            t->failed = r == NULL || r->type != REDIS_REPLY_STRING || r->len > o->capacity;
+            if (!t->failed && t->mode == VS_PLAIN_GET_COPY) {
+                memcpy(o->data, r->str, r->len);
+                (void)kvs_memobj_set_used_size(o, r->len);
+            }
+        }
+        if (r) freeReplyObject(r);
+    }
+    redisFree(c);
+    return NULL;
+}
+
+/* Seconds for one plain-hiredis case over all n values, or -1. */
+static double vs_plain_run(int port, int mode, kvs_object_key *keys, kvs_memobj **objs, size_t n)
+{
+    vs_thread t[VS_CONNS];
+    pthread_t th[VS_CONNS];
+    double t0 = now_s();
+    for (int k = 0; k < VS_CONNS; k++) {
+        t[k] = (vs_thread){port, mode, keys, objs, n * (size_t)k / VS_CONNS,
+                           n * (size_t)(k + 1) / VS_CONNS, 0};
+        if (pthread_create(&th[k], NULL, vs_plain, &t[k]) != 0) return -1;
+    }
+    int failed = 0;
+    for (int k = 0; k < VS_CONNS; k++) {
+        pthread_join(th[k], NULL);
+        failed |= t[k].failed;
+    }
+    return failed ? -1 : now_s() - t0;
+}
+
+/* Seconds for one kvserde store or load task of all n values, or -1. */
+static double vs_kvs_run(kvs_l2_adapter *a, int mode, kvs_object_key *keys, kvs_memobj **objs,
+                         size_t n)
+{
+    kvs_l2_task_id id;
+    double t0 = now_s();
+    if (mode == VS_KVS_STORE) {
+        if (kvs_l2_submit_store(a, keys, objs, n, &id) != KVS_OK) return -1;
+        kvs_l2_store_result res;
+        size_t count = 0;
+        while (count == 0) {
+            if (!wait_fd(kvs_l2_store_event_fd(a))) return -1;
+            kvs_l2_pop_completed_stores(a, &res, 1, &count);
+        }
+        if (res.state != KVS_TASK_OK) {
+            fprintf(stderr, "bench_l2: store failed: %s\n", res.message);
+            return -1;
+        }
+        return now_s() - t0;
+    }
+    if (kvs_l2_submit_load(a, keys, objs, n, &id) != KVS_OK) return -1;
+    kvs_l2_bitmap b = {0};
+    for (;;) {
+        kvs_l2_query_load(a, id, &b);
+        if (b.state != KVS_TASK_PENDING) break;
+        if (!wait_fd(kvs_l2_load_event_fd(a))) return -1;
+    }
+    double t = now_s() - t0;
+    if (b.nhits != n) {
+        fprintf(stderr, "bench_l2: load found %zu of %zu: %s\n", b.nhits, n, b.message);
+        t = -1;
+    }
+    kvs_l2_bitmap_release(&b);
+    return t;
+}
+
+static void loadavg(char *out, size_t size)
+{
+    snprintf(out, size, "?");
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f == NULL) return;
+    double a, b, c;
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3) snprintf(out, size, "%.2f %.2f %.2f", a, b, c);
+    fclose(f);
+}
+
+static int vs_hiredis(int port, int runs, size_t n)
+{
+    kvs_layout l;
+    if (kvs_layout_flat(&l, VS_VALUE / 2, KVS_DTYPE_BFLOAT16) != KVS_OK) return 1;
+    kvs_object_key keys[VS_MAX];
+    kvs_memobj *src[VS_MAX], *dst[VS_MAX];
+    for (size_t k = 0; k < n; k++) {
+        if (make_pair(&l, k, "vs/model", &keys[k], &src[k], &dst[k]) != 0) return 1;
+        uint8_t *v = src[k]->data;
+        for (size_t i = 0; i < VS_VALUE; i++) v[i] = (uint8_t)((i * 2654435761u) >> 13 ^ k);
+        memset(dst[k]->data, 0, dst[k]->capacity);
+    }
+    char spec[256];
+    snprintf(spec, sizeof spec,
+             "{\"type\":\"redis\",\"url\":\"redis://127.0.0.1:%d\",\"connections\":%d,"
+             "\"timeout_ms\":60000,\"key_prefix\":\"vs:\"}",
+             port, VS_CONNS);
+    kvs_l2_adapter *a = NULL;
+    if (kvs_l2_create(spec, &a) != KVS_OK) {
+        fprintf(stderr, "bench_l2: %s: %s\n", spec, kvs_last_error());
+        return 1;
+    }
+    char la0[64], la1[64];
+    loadavg(la0, sizeof la0);
+    static double secs[VS_NCASES][64];
+    int rc = 0;
+    /* A first store so that every load has its values (not timed). */
+    if (vs_kvs_run(a, VS_KVS_STORE, keys, src, n) < 0) rc = 1;
+    for (int r = 0; r < runs && rc == 0; r++) {
+        for (int j = 0; j < VS_NCASES && rc == 0; j++) {
+            int c = (j + r) % VS_NCASES;
+            int load = c >= VS_KVS_LOAD;
+            kvs_memobj **objs = load ? dst : src;
+            double t = c == VS_KVS_STORE || c == VS_KVS_LOAD
+                           ? vs_kvs_run(a, c, keys, objs, n)
+                           : vs_plain_run(port, c, keys, objs, n);
+            if (t < 0) {
+                fprintf(stderr, "bench_l2: %s failed\n", vs_name[c]);
+                rc = 1;
+            }
+            secs[c][r] = t;
+            if (load && c != VS_PLAIN_GET && rc == 0 &&
+                memcmp(dst[0]->data, src[0]->data, VS_VALUE) != 0) {
+                fprintf(stderr, "bench_l2: %s loaded wrong bytes\n", vs_name[c]);
+                rc = 1;
+            }
+        }
+    }
+    kvs_l2_destroy(a);
+    loadavg(la1, sizeof la1);
+    if (rc == 0) {
+        double bytes = (double)n * (double)VS_VALUE, med[VS_NCASES];
+        printf("Redis on 127.0.0.1 (own redis-server), %zu values of 32 MiB, %d connections, "
+               "%d interleaved runs\n",
+               n, VS_CONNS, runs);
+        printf("load average before: %s, after: %s\n\n", la0, la1);
+        printf("%-20s %10s %10s %10s\n", "", "median", "min", "max");
+        for (int c = 0; c < VS_NCASES; c++) {
+            qsort(secs[c], (size_t)runs, sizeof secs[c][0], cmp_double);
+            med[c] = bytes / secs[c][runs / 2] / 1e9;
+            printf("%-20s %10.2f %10.2f %10.2f  GB/s\n", vs_name[c], med[c],
+                   bytes / secs[c][runs - 1] / 1e9, bytes / secs[c][0] / 1e9);
+        }
+        printf("\nkvserde store / hiredis SET:        %.2fx\n",
+               med[VS_KVS_STORE] / med[VS_PLAIN_SET]);
+        printf("kvserde load / hiredis GET:         %.2fx\n", med[VS_KVS_LOAD] / med[VS_PLAIN_GET]);
+        printf("kvserde load / hiredis GET + copy:  %.2fx\n",
+               med[VS_KVS_LOAD] / med[VS_PLAIN_GET_COPY]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        kvs_memobj_free(src[k]);
+        kvs_memobj_free(dst[k]);
+    }
+    return rc;
+}
+
+/* A work directory under /tmp and a redis-server in it, both removed at
+ * exit; the server's port, or -1. */
+static int setup(void)
+{
+    snprintf(workdir, sizeof workdir, "/tmp/kvs_bench_l2_XXXXXX");
+    if (mkdtemp(workdir) == NULL) {
+        perror("bench_l2: mkdtemp");
+        return -1;
+    }
+    atexit(cleanup);
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGABRT, SIGSEGV};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_fatal);
+    return start_redis();
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--vs-hiredis") == 0) {
+        int runs = argc > 2 ? atoi(argv[2]) : 9;
+        size_t n = argc > 3 ? (size_t)strtoul(argv[3], NULL, 10) : 4;
+        if (runs < 1 || runs > 64 || n < VS_CONNS || n > VS_MAX || n % VS_CONNS) {
+            fprintf(stderr, "usage: bench_l2 --vs-hiredis [runs 1-64] [values 2-16, even]\n");
+            return 2;
+        }
+        int port = setup();
+        return port < 0 ? 1 : vs_hiredis(port, runs, n);
+    }
     size_t n = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 4;
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (n < 1 || n > 64 || reps < 1 || reps > 64) {
         fprintf(stderr, "usage: bench_l2 [chunks_per_task 1-64] [repetitions 1-64]\n");
         return 2;
     }
-    snprintf(workdir, sizeof workdir, "/tmp/kvs_bench_l2_XXXXXX");
-    if (mkdtemp(workdir) == NULL) {
-        perror("bench_l2: mkdtemp");
-        return 1;
-    }
-    atexit(cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGABRT, SIGSEGV};
-    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_fatal);
-    int port = start_redis();
+    int port = setup();
     if (port < 0) return 1;
 
     kvs_layout l;
@@ -249,13 +496,7 @@ int main(int argc, char **argv)
     kvs_object_key keys[64];
     kvs_memobj *src[64], *dst[64];
     for (size_t k = 0; k < n; k++) {
-        uint8_t h[8] = {(uint8_t)k, 1, 2, 3, 4, 5, 6, 7};
-        if (kvs_object_key_init(&keys[k], h, sizeof h, "bench/model", 0, 0, NULL) != KVS_OK ||
-            kvs_memobj_alloc(&l, KVS_FMT_KV_2LTD, &src[k]) != KVS_OK ||
-            kvs_memobj_alloc(&l, KVS_FMT_KV_2LTD, &dst[k]) != KVS_OK) {
-            fprintf(stderr, "bench_l2: %s\n", kvs_last_error());
-            return 1;
-        }
+        if (make_pair(&l, k, "bench/model", &keys[k], &src[k], &dst[k]) != 0) return 1;
         /* Plausible KV values: small magnitudes, every mantissa bit used. */
         uint16_t *v = src[k]->data;
         for (size_t i = 0; i < CHUNK_ELEMS; i++) {

@@ -14,7 +14,8 @@
  *   commands written, then all replies read, with the two overlapping), so
  *   a run costs one round trip per node it touches, plus one per
  *   redirection (cluster). Values go from the caller's object to the socket
- *   without a copy. The synchronous calls (delete, object sizes, usage) use
+ *   without a copy, and (loads) from the socket into the caller's object
+ *   without one (see Load). The synchronous calls (delete, object sizes, usage) use
  *   one more connection per node, on the calling thread.
  *
  * Keys
@@ -65,6 +66,22 @@
  *   error reply (KVS_EIO: "redis: load of key 0: 127.0.0.1:6379: WRONGTYPE
  *   ...") or a connection fault clear only the affected keys' bits; the
  *   lowest-index error is the result's status and message.
+ *   No copy: the adapter reads each GET reply itself (not through hiredis'
+ *   reader): it parses the reply's header ("$<len>"), checks len against
+ *   the destination as above before writing a byte of it (a refused value
+ *   is read and dropped, the connection stays usable), then receives the
+ *   value from the socket straight into objects[i], then its CRLF. Only
+ *   the last few KiB of a value (under 16 KiB), small values and the reply
+ *   lines around them pass through the connection's read buffer and are
+ *   copied from there. Other replies (nil, an error, MOVED / ASK in a
+ *   cluster, ASKING's +OK) are whole lines handed to hiredis' reader,
+ *   handled as before. A load that fails part way through a value (the
+ *   connection lost, the time limit) leaves objects[i]'s bytes unspecified
+ *   and its used size unchanged, as l2.h allows; the connection is dropped.
+ *   A reply line longer than 16 KiB, a malformed length or a value not
+ *   followed by CRLF is a protocol error ("redis: load of key 0:
+ *   127.0.0.1:6379: protocol error: Bad bulk string length"), which drops
+ *   the connection too.
  *
  * Faults and time limits
  *   Each run of a task has timeout_ms (default 2000) from its start for

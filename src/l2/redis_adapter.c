@@ -3,7 +3,11 @@
  * server or a Redis Cluster, through hiredis.
  *
  * What hiredis does and what this file does. hiredis parses replies (the
- * redisReader of each connection's redisContext, made with redisConnectFd).
+ * redisReader of each connection's redisContext, made with redisConnectFd),
+ * except a load's bulk strings: pipe_read_load reads those itself, with
+ * redis_bulk.h, straight from the socket into the destination objects
+ * (hiredis would buffer a value whole, copy it into a reply, and this file
+ * copy it again); the other replies to a load go to hiredis' reader whole.
  * This file connects and drives the sockets itself, non-blocking under
  * poll(2), for these reasons: one deadline per task, however many round
  * trips and nodes it takes (hiredis' blocking calls have a timeout per
@@ -66,6 +70,7 @@
 #include "l2/batch_slices.h"
 #include "l2/builtins.h"
 #include "l2/lock_table.h"
+#include "l2/redis_bulk.h"
 #include "l2/redis_cluster.h"
 #include "l2/task_queue.h"
 #include "util/thread_pool.h"
@@ -77,7 +82,7 @@
 #define MAX_REDIRECTS 5          /* per key and task */
 #define BACKOFF_FIRST_MS 10
 #define BACKOFF_MAX_MS 250
-#define READ_CHUNK (256 * 1024)  /* bytes read from a socket at a time */
+#define READ_CHUNK KVS_REDIS_READ_CHUNK /* bytes read from a socket at a time */
 #define IOV_BATCH 64             /* iovecs per sendmsg */
 #define NS_PER_MS 1000000ll
 
@@ -182,6 +187,20 @@ typedef struct resp_cmd {
     size_t last_len;
 } resp_cmd;
 
+/* What became of a bulk string reply to a load's GET (pipe_read_load). */
+typedef enum lout_kind {
+    LOUT_NONE,       /* not a bulk string: the reply is in replies[] */
+    LOUT_PLACED,     /* the value is in its destination */
+    LOUT_WRONG_SIZE, /* refused (read, dropped): not a KV-shaped destination's size */
+    LOUT_TOO_BIG,    /* refused (read and dropped): over the destination's capacity */
+} lout_kind;
+
+typedef struct lout {
+    lout_kind kind;
+    uint64_t len;  /* the value's length */
+    uint64_t need; /* LOUT_WRONG_SIZE: the layout's size */
+} lout;
+
 /* The commands for one node and their replies. */
 typedef struct rpipe {
     int node;
@@ -196,6 +215,11 @@ typedef struct rpipe {
     int state;                  /* PIPE_* */
     int lost;                   /* failed because the connection closed */
     char err[ERR_MAX];          /* "<addr>: <reason>" once failed */
+    /* Loads only (bulk != NULL): replies are read by pipe_read_load. */
+    kvs_memobj **dest;          /* command j's destination (NULL: an ASKING) */
+    lout *outs;                 /* command j's bulk string outcome; its replies[j] is NULL */
+    kvs_redis_bulk *bulk;       /* the reply being read */
+    int took_held;              /* the bytes hiredis' reader held were taken */
 } rpipe;
 
 enum { PIPE_RUNNING, PIPE_DONE, PIPE_FAILED };
@@ -466,23 +490,38 @@ static void pipe_write(rpipe *p)
     }
 }
 
+static void pipe_read_load(rpipe *p, char *buf);
+
+/* Receive at most cap bytes into buf without blocking: how many came, or 0
+ * when none are there now (EAGAIN) or the pipe failed (connection lost). */
+static size_t pipe_recv(rpipe *p, void *buf, size_t cap)
+{
+    for (;;) {
+        ssize_t n = recv(p->c->fd, buf, cap, MSG_DONTWAIT);
+        if (n > 0) return (size_t)n;
+        if (n == 0) {
+            pipe_fail(p, 1, "connection lost: server closed the connection");
+            return 0;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            pipe_fail(p, errno == ECONNRESET || errno == EPIPE, "connection lost: %s",
+                      strerror(errno));
+        return 0;
+    }
+}
+
 /* Read what the socket has, and take the replies that are complete. */
 static void pipe_read(rpipe *p, char *buf)
 {
+    if (p->bulk) {
+        pipe_read_load(p, buf);
+        return;
+    }
     for (;;) {
-        ssize_t n = recv(p->c->fd, buf, READ_CHUNK, MSG_DONTWAIT);
-        if (n == 0) {
-            pipe_fail(p, 1, "connection lost: server closed the connection");
-            return;
-        }
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            pipe_fail(p, errno == ECONNRESET || errno == EPIPE, "connection lost: %s",
-                      strerror(errno));
-            return;
-        }
-        if (redisReaderFeed(p->c->reader, buf, (size_t)n) != REDIS_OK) {
+        size_t n = pipe_recv(p, buf, READ_CHUNK);
+        if (n == 0) return;
+        if (redisReaderFeed(p->c->reader, buf, n) != REDIS_OK) {
             pipe_fail(p, 0, "out of memory reading a reply");
             return;
         }
@@ -499,6 +538,140 @@ static void pipe_read(rpipe *p, char *buf)
             p->state = PIPE_DONE;
             return;
         }
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * Loads: bulk string replies read straight into the destinations
+ * ------------------------------------------------------------------ */
+
+/* The reply to command p->nreplies has a bulk string header: refuse it
+ * (its bytes are then read and dropped, the destination untouched, the
+ * connection stays in step) or receive it into its destination. The size rules are l2.h's, checked
+ * before a byte is written: a KV-shaped destination takes exactly its
+ * layout's size (kvs_l2_load_wrong_size), any destination at most its
+ * capacity. */
+static void load_header(rpipe *p)
+{
+    size_t j = p->nreplies;
+    kvs_memobj *obj = p->dest[j];
+    lout *o = &p->outs[j];
+    if (obj == NULL) {
+        pipe_fail(p, 0, "protocol error: a bulk string reply to ASKING");
+        return;
+    }
+    o->len = p->bulk->len;
+    if (kvs_l2_load_wrong_size(obj, o->len, &o->need)) o->kind = LOUT_WRONG_SIZE;
+    else if (o->len > obj->capacity) o->kind = LOUT_TOO_BIG;
+    else o->kind = LOUT_PLACED;
+    if (o->kind == LOUT_PLACED) kvs_redis_bulk_accept(p->bulk, obj->data);
+    else kvs_redis_bulk_skip(p->bulk);
+}
+
+/* The reply to command p->nreplies is complete. A one-line reply (error,
+ * redirection, nil, status, integer) goes through hiredis' reader, which
+ * makes it a redisReply as for every other command (and words a protocol
+ * error as before). */
+static void load_reply_done(rpipe *p)
+{
+    const kvs_redis_bulk *b = p->bulk;
+    if (!b->bulk) {
+        redisReader *rd = p->c->reader;
+        void *rep = NULL;
+        if (redisReaderFeed(rd, b->line, b->line_len) != REDIS_OK) {
+            pipe_fail(p, 0, "out of memory reading a reply");
+            return;
+        }
+        if (redisReaderGetReply(rd, &rep) != REDIS_OK) {
+            pipe_fail(p, 0, "protocol error: %s", rd->errstr);
+            return;
+        }
+        if (rep == NULL) {
+            pipe_fail(p, 0, "protocol error: an aggregate reply (type byte '%c') to a load",
+                      b->line[0]);
+            return;
+        }
+        p->replies[p->nreplies] = rep;
+    }
+    if (++p->nreplies == p->ncmds) p->state = PIPE_DONE;
+    kvs_redis_bulk_reset(p->bulk);
+}
+
+/* Take n bytes read from the socket: the rest of the reply being read,
+ * then the next ones. */
+static void load_take(rpipe *p, const char *data, size_t n)
+{
+    for (;;) {
+        if (n > 0 && p->state != PIPE_RUNNING) {
+            pipe_fail(p, 0, "protocol error: bytes after the last reply");
+            return;
+        }
+        size_t k = kvs_redis_bulk_feed(p->bulk, data, n);
+        data += k;
+        n -= k;
+        switch (p->bulk->state) {
+        case KVS_RB_HEADER:
+            load_header(p);
+            if (p->state == PIPE_FAILED) return;
+            break;
+        case KVS_RB_DONE:
+            load_reply_done(p);
+            if (p->state == PIPE_FAILED) return;
+            break;
+        case KVS_RB_ERROR:
+            pipe_fail(p, 0, "protocol error: %s", p->bulk->err);
+            return;
+        default: /* every byte taken, the reply goes on */
+            return;
+        }
+        if (n == 0 && p->bulk->state == KVS_RB_LINE) return;
+    }
+}
+
+/* Read a load pipe's replies (its GETs, and an ASKING before a redirected
+ * one) with no copy of the values: the one place where a bulk reply is
+ * read into a buffer. Each reply's first line is parsed here
+ * (kvs_redis_bulk, redis_bulk.h); a value's length is checked against its
+ * destination before a byte of it is written (load_header); then while
+ * KVS_REDIS_DIRECT_MIN bytes or more of the value are still to come they
+ * are recv()d straight into the destination, the rest (the tail, the CRLF,
+ * the next replies' lines, small values) through buf and copied from
+ * there. Bytes hiredis' reader held from earlier replies (none, normally:
+ * a pipe reads every reply it asked for, or its connection is dropped) are
+ * taken first. Timeouts and a lost connection are run_pipes' and
+ * pipe_fail's, as for every pipe: the connection is then dropped. */
+static void pipe_read_load(rpipe *p, char *buf)
+{
+    redisReader *rd = p->c->reader;
+    if (!p->took_held) {
+        p->took_held = 1;
+        if (rd->err || rd->ridx != -1) {
+            pipe_fail(p, 0, "protocol error: a reply left half read");
+            return;
+        }
+        size_t held = rd->len - rd->pos;
+        if (held > 0) {
+            char *copy = malloc(held); /* rd->buf moves when lines are fed back */
+            if (copy == NULL) {
+                pipe_fail(p, 0, "out of memory reading a reply");
+                return;
+            }
+            memcpy(copy, rd->buf + rd->pos, held);
+            rd->pos = rd->len; /* all taken */
+            load_take(p, copy, held);
+            free(copy);
+            if (p->state != PIPE_RUNNING) return;
+        }
+    }
+    for (;;) {
+        void *where = NULL;
+        size_t want = kvs_redis_bulk_direct(p->bulk, &where);
+        int direct = want >= KVS_REDIS_DIRECT_MIN;
+        size_t n = pipe_recv(p, direct ? where : buf, direct ? want : READ_CHUNK);
+        if (n == 0) return;
+        if (direct) kvs_redis_bulk_advance(p->bulk, n);
+        else load_take(p, buf, n);
+        if (p->state != PIPE_RUNNING) return;
     }
 }
 
@@ -556,11 +729,18 @@ static void run_pipes(redis_adapter *r, rpipe *pipes, size_t n, char *buf, int64
 static void pipe_free(rpipe *p)
 {
     for (size_t i = 0; i < p->ncmds; i++) free(p->cmds[i].head);
-    for (size_t i = 0; i < p->nreplies; i++) freeReplyObject(p->replies[i]);
+    for (size_t i = 0; i < p->nreplies; i++)
+        if (p->replies[i]) freeReplyObject(p->replies[i]);
     free(p->cmds);
     free(p->replies);
+    free(p->dest);
+    free(p->outs);
+    free(p->bulk);
     p->cmds = NULL;
     p->replies = NULL;
+    p->dest = NULL;
+    p->outs = NULL;
+    p->bulk = NULL;
     p->ncmds = p->nreplies = 0;
 }
 
@@ -576,6 +756,22 @@ static int pipe_alloc(rpipe *p, size_t ncmds)
         p->replies = NULL;
         return -1;
     }
+    return 0;
+}
+
+/* A load pipe: room for ncmds commands, their destinations and outcomes,
+ * and a reply reader; -1 if out of memory (nothing kept). */
+static int pipe_alloc_load(rpipe *p, size_t ncmds)
+{
+    if (pipe_alloc(p, ncmds) != 0) return -1;
+    p->dest = calloc(ncmds ? ncmds : 1, sizeof *p->dest);
+    p->outs = calloc(ncmds ? ncmds : 1, sizeof *p->outs);
+    p->bulk = malloc(sizeof *p->bulk);
+    if (p->dest == NULL || p->outs == NULL || p->bulk == NULL) {
+        pipe_free(p);
+        return -1;
+    }
+    kvs_redis_bulk_reset(p->bulk);
     return 0;
 }
 
@@ -983,6 +1179,7 @@ static int build_key_cmds(const rwork *w, const kstate *ks, size_t i, rpipe *p)
         argc = 3;
     }
     if (cmd_build(&p->cmds[p->ncmds++], argc, argv, lens) != 0) return -1;
+    if (p->dest) p->dest[p->ncmds - 1] = w->objects[i]; /* a load's GET */
     if (w->op == OP_SIZES) {
         const char *s[] = {"STRLEN", ks->rkey};
         size_t sl[] = {6, ks->rkey_len};
@@ -1011,12 +1208,13 @@ static void fail_unexpected(redis_adapter *r, rwork *w, size_t i, const rnode *n
     work_fail(w, i, KVS_EIO, "redis: %s of key %zu: %s", op_name[w->op], i, msg);
 }
 
-/* Key i's (non-redirect) replies. */
+/* Key i's (non-redirect) replies. A load's GET answered with a bulk
+ * string has no reply object (rep[0] is NULL): lo says what became of it. */
 static void handle_replies(redis_adapter *r, rwork *w, size_t i, const kstate *ks,
-                           const rnode *nd, redisReply **rep)
+                           const rnode *nd, redisReply **rep, const lout *lo)
 {
     for (int j = 0; j < op_ncmds(w->op); j++) {
-        if (rep[j]->type == REDIS_REPLY_ERROR) {
+        if (rep[j] != NULL && rep[j]->type == REDIS_REPLY_ERROR) {
             fail_reply(r, w, i, nd, rep[j]);
             return;
         }
@@ -1041,31 +1239,32 @@ static void handle_replies(redis_adapter *r, rwork *w, size_t i, const kstate *k
         }
         return;
     case OP_LOAD: {
-        if (a->type == REDIS_REPLY_NIL) {
-            work_fail(w, i, KVS_ENOTFOUND, "redis: load of key %zu: not found", i);
-            return;
+        if (a != NULL) {
+            if (a->type == REDIS_REPLY_NIL) {
+                work_fail(w, i, KVS_ENOTFOUND, "redis: load of key %zu: not found", i);
+                return;
+            }
+            break; /* a string is never a reply object here (pipe_read_load) */
         }
-        if (a->type != REDIS_REPLY_STRING) break;
         kvs_memobj *obj = w->objects[i];
-        uint64_t need = 0;
-        if (kvs_l2_load_wrong_size(obj, a->len, &need)) {
+        switch (lo->kind) {
+        case LOUT_WRONG_SIZE:
             work_fail(w, i, KVS_ECORRUPT,
-                      "redis: load of key %zu: stored object is %zu bytes, destination "
+                      "redis: load of key %zu: stored object is %llu bytes, destination "
                       "layout needs %llu",
-                      i, (size_t)a->len, (unsigned long long)need);
+                      i, (unsigned long long)lo->len, (unsigned long long)lo->need);
             return;
-        }
-        if (a->len > obj->capacity) {
+        case LOUT_TOO_BIG:
             work_fail(w, i, KVS_ENOSPC,
-                      "redis: load of key %zu: stored object is %zu bytes, destination "
+                      "redis: load of key %zu: stored object is %llu bytes, destination "
                       "holds %zu",
-                      i, (size_t)a->len, obj->capacity);
+                      i, (unsigned long long)lo->len, obj->capacity);
+            return;
+        default: /* LOUT_PLACED: the value is in obj already */
+            (void)kvs_memobj_set_used_size(obj, (size_t)lo->len); /* fits: load_header */
+            w->hit[i] = 1;
             return;
         }
-        if (a->len) memcpy(obj->data, a->str, a->len);
-        (void)kvs_memobj_set_used_size(obj, a->len); /* fits: checked above */
-        w->hit[i] = 1;
-        return;
     }
     case OP_DELETE:
         if (a->type != REDIS_REPLY_INTEGER) break;
@@ -1161,7 +1360,8 @@ static void run_work(redis_adapter *r, connset *cs, rwork *w, int64_t deadline)
         for (size_t p = 0; p < npipes; p++) {
             size_t want = pipes[p].ncmds;
             pipes[p].ncmds = 0;
-            int ok = pipe_alloc(&pipes[p], want) == 0;
+            int ok = (w->op == OP_LOAD ? pipe_alloc_load(&pipes[p], want)
+                                       : pipe_alloc(&pipes[p], want)) == 0;
             for (size_t j = 0; ok && j < npending; j++) {
                 kstate *s = &ks[pending[j]];
                 if (s->pipe != (int)p) continue;
@@ -1206,22 +1406,24 @@ static void run_work(redis_adapter *r, connset *cs, rwork *w, int64_t deadline)
                 continue;
             }
             redisReply **rep = &p->replies[first];
-            if (count > (size_t)op_ncmds(w->op)) { /* the ASKING reply */
+            const lout *lo = p->outs ? &p->outs[first] : NULL;
+            if (count > (size_t)op_ncmds(w->op)) { /* the ASKING reply (never a bulk string) */
                 if (rep[0]->type == REDIS_REPLY_ERROR) {
                     fail_reply(r, w, i, p->nd, rep[0]);
                     continue;
                 }
                 rep++;
+                if (lo) lo++;
             }
             /* A redirection of any of the key's commands moves the key. */
             kvs_redis_redirect rd;
             kvs_redis_redirect_kind kind = KVS_REDIS_NOT_REDIRECT;
             for (int c = 0; c < op_ncmds(w->op) && kind == KVS_REDIS_NOT_REDIRECT; c++)
-                if (r->cluster && rep[c]->type == REDIS_REPLY_ERROR)
+                if (r->cluster && rep[c] != NULL && rep[c]->type == REDIS_REPLY_ERROR)
                     kind = kvs_redis_parse_redirect(rep[c]->str, rep[c]->len, &rd);
             if (kind == KVS_REDIS_NOT_REDIRECT) {
                 s->redirect = -1;
-                handle_replies(r, w, i, s, p->nd, rep);
+                handle_replies(r, w, i, s, p->nd, rep, lo);
                 continue;
             }
             int target = node_find_or_add(r, rd.host[0] ? rd.host : p->nd->host, rd.port);
