@@ -426,7 +426,7 @@ static void stress_round(unsigned workers)
 
     double t0 = now_s();
     pthread_t poller, th[NSUB];
-    REQUIRE(pthread_create(&poller, NULL, poller_main, NULL) == 0);
+    /* The submitters' state first: the poller scans it from its start. */
     for (int s = 0; s < NSUB; s++) {
         subs[s] = (struct submitter){.index = s,
                                      .ntasks = (int)(total_tasks / NSUB),
@@ -434,6 +434,7 @@ static void stress_round(unsigned workers)
         pthread_mutex_init(&subs[s].mu, NULL);
         pthread_cond_init(&subs[s].freed, NULL);
     }
+    REQUIRE(pthread_create(&poller, NULL, poller_main, NULL) == 0);
     for (int s = 0; s < NSUB; s++)
         REQUIRE(pthread_create(&th[s], NULL, submitter_main, &subs[s]) == 0);
     for (int s = 0; s < NSUB; s++)
