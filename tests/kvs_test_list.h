@@ -54,6 +54,24 @@ static inline int kvs_test_listing_is(const kvs_test_listing *l, const kvs_objec
     return !l->overflow && l->n == wanted;
 }
 
+/* keys[0..n) (n >= 1) are stored in `a` and nothing else is: each is
+ * listed once; a callback returning 7 at the first key gets 7 back, with
+ * no further call. */
+static inline void kvs_test_list_all_then_stop(kvs_l2_adapter *a, const kvs_object_key *keys,
+                                               size_t n)
+{
+    kvs_test_listing *l = calloc(1, sizeof *l);
+    REQUIRE(l != NULL);
+    CHECK_OK(kvs_l2_list_keys(a, kvs_test_listing_add, l));
+    CHECK(kvs_test_listing_is(l, keys, n, NULL));
+    memset(l, 0, sizeof *l);
+    l->stop_after = 1;
+    l->stop_value = 7;
+    CHECK_EQ_INT(kvs_l2_list_keys(a, kvs_test_listing_add, l), 7);
+    CHECK_EQ_INT(l->n, 1);
+    free(l);
+}
+
 /* A callback that calls back into the adapter: deletes each key listed. */
 typedef struct kvs_test_deleter {
     kvs_l2_adapter *a;
@@ -73,8 +91,9 @@ static inline int kvs_test_delete_listed(void *ctx, const kvs_object_key *key)
 /* keys[0..n) (n >= 4, at most 4096) are stored in `a` and nothing else is:
  * listed once each; after deleting every other one, the rest; a callback's
  * stop value ends the listing and is returned; a NULL callback is refused;
- * a callback may call back into the adapter (it deletes every key); then `a` is closed and listing refused with KVS_ECLOSED (`closed_msg`).
- * The caller destroys `a`. */
+ * a callback may call back into the adapter (it deletes every key); then
+ * `a` is closed and listing refused with KVS_ECLOSED (`closed_msg`). The
+ * caller destroys `a`. */
 static inline void kvs_test_list_contract(kvs_l2_adapter *a, const kvs_object_key *keys,
                                           size_t n, const char *closed_msg)
 {
@@ -82,8 +101,7 @@ static inline void kvs_test_list_contract(kvs_l2_adapter *a, const kvs_object_ke
     uint8_t *want = calloc(n, 1), *deleted = calloc(n, 1);
     kvs_object_key *evens = calloc(n, sizeof *evens);
     REQUIRE(l && want && deleted && evens);
-    CHECK_OK(kvs_l2_list_keys(a, kvs_test_listing_add, l));
-    CHECK(kvs_test_listing_is(l, keys, n, NULL));
+    kvs_test_list_all_then_stop(a, keys, n);
 
     size_t ne = 0;
     for (size_t i = 0; i < n; i += 2) evens[ne++] = keys[i];
@@ -94,15 +112,10 @@ static inline void kvs_test_list_contract(kvs_l2_adapter *a, const kvs_object_ke
     CHECK_OK(kvs_l2_list_keys(a, kvs_test_listing_add, l));
     CHECK(kvs_test_listing_is(l, keys, n, want));
 
-    /* stopping early: the callback's value, and no more calls */
-    memset(l, 0, sizeof *l);
-    l->stop_after = 1;
-    l->stop_value = 7;
-    CHECK_EQ_INT(kvs_l2_list_keys(a, kvs_test_listing_add, l), 7);
-    CHECK_EQ_INT(l->n, 1);
+    /* stopping early: any value, a negative one too, is returned as it is */
     memset(l, 0, sizeof *l);
     l->stop_after = 2;
-    l->stop_value = KVS_EIO; /* a negative value too, as it is */
+    l->stop_value = KVS_EIO;
     CHECK_EQ_INT(kvs_l2_list_keys(a, kvs_test_listing_add, l), KVS_EIO);
     CHECK_EQ_INT(l->n, 2);
 

@@ -1677,23 +1677,6 @@ static void test_list_keys(void)
     free(keys);
 }
 
-/* kvs_l2_list_keys on a cluster: every master's keys, once each, and a
- * stop on the first key ends the listing (called from the cluster test,
- * with its N keys stored). */
-static void check_cluster_listing(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
-{
-    kvs_test_listing *l = calloc(1, sizeof *l);
-    REQUIRE(l != NULL);
-    CHECK_OK(kvs_l2_list_keys(a, kvs_test_listing_add, l));
-    CHECK(kvs_test_listing_is(l, keys, n, NULL));
-    memset(l, 0, sizeof *l);
-    l->stop_after = 1;
-    l->stop_value = 7;
-    CHECK_EQ_INT(kvs_l2_list_keys(a, kvs_test_listing_add, l), 7);
-    CHECK_EQ_INT(l->n, 1);
-    free(l);
-}
-
 /* ---------------------------------------------------------------------
  * Redis Cluster
  * ------------------------------------------------------------------ */
@@ -1793,7 +1776,7 @@ static void test_cluster_routing_and_slot_migration(void)
         redisFree(c);
     }
     CHECK_EQ_INT(total, N);
-    check_cluster_listing(a, keys, N);
+    kvs_test_list_all_then_stop(a, keys, N); /* every master's keys, once each */
     redisContext *c0 = raw_connect(ports[0]);
     char rk[2048];
     for (int i = 0; i < N; i++) {

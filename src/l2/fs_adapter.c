@@ -906,9 +906,8 @@ static int fs_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
                              "fs: cannot read directory '%s': %s", fs->root, strerror(err));
     list_ctx l = {fn, ctx};
     store_walk w = {fs->root, "list", 0, list_object, &l};
-    int rc = walk_store(fd, &w);
-    close(fd);
-    return rc;
+    char rel[KVS_FS_KEY_PATH_MAX] = "";
+    return scan_dir(fd, rel, 0, &w); /* takes fd over */
 }
 
 /* 1 if "A" and "a" name the same entry in the directory: a temporary file
