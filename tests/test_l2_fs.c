@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kvs_test.h"
+#include "kvs_test_list.h"
 #include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
@@ -2228,6 +2229,54 @@ static void test_unreadable_directories(void)
     rm_rf(dir);
 }
 
+/* kvs_l2_list_keys: the contract (kvs_test_list.h) over keys of every
+ * shape the scheme has (escaped model names, salts, split hash
+ * directories), with foreign files beside them that are never reported,
+ * and the walk the open's census makes: no temp file is removed by it. */
+static void test_list_keys(void)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    kvs_l2_adapter *a = open_fs(dir, 2, 0, 1);
+    REQUIRE(a != NULL);
+    enum { N = 40 };
+    kvs_object_key keys[N];
+    kvs_memobj *objs[N];
+    uint8_t big[100];
+    for (int i = 0; i < N; i++) {
+        const char *models[] = {"m", "org/Model-7B", "..", "caf\xc3\xa9"};
+        memset(big, i, sizeof big);
+        uint8_t h[4] = {0, 0, (uint8_t)(i >> 8), (uint8_t)i};
+        REQUIRE_OK(kvs_object_key_init(&keys[i], i >= 30 ? big : h, i >= 30 ? sizeof big : 4,
+                                       models[i % 4], i % 3 - 1, i % 5, i % 2 ? "salt" : ""));
+        objs[i] = make_obj((size_t)i, (unsigned)i);
+    }
+    kvs_l2_store_result res;
+    REQUIRE_OK(store_wait(a, keys, objs, N, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    /* foreign entries: at the root, in a store directory, a directory the
+     * scheme never makes */
+    char path[4096], k0[4096];
+    snprintf(path, sizeof path, "%s/notes.txt", dir);
+    write_file(path, "x", 1);
+    key_file(dir, &keys[0], k0, sizeof k0);
+    snprintf(path, sizeof path, "%.*s/junk,1", (int)(strrchr(k0, '/') - k0), k0);
+    write_file(path, "x", 1);
+    snprintf(path, sizeof path, "%s/other,dir", dir);
+    REQUIRE(mkdir(path, 0700) == 0);
+    snprintf(path, sizeof path, "%s/other,dir/a,0,0", dir);
+    write_file(path, "x", 1);
+    char tmp[KVS_FS_TEMP_NAME_LEN + 1];
+    kvs_fs_temp_name(1, 2, tmp);
+    snprintf(path, sizeof path, "%s/%s", dir, tmp);
+    write_file(path, "x", 1);
+    kvs_test_list_contract(a, keys, N, "fs: adapter is closed");
+    CHECK_EQ_INT(file_size(path), 1); /* a listing leaves temporaries alone */
+    kvs_l2_destroy(a);
+    for (int i = 0; i < N; i++) kvs_memobj_free(objs[i]);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     RUN(test_key_path_examples);
@@ -2257,5 +2306,6 @@ int main(void)
     RUN(test_store_modes);
     RUN(test_bad_modes);
     RUN(test_unreadable_directories);
+    RUN(test_list_keys);
     return TEST_SUMMARY();
 }

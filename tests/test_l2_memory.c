@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvs_test.h"
+#include "kvs_test_list.h"
 #include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
@@ -1219,7 +1220,8 @@ static void test_fault_latency(void)
     kvs_memobj_free(d);
 }
 
-static const struct kvs_l2_adapter_ops fake_ops = {.name = "fs"};
+/* Every op NULL, list_keys too (kvs_l2_list_keys refuses that: test_list_keys). */
+static const struct kvs_l2_adapter_ops fake_ops = {.name = "fs", .list_keys = NULL};
 
 static void test_fault_refusals(void)
 {
@@ -1370,6 +1372,32 @@ static void test_several_workers_ids_unique(void)
     kvs_memobj_free(o);
 }
 
+/* kvs_l2_list_keys: the contract (kvs_test_list.h), over enough keys
+ * that the map grows between the stores; and a table without list_keys
+ * (an adapter built for an older header) is refused. */
+static void test_list_keys(void)
+{
+    kvs_l2_adapter *a = mem_new(0, 2);
+    REQUIRE(a);
+    enum { N = 300 };
+    kvs_object_key keys[N];
+    kvs_memobj *objs[N];
+    for (int i = 0; i < N; i++) {
+        keys[i] = key(i);
+        objs[i] = obj_new((size_t)(i % 7), (unsigned)i);
+    }
+    kvs_l2_store_result r = store_sync(a, keys, objs, N);
+    CHECK_EQ_INT(r.state, KVS_TASK_OK);
+    kvs_test_list_contract(a, keys, N, "memory: adapter is closed");
+    kvs_l2_destroy(a);
+    for (int i = 0; i < N; i++) kvs_memobj_free(objs[i]);
+    kvs_l2_adapter fake = {.ops = &fake_ops};
+    kvs_test_listing *l = calloc(1, sizeof *l);
+    CHECK_ERR(kvs_l2_list_keys(&fake, kvs_test_listing_add, l), KVS_EUNSUPPORTED,
+              "fs: listing keys is not supported");
+    free(l);
+}
+
 int main(void)
 {
     RUN(test_fds_distinct_nonblocking_cloexec);
@@ -1402,5 +1430,6 @@ int main(void)
     RUN(test_concurrent_use);
     RUN(test_several_workers_ids_unique);
     RUN(test_load_wrong_layout_size_refused);
+    RUN(test_list_keys);
     return TEST_SUMMARY();
 }

@@ -38,6 +38,7 @@
 
 #include "codecs/half.h"
 #include "kvs_test.h"
+#include "kvs_test_list.h"
 #include "kvs_test_objs.h"
 #include "kvserde/fp8.h"
 #include "kvserde/l2.h"
@@ -1997,6 +1998,59 @@ static void test_load_cut_mid_value(void)
 }
 
 /* ---------------------------------------------------------------------
+ * Listing keys
+ * ------------------------------------------------------------------ */
+
+/* kvs_l2_list_keys on one server: the contract (kvs_test_list.h) over more
+ * keys than one SCAN page; names with the prefix that are not a key's,
+ * and other prefixes' keys, are never reported; a prefix with glob
+ * characters matches only itself. */
+static void test_list_keys(void)
+{
+    flush_server(S);
+    kvs_l2_adapter *a = open_json("{\"type\":\"redis\",\"url\":\"redis://127.0.0.1:%d\","
+                                  "\"key_prefix\":\"lk*[1]:\"}", S);
+    kvs_l2_adapter *b = open_json("{\"type\":\"redis\",\"url\":\"redis://127.0.0.1:%d\","
+                                  "\"key_prefix\":\"lkX[1]:\"}", S);
+    REQUIRE(a != NULL && b != NULL);
+    enum { N = 2500 };
+    kvs_object_key *keys = calloc(N, sizeof *keys);
+    kvs_memobj **objs = calloc(N, sizeof *objs);
+    REQUIRE(keys && objs);
+    for (int i = 0; i < N; i++) {
+        keys[i] = key_of((uint32_t)i, i % 2 ? "org/model" : "m");
+        objs[i] = bytes_obj(8, (unsigned)i);
+    }
+    kvs_l2_store_result sr;
+    REQUIRE_OK(store_wait(a, keys, objs, N, &sr));
+    CHECK_EQ_INT(sr.state, KVS_TASK_OK);
+    REQUIRE_OK(store_wait(b, keys, objs, 3, &sr)); /* another prefix's */
+    CHECK_EQ_INT(sr.state, KVS_TASK_OK);
+    redisContext *c = raw_connect(S);
+    const char *foreign[] = {"lk*[1]:", "lk*[1]:junk", "lk*[1]:m+/0000000G,0,0",
+                             "lk*[1]:m+/00000001,0,0/x", "lk*[1]:m+/00000001,01,0"};
+    for (size_t i = 0; i < sizeof foreign / sizeof *foreign; i++)
+        CHECK(raw_ok(c, "SET %s x", foreign[i]));
+    char rk[2048], path[KVS_FS_KEY_PATH_MAX];
+    kvs_fs_key_path(&keys[0], path, sizeof path);
+    snprintf(rk, sizeof rk, "lk*[1]:%s%c", path, '\0'); /* a NUL: never a key path */
+    redisReply *r = raw(c, "SET %b x", rk, strlen(rk) + 1);
+    freeReplyObject(r);
+    redisFree(c);
+    kvs_test_list_contract(a, keys, N, "redis: adapter is closed");
+    kvs_test_listing *l = calloc(1, sizeof *l);
+    REQUIRE(l != NULL);
+    CHECK_OK(kvs_l2_list_keys(b, kvs_test_listing_add, l));
+    CHECK(kvs_test_listing_is(l, keys, 3, NULL));
+    free(l);
+    kvs_l2_destroy(a);
+    kvs_l2_destroy(b);
+    free_objs(objs, N);
+    free(objs);
+    free(keys);
+}
+
+/* ---------------------------------------------------------------------
  * Redis Cluster
  * ------------------------------------------------------------------ */
 
@@ -2095,6 +2149,7 @@ static void test_cluster_routing_and_slot_migration(void)
         redisFree(c);
     }
     CHECK_EQ_INT(total, N);
+    kvs_test_list_all_then_stop(a, keys, N); /* every master's keys, once each */
     redisContext *c0 = raw_connect(ports[0]);
     char rk[2048];
     for (int i = 0; i < N; i++) {
@@ -2257,6 +2312,7 @@ int main(void)
     RUN(test_auth_and_database);
     RUN(test_odd_replies);
     RUN(test_load_cut_mid_value);
+    RUN(test_list_keys);
     RUN(test_cluster_routing_and_slot_migration);
     return TEST_SUMMARY();
 }

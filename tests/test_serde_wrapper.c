@@ -23,6 +23,7 @@
 
 #include "codecs/half.h"
 #include "kvs_test.h"
+#include "kvs_test_list.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
 #include "kvserde/memobj.h"
@@ -1751,6 +1752,27 @@ static void test_racing_closes(void)
     kvs_l2_destroy(w);
 }
 
+/* kvs_l2_list_keys passes through: the inner adapter's keys, which are the
+ * caller's (the contract, kvs_test_list.h, on keys stored through the
+ * wrapper); the wrapper's own close refuses it. */
+static void test_list_keys_passes_through(void)
+{
+    kvs_l2_adapter *w = mem_wrapper(fp8_proc(), 0, NULL);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 3, (int64_t[]){4, 2, 16});
+    enum { N = 12 };
+    kvs_object_key keys[N];
+    kvs_memobj *src[N];
+    keys_range(keys, 0, N);
+    new_objs(src, N, &l);
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, src, N, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    kvs_test_list_contract(w, keys, N, "serde wrapper: adapter is closed");
+    kvs_l2_destroy(w);
+    free_objs(src, N);
+}
+
 int main(void)
 {
     RUN(test_store_load_5_keys_fp8);
@@ -1782,5 +1804,6 @@ int main(void)
     RUN(test_destroy_with_tasks_in_flight);
     RUN(test_concurrent_clients);
     RUN(test_racing_closes);
+    RUN(test_list_keys_passes_through);
     return TEST_SUMMARY();
 }

@@ -1,16 +1,21 @@
 /* test_tool_store.c - end to end: the built `kvserde` tool on stores.
  * `kvserde verify` on a filesystem store written here through the library
  * (good, damaged, foreign, unframed and encrypted objects; --key-file;
- * --delete-damaged; the open-mode warning), and `kvserde demo` taking
- * --serde together with --l2. The tool is $KVS_TEST_BIN_DIR/kvserde. */
+ * --delete-damaged; the open-mode warning), the same on a Redis store (a
+ * redis-server of its own on loopback), and `kvserde demo` taking --serde
+ * together with --l2. The tool is $KVS_TEST_BIN_DIR/kvserde. (A memory
+ * store cannot be verified across processes: the tool's own is empty.) */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <hiredis/hiredis.h>
 
 #include "kvs_test.h"
 #include "kvserde/kvserde.h"
@@ -65,13 +70,13 @@ static kvs_object_key key_of(int i)
     return k;
 }
 
-/* Store keys [first, first + n) through an fs adapter on `store` with
- * `serde` (JSON, or NULL for raw bytes). */
-static void store_keys(const char *serde, int first, int n)
+/* Store keys [first, first + n) through the adapter of `base` (a spec's
+ * members, without braces) with `serde` (JSON, or NULL for raw bytes). */
+static void store_keys_in(const char *base, const char *serde, int first, int n)
 {
     char spec[8192];
-    snprintf(spec, sizeof spec, "{\"type\": \"fs\", \"path\": \"%s\", \"fsync\": false%s%s}",
-             store, serde ? ", \"serde\": " : "", serde ? serde : "");
+    snprintf(spec, sizeof spec, "{%s%s%s}", base, serde ? ", \"serde\": " : "",
+             serde ? serde : "");
     kvs_l2_adapter *a;
     if (kvs_l2_create(spec, &a) != KVS_OK) {
         fprintf(stderr, "%s\n", kvs_last_error());
@@ -97,6 +102,14 @@ static void store_keys(const char *serde, int first, int n)
         kvs_memobj_free(o);
     }
     kvs_l2_destroy(a);
+}
+
+/* ... through an fs adapter on `store`. */
+static void store_keys(const char *serde, int first, int n)
+{
+    char base[4400];
+    snprintf(base, sizeof base, "\"type\": \"fs\", \"path\": \"%s\", \"fsync\": false", store);
+    store_keys_in(base, serde, first, n);
 }
 
 static char *obj_path(int i)
@@ -149,16 +162,22 @@ static void fresh_store(void)
     REQUIRE(mkdir(store, 0700) == 0);
 }
 
-/* Each line of the counts block, in order. */
-static char *counts(size_t n, size_t ok, size_t damaged, size_t foreign, size_t unverified,
-                    size_t unframed)
+/* Each line of the counts block, in order, for the store `where`. */
+static char *counts_in(const char *where, size_t n, size_t ok, size_t damaged, size_t foreign,
+                       size_t unverified, size_t unframed)
 {
     static char buf[8192];
     snprintf(buf, sizeof buf,
              "verified %zu objects in %s\n  ok           %zu\n  damaged      %zu\n"
              "  foreign      %zu\n  unsupported  0\n  unverified   %zu\n  unframed     %zu\n",
-             n, store, ok, damaged, foreign, unverified, unframed);
+             n, where, ok, damaged, foreign, unverified, unframed);
     return buf;
+}
+
+static char *counts(size_t n, size_t ok, size_t damaged, size_t foreign, size_t unverified,
+                    size_t unframed)
+{
+    return counts_in(store, n, ok, damaged, foreign, unverified, unframed);
 }
 
 #define PIPE "{\"type\": \"pipeline\", \"stages\": [{\"type\": \"fp8\"}, {\"type\": \"xxh3\"}]}"
@@ -262,11 +281,119 @@ static void test_verify_usage(void)
                              "them)\n") == err);
     free(out);
     free(err);
-    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", "{\"type\": \"memory\"}")), 1);
-    CHECK_EQ_STR(err, "kvserde verify: --l2 must be an fs spec with a \"path\" (got type "
-                      "'memory'); only a filesystem store can be listed object by object\n");
+    /* any adapter now; a memory store is the tool's own, and empty */
+    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", "{\"type\": \"memory\"}")), 0);
+    CHECK(out && strstr(out, counts_in("the memory store", 0, 0, 0, 0, 0, 0)) == out);
+    CHECK_EQ_STR(err, "");
     free(out);
     free(err);
+    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", "{\"type\": \"nosuch\"}")), 1);
+    CHECK_EQ_STR(err, "kvserde verify: unknown L2 adapter type 'nosuch'; registered: fs, memory, "
+                      "redis\n");
+    free(out);
+    free(err);
+}
+
+/* ----- a Redis store ------------------------------------------------------- */
+
+static pid_t redis_pid;
+
+/* A redis-server on a free loopback port (0 if none could be started). */
+static int start_redis(void)
+{
+    for (int attempt = 0; attempt < 20; attempt++) {
+        int port = 20000 + rand() % 10000;
+        char p[16];
+        snprintf(p, sizeof p, "%d", port);
+        const char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", dir, NULL};
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        for (int fd = 0; fd < 3; fd++)
+            posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd ? O_WRONLY : O_RDONLY, 0);
+        int rc = posix_spawnp(&redis_pid, "redis-server", &fa, NULL, (char *const *)argv,
+                              environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0) return 0;
+        for (int wait = 0; wait < 200; wait++) { /* up to 10 s for a PONG */
+            if (waitpid(redis_pid, NULL, WNOHANG) == redis_pid) break; /* port taken */
+            redisContext *c = redisConnect("127.0.0.1", port);
+            redisReply *r = c && !c->err ? redisCommand(c, "PING") : NULL;
+            int up = r && r->type == REDIS_REPLY_STATUS;
+            if (r) freeReplyObject(r);
+            if (c) redisFree(c);
+            if (up) return port;
+            usleep(50000);
+        }
+        kill(redis_pid, SIGKILL);
+        waitpid(redis_pid, NULL, 0);
+        redis_pid = 0;
+    }
+    return 0;
+}
+
+/* Replace key i's stored bytes with themselves, byte `at` flipped, through a
+ * plain (serde-less) adapter of `spec`. */
+static void damage_raw(const char *spec, int i, size_t at)
+{
+    kvs_l2_adapter *a;
+    REQUIRE(kvs_l2_create(spec, &a) == KVS_OK);
+    kvs_object_key k = key_of(i);
+    int64_t size;
+    REQUIRE(kvs_l2_object_sizes(a, &k, 1, &size) == KVS_OK && size > (int64_t)at);
+    kvs_layout l;
+    kvs_memobj *o;
+    REQUIRE(kvs_layout_flat(&l, (uint64_t)size, KVS_DTYPE_UINT8) == KVS_OK &&
+            kvs_memobj_alloc(&l, KVS_FMT_BINARY_BUFFER, &o) == KVS_OK);
+    kvs_l2_task_id id;
+    kvs_l2_bitmap bm = {0};
+    REQUIRE(kvs_l2_submit_load(a, &k, &o, 1, &id) == KVS_OK);
+    while (kvs_l2_query_load(a, id, &bm) == KVS_OK && bm.state == KVS_TASK_PENDING)
+        usleep(1000);
+    CHECK_EQ_INT(bm.nhits, 1);
+    kvs_l2_bitmap_release(&bm);
+    ((uint8_t *)o->data)[at] ^= 0x01;
+    kvs_l2_store_result r;
+    size_t got = 0;
+    REQUIRE(kvs_l2_submit_store(a, &k, &o, 1, &id) == KVS_OK);
+    while (got == 0) {
+        usleep(1000);
+        kvs_l2_pop_completed_stores(a, &r, 1, &got);
+    }
+    CHECK_EQ_INT(r.status, KVS_OK);
+    kvs_memobj_free(o);
+    kvs_l2_destroy(a);
+}
+
+static void test_verify_redis(void)
+{
+    int port = start_redis();
+    REQUIRE(port != 0);
+    char base[256], plain[300], spec[1024];
+    snprintf(base, sizeof base, "\"type\": \"redis\", \"url\": \"redis://127.0.0.1:%d\", "
+             "\"key_prefix\": \"v:\"", port);
+    snprintf(plain, sizeof plain, "{%s}", base);
+    store_keys_in(base, PIPE, 0, 3);
+    damage_raw(plain, 1, 90); /* a payload byte: xxh3 mismatch */
+    /* the spec's serde is ignored: the objects are read as stored */
+    snprintf(spec, sizeof spec, "{%s, \"serde\": %s}", base, PIPE);
+    char *out, *err;
+    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", spec)), 1);
+    CHECK(out && strstr(out, "damaged  m+/00000001,0,0: pipeline: xxh3: payload damaged: ") == out);
+    CHECK(out && strstr(out, counts_in("the redis store", 3, 2, 1, 0, 0, 0)) != NULL);
+    free(out);
+    free(err);
+    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--delete-damaged", "--l2", plain)), 1);
+    CHECK(out && strstr(out, "deleted 1 of 1 damaged objects\n") != NULL);
+    free(out);
+    free(err);
+    CHECK_EQ_INT(run(&out, &err, ARGS("verify", "--l2", plain)), 0);
+    CHECK(out && strstr(out, counts_in("the redis store", 2, 2, 0, 0, 0, 0)) == out);
+    free(out);
+    free(err);
+    kill(redis_pid, SIGKILL);
+    waitpid(redis_pid, NULL, 0);
+    redis_pid = 0;
 }
 
 static void test_demo_serde_with_l2(void)
@@ -302,6 +429,12 @@ int main(void)
     RUN(test_verify_encrypted);
     RUN(test_verify_warns_about_open_modes);
     RUN(test_verify_usage);
+    srand((unsigned)getpid());
+    RUN(test_verify_redis);
+    if (redis_pid > 0) { /* a failed check left it running */
+        kill(redis_pid, SIGKILL);
+        waitpid(redis_pid, NULL, 0);
+    }
     RUN(test_demo_serde_with_l2);
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return TEST_SUMMARY();

@@ -99,6 +99,10 @@ typedef struct kvs_l2_usage {
 
 typedef struct kvs_l2_adapter kvs_l2_adapter;
 
+/* Called by kvs_l2_list_keys() once per stored key. Return 0 to go on, or
+ * any other value to stop: kvs_l2_list_keys() then returns that value. */
+typedef int (*kvs_l2_key_fn)(void *ctx, const kvs_object_key *key);
+
 /* The interface. Callers use the kvs_l2_* functions below, which check the
  * arguments (non-NULL arrays and elements, valid keys) before calling these;
  * implementers fill the table and embed a kvs_l2_adapter. */
@@ -127,6 +131,9 @@ struct kvs_l2_adapter_ops {
     int (*status)(kvs_l2_adapter *self, json_t **out);
     int (*close)(kvs_l2_adapter *self);
     void (*destroy)(kvs_l2_adapter *self);
+    /* Added last, so tables written for older versions keep their layout;
+     * NULL is "cannot list" (kvs_l2_list_keys() refuses it). */
+    int (*list_keys)(kvs_l2_adapter *self, kvs_l2_key_fn fn, void *ctx);
 };
 
 struct kvs_l2_adapter {
@@ -181,6 +188,35 @@ KVS_API int kvs_l2_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t 
 /* Stored size in bytes of each key, -1 if absent (advisory: may change). */
 KVS_API int kvs_l2_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys,
                                 size_t n, int64_t *sizes);
+
+/* Enumerate the stored keys (upstream list_l2_keys): fn(ctx, key) once per
+ * key, on the caller's thread, with a key valid only during the call.
+ *   - Every key stored before the call (its store task finished) and not
+ *     deleted before it is reported exactly once; keys stored or deleted
+ *     while the call runs may or may not be. The order is unspecified.
+ *   - fn may call back into the adapter (object sizes, loads, delete, even
+ *     close: the listing then ends early or goes on, as the adapter can):
+ *     no adapter lock is held while fn runs.
+ *   - fn returning non-zero stops the listing, and that value is returned;
+ *     otherwise KVS_OK once every key has been reported.
+ *   - Refused: fn NULL (KVS_EINVAL), a closed adapter (KVS_ECLOSED), an
+ *     adapter that cannot list (KVS_EUNSUPPORTED "<name>: listing keys is
+ *     not supported"); an I/O failure part way (KVS_EIO) returns after the
+ *     keys reported so far.
+ * Per adapter: fs walks the store's directories as its open does (files
+ * whose path is not a key path are skipped); memory copies each bucket's
+ * keys out under its lock; redis pages through SCAN MATCH <key_prefix>*
+ * COUNT 1000 on the server or on every master of the cluster (one page in
+ * memory at a time, plus the names reported so far, since SCAN may return
+ * a name twice), skipping names that are not prefix + kvs_fs_key_path() of
+ * a valid key; the serde wrapper lists its inner adapter (the keys of the
+ * serialized objects, which are the caller's keys).
+ * Why a callback and not a cursor: a Redis Cluster listing is one SCAN
+ * cursor per master, and an fs one a stack of open directories; the
+ * callback keeps that state inside the call, so nothing has to be freed
+ * when a caller stops early, and a caller never holds a cursor that a
+ * resharding or a close invalidates. */
+KVS_API int kvs_l2_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx);
 
 /* Bytes stored and capacity. */
 KVS_API int kvs_l2_get_usage(kvs_l2_adapter *a, kvs_l2_usage *out);

@@ -203,6 +203,42 @@ int kvs_l2_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
     return checked(a, "object_sizes", a->ops->object_sizes(a, keys, n, sizes));
 }
 
+/* The caller's callback, with its stop value recorded: that value is
+ * returned as it is (any int), only the adapter's own failures get the
+ * message check. */
+typedef struct list_call {
+    kvs_l2_key_fn fn;
+    void *ctx;
+    int stopped, stop;
+} list_call;
+
+static int list_trampoline(void *ctx, const kvs_object_key *key)
+{
+    list_call *c = ctx;
+    int rc = c->fn(c->ctx, key);
+    if (rc != 0) {
+        c->stopped = 1;
+        c->stop = rc;
+    }
+    return rc;
+}
+
+int kvs_l2_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
+{
+    REQUIRE_ADAPTER(a);
+    if (fn == NULL) return kvs_set_error(KVS_EINVAL, "l2: key callback is NULL");
+    if (a->ops->list_keys == NULL) /* a table without the member: cannot list */
+        return kvs_set_error(KVS_EUNSUPPORTED, "%s: listing keys is not supported",
+                             a->ops->name);
+    list_call c = {fn, ctx, 0, 0};
+    kvs_clear_error();
+    int rc = a->ops->list_keys(a, list_trampoline, &c);
+    if (c.stopped) return c.stop;
+    /* An adapter may have met (and skipped) names that are not keys. */
+    if (rc == KVS_OK) kvs_clear_error();
+    return checked(a, "list_keys", rc);
+}
+
 int kvs_l2_get_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
 {
     REQUIRE_ADAPTER(a);

@@ -702,6 +702,8 @@ static void fs_destroy(kvs_l2_adapter *a)
     free(fs);
 }
 
+static int fs_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx);
+
 static const struct kvs_l2_adapter_ops fs_ops = {
     .name = "fs",
     .store_event_fd = fs_store_fd,
@@ -720,6 +722,7 @@ static const struct kvs_l2_adapter_ops fs_ops = {
     .status = fs_status,
     .close = fs_close,
     .destroy = fs_destroy,
+    .list_keys = fs_list_keys,
 };
 
 /* ---------------------------------------------------------------------
@@ -764,32 +767,42 @@ static void remove_stale_temp(int dfd, const char *name)
     close(fd);
 }
 
-typedef struct scan_totals {
-    uint64_t bytes, keys;
-    const char *root; /* for messages */
-} scan_totals;
+/* A walk of the store's directories: the open's census and the key
+ * listing are the same walk, with a different visit per object file. */
+typedef struct store_walk {
+    const char *root;  /* for messages */
+    const char *what;  /* "count", "list": for messages */
+    int remove_temps;  /* the open removes stale temporaries; a listing does not */
+    /* Called for every object file (a regular file whose path below the
+     * root is a key path); non-zero stops the walk and is returned. */
+    int (*visit)(struct store_walk *w, const char *rel, const kvs_object_key *key,
+                 const struct stat *st);
+    void *ctx;
+} store_walk;
 
-/* A failure to read part of the directory while counting it: refused, since
- * a wrong count would let stores pass the capacity unnoticed. */
-static int scan_error(const scan_totals *tot, const char *what, const char *rel)
+/* A failure to read part of the directory while walking it: refused (for
+ * the census, a wrong count would let stores pass the capacity unnoticed;
+ * for a listing, keys would be missed). */
+static int scan_error(const store_walk *w, const char *call, const char *rel)
 {
     int err = errno;
     return kvs_set_error(err == ENOMEM ? KVS_ENOMEM : KVS_EIO,
-                         "fs: cannot count the objects in '%s': %s '%s': %s", tot->root,
-                         what, *rel ? rel : ".", strerror(err));
+                         "fs: cannot %s the objects in '%s': %s '%s': %s", w->what, w->root,
+                         call, *rel ? rel : ".", strerror(err));
 }
 
-/* Walk the directory open at fd (taken over): count the object files (the
+/* Walk the directory open at fd (taken over): visit the object files (the
  * regular files whose path is a key path), remove stale temporaries (files
- * named exactly as open_temp names them), enter only the subdirectories the
- * key scheme makes (kvs_fs_is_store_dir: that also bounds the depth), skip
- * everything else. rel holds the path of fd below the root. An entry that
- * vanishes while we look is skipped; any other error is returned. */
-static int scan_dir(int fd, char *rel, size_t rel_len, scan_totals *tot)
+ * named exactly as open_temp names them) if asked to, enter only the
+ * subdirectories the key scheme makes (kvs_fs_is_store_dir: that also
+ * bounds the depth), skip everything else. rel holds the path of fd below
+ * the root. An entry that vanishes while we look is skipped; any other
+ * error, or a visit's non-zero value, is returned. */
+static int scan_dir(int fd, char *rel, size_t rel_len, store_walk *w)
 {
     DIR *d = fdopendir(fd);
     if (d == NULL) {
-        int rc = scan_error(tot, "fdopendir", rel);
+        int rc = scan_error(w, "fdopendir", rel);
         close(fd);
         return rc;
     }
@@ -799,12 +812,12 @@ static int scan_dir(int fd, char *rel, size_t rel_len, scan_totals *tot)
         errno = 0;
         struct dirent *de = readdir(d);
         if (de == NULL) {
-            if (errno != 0) rc = scan_error(tot, "readdir", rel);
+            if (errno != 0) rc = scan_error(w, "readdir", rel);
             break;
         }
         const char *name = de->d_name;
         if (name[0] == '.') { /* ".", "..", the marker, and never an object */
-            if (kvs_fs_is_temp_name(name)) remove_stale_temp(dfd, name);
+            if (w->remove_temps && kvs_fs_is_temp_name(name)) remove_stale_temp(dfd, name);
             continue;
         }
         size_t nl = strlen(name);
@@ -815,23 +828,86 @@ static int scan_dir(int fd, char *rel, size_t rel_len, scan_totals *tot)
         len += nl;
         struct stat st;
         if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-            if (errno != ENOENT) rc = scan_error(tot, "stat", rel);
+            if (errno != ENOENT) rc = scan_error(w, "stat", rel);
         } else if (S_ISDIR(st.st_mode) && kvs_fs_is_store_dir(rel)) {
             int sub = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-            if (sub >= 0) rc = scan_dir(sub, rel, len, tot);
-            else if (errno != ENOENT) rc = scan_error(tot, "open", rel);
+            if (sub >= 0) rc = scan_dir(sub, rel, len, w);
+            else if (errno != ENOENT) rc = scan_error(w, "open", rel);
         } else if (S_ISREG(st.st_mode)) {
             kvs_object_key key;
-            if (kvs_fs_path_key(rel, &key) == KVS_OK) {
-                tot->bytes += (uint64_t)st.st_size;
-                tot->keys++;
-            }
+            if (kvs_fs_path_key(rel, &key) == KVS_OK) rc = w->visit(w, rel, &key, &st);
         }
         rel[rel_len] = '\0';
         if (rc) break;
     }
     closedir(d);
     return rc;
+}
+
+/* Walk the whole store below the directory open at dirfd (not taken
+ * over: the walk has a descriptor of its own). */
+static int walk_store(int dirfd, store_walk *w)
+{
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        return kvs_set_error(err == ENOMEM ? KVS_ENOMEM : KVS_EIO,
+                             "fs: cannot read directory '%s': %s", w->root, strerror(err));
+    }
+    char rel[KVS_FS_KEY_PATH_MAX] = "";
+    return scan_dir(fd, rel, 0, w);
+}
+
+/* The census of an open: bytes and keys stored. */
+typedef struct scan_totals {
+    uint64_t bytes, keys;
+} scan_totals;
+
+static int count_object(store_walk *w, const char *rel, const kvs_object_key *key,
+                        const struct stat *st)
+{
+    (void)rel, (void)key;
+    scan_totals *tot = w->ctx;
+    tot->bytes += (uint64_t)st->st_size;
+    tot->keys++;
+    return 0;
+}
+
+/* The listing: the caller's callback per object file. */
+typedef struct list_ctx {
+    kvs_l2_key_fn fn;
+    void *ctx;
+} list_ctx;
+
+static int list_object(store_walk *w, const char *rel, const kvs_object_key *key,
+                       const struct stat *st)
+{
+    (void)rel, (void)st;
+    list_ctx *l = w->ctx;
+    return l->fn(l->ctx, key);
+}
+
+/* The directory is read through a descriptor of the walk's own, taken
+ * under dir_lock: no lock is held while fn runs, so fn may call back into
+ * the adapter (delete, loads, close). */
+static int fs_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
+{
+    fs_adapter *fs = fs_of(a);
+    pthread_rwlock_rdlock(&fs->dir_lock);
+    if (fs->closed) {
+        pthread_rwlock_unlock(&fs->dir_lock);
+        return refuse_closed();
+    }
+    int fd = openat(fs->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int err = errno;
+    pthread_rwlock_unlock(&fs->dir_lock);
+    if (fd < 0)
+        return kvs_set_error(err == ENOMEM ? KVS_ENOMEM : KVS_EIO,
+                             "fs: cannot read directory '%s': %s", fs->root, strerror(err));
+    list_ctx l = {fn, ctx};
+    store_walk w = {fs->root, "list", 0, list_object, &l};
+    char rel[KVS_FS_KEY_PATH_MAX] = "";
+    return scan_dir(fd, rel, 0, &w); /* takes fd over */
 }
 
 /* 1 if "A" and "a" name the same entry in the directory: a temporary file
@@ -1054,15 +1130,9 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
                            root);
         goto fail;
     }
-    scan_totals tot = {0, 0, root};
-    int scan_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (scan_fd < 0) {
-        rc = kvs_set_error(KVS_EIO, "fs: cannot read directory '%s': %s", root,
-                           strerror(errno));
-        goto fail;
-    }
-    char rel[KVS_FS_KEY_PATH_MAX] = "";
-    if ((rc = scan_dir(scan_fd, rel, 0, &tot)) != KVS_OK) goto fail;
+    scan_totals tot = {0, 0};
+    store_walk census = {root, "count", 1, count_object, &tot};
+    if ((rc = walk_store(dfd, &census)) != KVS_OK) goto fail;
     if (!marked && (rc = write_marker(fs)) != KVS_OK) goto fail;
 
     fs->base.ops = &fs_ops;

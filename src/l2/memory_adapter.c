@@ -513,6 +513,28 @@ static int mem_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_
     return KVS_OK;
 }
 
+/* Every key is copied out under mu first, then fn runs without it: fn may
+ * call back into the adapter, and a store that grows the map meanwhile
+ * cannot make the listing see a key twice or miss one. */
+static int mem_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
+{
+    memory_adapter *m = mem_of(a);
+    if (kvs_l2_tq_is_closed(&m->q))
+        return kvs_set_error(KVS_ECLOSED, "memory: adapter is closed");
+    pthread_mutex_lock(&m->mu);
+    size_t n = m->nentries, k = 0;
+    kvs_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
+    for (size_t b = 0; keys && b < m->nbuckets; b++)
+        for (entry *e = m->buckets[b]; e; e = e->next) keys[k++] = e->key;
+    pthread_mutex_unlock(&m->mu);
+    if (keys == NULL)
+        return kvs_set_error(KVS_ENOMEM, "memory: out of memory listing %zu keys", n);
+    int rc = KVS_OK;
+    for (size_t i = 0; i < k && rc == 0; i++) rc = fn(ctx, &keys[i]);
+    free(keys);
+    return rc;
+}
+
 static int mem_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
 {
     memory_adapter *m = mem_of(a);
@@ -603,6 +625,7 @@ static const struct kvs_l2_adapter_ops memory_ops = {
     .status = mem_status,
     .close = mem_close,
     .destroy = mem_destroy,
+    .list_keys = mem_list_keys,
 };
 
 /* ---------------------------------------------------------------------

@@ -1849,6 +1849,161 @@ static void rd_destroy(kvs_l2_adapter *a)
     free(r);
 }
 
+/* ---------------------------------------------------------------------
+ * Listing keys
+ * ------------------------------------------------------------------ */
+
+#define LIST_COUNT "1000" /* SCAN's COUNT: names per page, roughly */
+
+/* One SCAN page from node i: SCAN cursor MATCH pattern COUNT 1000, on the
+ * synchronous set (sync_mu held by the caller). A kept connection that
+ * turns out broken is replaced once (a restart while idle). The reply, or
+ * NULL with the error in err. */
+static redisReply *list_scan_page(redis_adapter *r, int i, const char *cursor,
+                                  const char *pattern, char *err, size_t errsize)
+{
+    connset *cs = &r->sync_set;
+    int64_t deadline = now_ns() + (int64_t)r->timeout_ms * NS_PER_MS;
+    for (int attempt = 0;; attempt++) {
+        rpipe p = {0};
+        p.node = i;
+        p.nd = node_get(r, i);
+        p.c = conn_get(r, cs, i, deadline, 0, &p.reused, err, errsize);
+        if (p.c == NULL) return NULL;
+        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", LIST_COUNT};
+        size_t lens[6];
+        for (int k = 0; k < 6; k++) lens[k] = strlen(argv[k]);
+        if (pipe_alloc(&p, 1) != 0 || cmd_build(&p.cmds[0], 6, argv, lens) != 0) {
+            pipe_free(&p);
+            msgf(err, errsize, "%s: out of memory", p.nd->addr);
+            return NULL;
+        }
+        p.ncmds = 1;
+        run_pipes(r, &p, 1, cs->rbuf, deadline);
+        if (p.state == PIPE_FAILED) {
+            int retry = p.lost && p.reused && attempt == 0;
+            msgf(err, errsize, "%s", p.err);
+            conn_drop(r, cs, i, p.err);
+            pipe_free(&p);
+            if (retry) continue;
+            count_error(r, err);
+            return NULL;
+        }
+        redisReply *rep = p.replies[0];
+        p.nreplies = 0; /* ours now */
+        pipe_free(&p);
+        return rep;
+    }
+}
+
+/* Every name SCAN returns on the server, or on each master of the cluster,
+ * that is prefix + kvs_fs_key_path() of a valid key, once: SCAN may return
+ * a name twice, so the names reported are kept (`seen`). Each page is
+ * fetched holding sync_mu and reported without it, so fn may call back
+ * into the adapter. */
+static int rd_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
+{
+    redis_adapter *r = redis_of(a);
+    /* MATCH <prefix>*, the prefix's glob characters escaped. */
+    char pattern[2 * KVS_REDIS_PREFIX_MAX + 2];
+    size_t pl = 0;
+    for (size_t k = 0; k < r->prefix_len; k++) {
+        if (strchr("*?[]\\", r->prefix[k])) pattern[pl++] = '\\';
+        pattern[pl++] = r->prefix[k];
+    }
+    pattern[pl++] = '*';
+    pattern[pl] = '\0';
+
+    char err[ERR_MAX];
+    kvs_l2_lock_table seen;
+    uint8_t *use = NULL;
+    kvs_object_key *page = NULL;
+    size_t page_cap = 0, nn = 0;
+    int rc = KVS_OK;
+    if (kvs_l2_lock_table_init(&seen) != 0)
+        return kvs_set_error(KVS_ENOMEM, "redis: out of memory listing keys");
+    /* The nodes to scan, fixed at the start: the server, or every master. */
+    pthread_mutex_lock(&r->sync_mu);
+    if (r->sync_closed) {
+        rc = refuse_closed();
+    } else if (r->cluster &&
+               ensure_map(r, &r->sync_set, now_ns() + (int64_t)r->timeout_ms * NS_PER_MS,
+                          err, sizeof err) != 0) {
+        rc = kvs_set_error(KVS_EIO, "redis: list keys: cluster: cannot read the slot map: %s",
+                           err);
+    } else {
+        nn = node_count(r);
+        use = calloc(nn ? nn : 1, 1);
+        if (use == NULL) rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory listing keys");
+        pthread_mutex_lock(&r->map_mu);
+        for (size_t s = 0; use && r->cluster && s < KVS_REDIS_SLOTS; s++)
+            if (r->slots[s] < nn) use[r->slots[s]] = 1;
+        pthread_mutex_unlock(&r->map_mu);
+        if (use && !r->cluster) use[0] = 1;
+    }
+    pthread_mutex_unlock(&r->sync_mu);
+
+    for (size_t i = 0; i < nn && rc == KVS_OK; i++) {
+        if (!use[i]) continue;
+        char cursor[32] = "0";
+        do {
+            size_t npage = 0;
+            pthread_mutex_lock(&r->sync_mu);
+            redisReply *rep = NULL;
+            if (r->sync_closed)
+                rc = refuse_closed();
+            else if ((rep = list_scan_page(r, (int)i, cursor, pattern, err, sizeof err)) == NULL)
+                rc = kvs_set_error(KVS_EIO, "redis: list keys: %s", err);
+            pthread_mutex_unlock(&r->sync_mu);
+            if (rc != KVS_OK) break;
+            const char *addr = node_get(r, (int)i)->addr;
+            const redisReply *names = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2
+                                          ? rep->element[1] : NULL;
+            if (rep->type == REDIS_REPLY_ERROR) {
+                msgf(err, sizeof err, "%s: SCAN: %s", addr, rep->str);
+                rc = KVS_EIO;
+            } else if (names == NULL || names->type != REDIS_REPLY_ARRAY ||
+                       rep->element[0]->type != REDIS_REPLY_STRING ||
+                       rep->element[0]->len == 0 || rep->element[0]->len >= sizeof cursor) {
+                msgf(err, sizeof err, "%s: SCAN: malformed reply", addr);
+                rc = KVS_EIO;
+            } else if (names->elements > page_cap) {
+                kvs_object_key *grown = realloc(page, names->elements * sizeof *page);
+                if (grown == NULL) rc = KVS_ENOMEM;
+                else page = grown, page_cap = names->elements;
+            }
+            if (rc == KVS_OK) memcpy(cursor, rep->element[0]->str, rep->element[0]->len + 1);
+            for (size_t k = 0; rc == KVS_OK && k < names->elements; k++) {
+                const redisReply *e = names->element[k];
+                char path[KVS_FS_KEY_PATH_MAX];
+                size_t plen = e->type == REDIS_REPLY_STRING ? e->len : 0;
+                if (plen <= r->prefix_len || plen - r->prefix_len >= sizeof path ||
+                    memcmp(e->str, r->prefix, r->prefix_len) != 0 ||
+                    memchr(e->str, '\0', plen) != NULL)
+                    continue; /* not one of ours */
+                memcpy(path, e->str + r->prefix_len, plen - r->prefix_len + 1);
+                if (kvs_fs_path_key(path, &page[npage]) != KVS_OK ||
+                    kvs_l2_lock_table_count(&seen, path) != 0)
+                    continue; /* a foreign name, or one reported already */
+                if (kvs_l2_lock_table_add(&seen, path) != 0) rc = KVS_ENOMEM;
+                else npage++;
+            }
+            freeReplyObject(rep);
+            if (rc == KVS_EIO) {
+                count_error(r, err);
+                rc = kvs_set_error(KVS_EIO, "redis: list keys: %s", err);
+            } else if (rc == KVS_ENOMEM) {
+                rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory listing keys");
+            }
+            for (size_t k = 0; k < npage && rc == KVS_OK; k++) rc = fn(ctx, &page[k]);
+        } while (rc == KVS_OK && strcmp(cursor, "0") != 0);
+    }
+    free(page);
+    free(use);
+    kvs_l2_lock_table_destroy(&seen);
+    return rc;
+}
+
 static const struct kvs_l2_adapter_ops redis_ops = {
     .name = "redis",
     .store_event_fd = rd_store_fd,
@@ -1867,6 +2022,7 @@ static const struct kvs_l2_adapter_ops redis_ops = {
     .status = rd_status,
     .close = rd_close,
     .destroy = rd_destroy,
+    .list_keys = rd_list_keys,
 };
 
 /* ---------------------------------------------------------------------

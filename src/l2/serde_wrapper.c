@@ -781,6 +781,16 @@ static int wr_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t
     return kvs_l2_object_sizes(wr_of(a)->inner, keys, n, sizes);
 }
 
+/* The inner adapter's keys are the caller's (only the bytes are
+ * serialized). */
+static int wr_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
+{
+    struct wrapper *w = wr_of(a);
+    if (kvs_l2_tq_is_closed(&w->tq))
+        return kvs_set_error(KVS_ECLOSED, "%s: adapter is closed", OWNER);
+    return kvs_l2_list_keys(w->inner, fn, ctx);
+}
+
 static int wr_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
 {
     return kvs_l2_get_usage(wr_of(a)->inner, out);
@@ -910,6 +920,7 @@ static const struct kvs_l2_adapter_ops wrapper_ops = {
     .status = wr_status,
     .close = wr_close,
     .destroy = wr_destroy,
+    .list_keys = wr_list_keys,
 };
 
 /* ---------------------------------------------------------------------
