@@ -1073,8 +1073,8 @@ static void test_frames_damaged(void)
     CHECK_EQ_INT(run(&out, NULL, ARGS("inspect", bad)), 0);
     CHECK(out && strstr(out, "  f32: frame v1, header 60 bytes, payload 24 bytes, layout [4x5 "
                              "float32], not keyed\n"
-                             "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
-                             "    stage 2: crc32c {}\n"
+                             "    stage 0: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                             "    stage 1: crc32c {}\n"
                              "    checks failed: pipeline: crc32c: payload damaged: checksum "
                              "8b7a0ca5 over 20 bytes, stored d49ed0fa; loading no key\n"));
     free(out);
@@ -1145,8 +1145,8 @@ static void test_frames_aes_gcm(void)
     /* inspect: not verified without the key, checks ok with it */
     CHECK_EQ_INT(run(&out, &err, ARGS("inspect", enc)), 0);
     CHECK_EQ_STR(err, "");
-    const char *stage = strf("    stage 1: bytes {}\n"
-                             "    stage 2: aes_gcm {\"key_id\":\"%s\",\"nonce\":\"",
+    const char *stage = strf("    stage 0: bytes {}\n"
+                             "    stage 1: aes_gcm {\"key_id\":\"%s\",\"nonce\":\"",
                              want_key_id);
     CHECK(out && strstr(out, "  f32: frame v1, header 78 bytes, payload 96 bytes, layout [4x5 "
                              "float32], not keyed\n"));
@@ -1197,18 +1197,18 @@ static void test_frames_inspect(void)
                       "frames:\n"
                       "  bf16_all: frame v1, header 60 bytes, payload 65540 bytes, layout "
                       "[256x256 bfloat16], not keyed\n"
-                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
-                      "    stage 2: crc32c {}\n"
+                      "    stage 0: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 1: crc32c {}\n"
                       "    checks ok\n"
                       "  f16_all: frame v1, header 52 bytes, payload 65540 bytes, layout "
                       "[65536 float16], not keyed\n"
-                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
-                      "    stage 2: crc32c {}\n"
+                      "    stage 0: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 1: crc32c {}\n"
                       "    checks ok\n"
                       "  f32: frame v1, header 60 bytes, payload 24 bytes, layout [4x5 float32], "
                       "not keyed\n"
-                      "    stage 1: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
-                      "    stage 2: crc32c {}\n"
+                      "    stage 0: fp8 {\"fp8_dtype\":\"float8_e4m3fn\",\"saturate\":true}\n"
+                      "    stage 1: crc32c {}\n"
                       "    checks ok\n",
                       enc, header_size(enc)));
     CHECK_EQ_STR(err, "");

@@ -402,7 +402,7 @@ static void frame_report(FILE *out, const kvs_st_file *file, kvs_deserializer *d
             fputs(", not keyed\n", out);
         int encrypted = 0;
         for (uint32_t s = 0; s < fi.nstages && s < KVS_FRAME_INFO_MAX_STAGES; s++) {
-            fprintf(out, "    stage %u: %s %s\n", s + 1, fi.stages[s].name, fi.stages[s].params);
+            fprintf(out, "    stage %u: %s %s\n", s, fi.stages[s].name, fi.stages[s].params);
             encrypted |= strcmp(fi.stages[s].name, "aes_gcm") == 0;
         }
         int rc = kvs_pipeline_verify(de, t->data, len, NULL);
