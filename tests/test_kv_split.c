@@ -127,7 +127,7 @@ static int create(kvs_kv_split_store k, kvs_kv_split_store v, kvs_kv_split_scale
                   kvs_kv_split_mode mode, int saturate, kvs_multi_serializer **s,
                   kvs_multi_deserializer **d)
 {
-    kvs_kv_split_options o = {k, v, scale, mode, saturate};
+    kvs_kv_split_options o = {k, v, scale, mode, saturate, 0};
     return kvs_kv_split_serde_create(&o, s, d);
 }
 
@@ -295,8 +295,8 @@ static void test_create_and_options(void)
     bad.v_store = (kvs_kv_split_store)3;
     CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown v_store 3");
     bad = o;
-    bad.scale = (kvs_kv_split_scale)2;
-    CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown scale 2");
+    bad.scale = (kvs_kv_split_scale)7;
+    CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown scale 7");
     bad = o;
     bad.mode = (kvs_kv_split_mode)9;
     CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown mode 9");
@@ -1257,11 +1257,11 @@ static void test_deserialize_refusals(void)
     b[0] = 'X';
     DE_ERR(&f, KVS_ECORRUPT, "kv_split: bad magic 58 56 53 50, expected 4b 56 53 50 ('KVSP')");
     b = fresh(&f);
-    b[4] = 2;
-    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 2; this build reads version 1");
+    b[4] = 3;
+    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 3; this build reads versions 1 to 2");
     b = fresh(&f);
     b[5] = 1; /* version 257 */
-    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 257; this build reads version 1");
+    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 257; this build reads versions 1 to 2");
 
     /* Checksum mismatch: one payload bit. */
     b = fresh(&f);
@@ -1493,11 +1493,11 @@ static void test_factory_kwargs(void)
     memset(&p, 0x5A, sizeof p);
     CHECK_ERR(factory("{\"foo\": 1}", &p), KVS_EINVAL,
               "kv_split: unknown kwarg 'foo'; accepted: k_dtype, v_dtype, scale, mode, "
-              "saturate, max_workers");
+              "saturate, num_kv_heads, max_workers");
     CHECK(p.serializer == NULL && p.deserializer == NULL);
     CHECK_ERR(factory("{\"type\": \"kv_split\"}", &p), KVS_EINVAL,
               "kv_split: unknown kwarg 'type'; accepted: k_dtype, v_dtype, scale, mode, "
-              "saturate, max_workers");
+              "saturate, num_kv_heads, max_workers");
     CHECK_ERR(factory("{\"k_dtype\": \"float16\"}", &p), KVS_EINVAL,
               "kv_split: k_dtype must be one of native, float8_e4m3fn, float8_e5m2; got "
               "'float16'");
@@ -1505,7 +1505,7 @@ static void test_factory_kwargs(void)
               "kv_split: v_dtype must be one of float8_e4m3fn, float8_e5m2, native; got "
               "'bfloat16'");
     CHECK_ERR(factory("{\"scale\": \"per_channel\"}", &p), KVS_EINVAL,
-              "kv_split: scale must be one of per_tensor, none; got 'per_channel'");
+              "kv_split: scale must be one of per_tensor, none, per_layer, per_layer_head, per_token; got 'per_channel'");
     CHECK_ERR(factory("{\"mode\": \"k_only\"}", &p), KVS_EINVAL,
               "kv_split: mode must be one of kv, v_only; got 'k_only'");
     CHECK_ERR(factory("{\"mode\": 1}", &p), KVS_EINVAL,
