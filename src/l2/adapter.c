@@ -172,6 +172,45 @@ int kvs_l2_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
     return checked(a, "submit_load", a->ops->submit_load(a, keys, objects, n, id));
 }
 
+static int submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
+                         kvs_memobj *const *groups, size_t n, size_t group_size,
+                         kvs_l2_task_id *id)
+{
+    int rc;
+    if ((rc = check_id(id)) || (rc = check_keys(keys, n))) return rc;
+    if (groups == NULL && n > 0)
+        return kvs_set_error(KVS_EINVAL, "l2: group array is NULL with %zu groups", n);
+    if (group_size == 0) return kvs_set_error(KVS_EINVAL, "l2: group size is 0");
+    if (n > SIZE_MAX / group_size)
+        return kvs_set_error(KVS_EINVAL, "l2: %zu groups of %zu slots overflow", n, group_size);
+    int (*op)(kvs_l2_adapter *, const kvs_object_key *, kvs_memobj *const *, size_t, size_t,
+              kvs_l2_task_id *) = load ? a->ops->submit_load_groups : a->ops->submit_store_groups;
+    if (op == NULL)
+        return kvs_set_error(KVS_EINVAL,
+                             "l2: adapter '%s' takes whole objects, not groups: groups need an "
+                             "adapter whose \"serde\" is multi-output",
+                             a->ops->name ? a->ops->name : "?");
+    kvs_clear_error();
+    return checked(a, load ? "submit_load_groups" : "submit_store_groups",
+                   op(a, keys, groups, n, group_size, id));
+}
+
+int kvs_l2_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                               kvs_memobj *const *groups, size_t n, size_t group_size,
+                               kvs_l2_task_id *id)
+{
+    REQUIRE_ADAPTER(a);
+    return submit_groups(a, 0, keys, groups, n, group_size, id);
+}
+
+int kvs_l2_submit_load_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                              kvs_memobj *const *groups, size_t n, size_t group_size,
+                              kvs_l2_task_id *id)
+{
+    REQUIRE_ADAPTER(a);
+    return submit_groups(a, 1, keys, groups, n, group_size, id);
+}
+
 int kvs_l2_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
 {
     REQUIRE_ADAPTER(a);
