@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "codecs/half.h"
+#include "kvserde/error.h"
 #include "kvserde/multi.h"
 
 #define KVDATA_LAYERS 6
