@@ -3,6 +3,13 @@
  * serialize first, loads deserialize after; lookup, unlock, delete, sizes
  * and usage pass straight through to the inner adapter.
  *
+ * Two shapes, one implementation: around a single-output serde processor
+ * (objects in, blobs out) or a multi-output one (groups of optional slots
+ * in, blobs out: the multi shape). Only the proc_* calls below tell them
+ * apart; a task holds `slots` pointers per key (1, or the group size). In
+ * the multi shape, whole KV chunks become K/V views of their memory
+ * (chunk_views) and go the group path.
+ *
  * Life of a store task (ids and results come from the shared task queue):
  *   submit    (caller) refuse a batch of mixed layouts; take an id; take n
  *             temps of the processor's estimate for object 0's layout from
@@ -965,8 +972,11 @@ static int wr_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
 }
 
 /* Groups: only in the multi shape, and only of the serde's group size. */
-static int groups_refused(struct wrapper *w, size_t group_size)
+static int submit_groups(kvs_l2_adapter *a, kvs_l2_direction d, const kvs_object_key *keys,
+                         kvs_memobj *const *groups, size_t n, size_t group_size,
+                         kvs_l2_task_id *id)
 {
+    struct wrapper *w = wr_of(a);
     if (w->mproc == NULL)
         return kvs_set_error(KVS_EINVAL,
                              "%s: serde '%s' is single-output (one tensor per blob); groups "
@@ -976,27 +986,21 @@ static int groups_refused(struct wrapper *w, size_t group_size)
         return kvs_set_error(KVS_EINVAL,
                              "%s: groups of %zu slots, but serde '%s' takes groups of %zu",
                              OWNER, group_size, w->serde_name, w->gs);
-    return KVS_OK;
+    return submit(w, d, keys, groups, n, group_size, NULL, id);
 }
 
 static int wr_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
                                   kvs_memobj *const *groups, size_t n, size_t group_size,
                                   kvs_l2_task_id *id)
 {
-    struct wrapper *w = wr_of(a);
-    int rc = groups_refused(w, group_size);
-    if (rc) return rc;
-    return submit(w, KVS_L2_STORE, keys, groups, n, group_size, NULL, id);
+    return submit_groups(a, KVS_L2_STORE, keys, groups, n, group_size, id);
 }
 
 static int wr_submit_load_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
                                  kvs_memobj *const *groups, size_t n, size_t group_size,
                                  kvs_l2_task_id *id)
 {
-    struct wrapper *w = wr_of(a);
-    int rc = groups_refused(w, group_size);
-    if (rc) return rc;
-    return submit(w, KVS_L2_LOAD, keys, groups, n, group_size, NULL, id);
+    return submit_groups(a, KVS_L2_LOAD, keys, groups, n, group_size, id);
 }
 
 static int wr_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
