@@ -24,6 +24,7 @@
 
 #include "codecs/half.h"
 #include "kvs_test.h"
+#include "kvs_test_l2.h"
 #include "kvs_test_redis.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
@@ -158,38 +159,15 @@ static int v_check(const kvs_memobj *orig, const kvs_memobj *back)
  * Waiting
  * ------------------------------------------------------------------ */
 
-static int wait_fd(int fd)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    int r;
-    do r = poll(&p, 1, 20000);
-    while (r < 0 && errno == EINTR);
-    if (r == 1) kvs_event_fd_consume(fd, NULL);
-    return r == 1;
-}
-
 /* The store task's result (0), or -1 if it never came. */
 static int store_done(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_store_result *res)
 {
-    for (int tries = 0; tries < 100; tries++) {
-        size_t count = 0;
-        kvs_l2_store_result r[8];
-        kvs_l2_pop_completed_stores(a, r, 8, &count);
-        for (size_t i = 0; i < count; i++)
-            if (r[i].id == id) return *res = r[i], 0;
-        if (!wait_fd(kvs_l2_store_event_fd(a))) break;
-    }
-    return -1;
+    return store_result(a, id, res) == KVS_OK ? 0 : -1;
 }
 
 static int load_done(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
 {
-    for (int tries = 0; tries < 100; tries++) {
-        if (kvs_l2_query_load(a, id, out) != KVS_OK) return -1;
-        if (out->state != KVS_TASK_PENDING) return 0;
-        if (!wait_fd(kvs_l2_load_event_fd(a))) break;
-    }
-    return -1;
+    return bitmap_result(a, 1, id, out) == KVS_OK ? 0 : -1;
 }
 
 /* 1 if the fd has nothing to read right now. */
