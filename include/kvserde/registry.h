@@ -144,8 +144,8 @@ KVS_API int kvs_multi_serde_create_pair_json(const json_t *config,
  * a new, independent kvs_async_multi_processor_create processor with the
  * config's max_workers, e.g.
  *     {"type": "kv_split", "v_dtype": "float8_e5m2", "max_workers": 2}
- * A single-output type is refused ("serde type 'fp8' is single-output; use
- * kvs_serde_create"). *out is untouched on failure; nothing leaks. Free
+ * A single-output type is refused ("serde type 'fp8' is single-output (one
+ * tensor per blob); create it with the single-output API"). *out is untouched on failure; nothing leaks. Free
  * with kvs_multi_processor_destroy(). */
 KVS_API int kvs_multi_serde_create(const char *json_text, kvs_multi_processor **out);
 KVS_API int kvs_multi_serde_create_json(const json_t *config,
