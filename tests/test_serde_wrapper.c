@@ -398,7 +398,7 @@ static kvs_l2_adapter *mem_wrapper(kvs_processor *proc, uint64_t pool, kvs_l2_ad
         kvs_processor_destroy(proc);
         return NULL;
     }
-    kvs_serde_wrapper_options o = {pool, NULL};
+    kvs_serde_wrapper_options o = {pool};
     if (kvs_serde_wrapper_create(m, proc, &o, &w) != KVS_OK) return NULL;
     if (inner) *inner = m;
     return w;

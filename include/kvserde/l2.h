@@ -128,15 +128,6 @@ struct kvs_l2_adapter_ops {
     int (*status)(kvs_l2_adapter *self, json_t **out);
     int (*close)(kvs_l2_adapter *self);
     void (*destroy)(kvs_l2_adapter *self);
-    /* Optional (NULL: the adapter takes whole objects only, and
-     * kvs_l2_submit_*_groups refuse): n groups of group_size slots, flat,
-     * NULL = absent slot. Set by the serde wrapper. */
-    int (*submit_store_groups)(kvs_l2_adapter *self, const kvs_object_key *keys,
-                               kvs_memobj *const *groups, size_t n, size_t group_size,
-                               kvs_l2_task_id *id);
-    int (*submit_load_groups)(kvs_l2_adapter *self, const kvs_object_key *keys,
-                              kvs_memobj *const *groups, size_t n, size_t group_size,
-                              kvs_l2_task_id *id);
 };
 
 struct kvs_l2_adapter {
@@ -205,9 +196,10 @@ KVS_API int kvs_l2_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitma
  * at submit with nothing queued and no id taken.
  *
  * Refused with KVS_EINVAL: NULL groups with n > 0, group_size 0, invalid
- * keys (as kvs_l2_submit_store); an adapter without the group ops ("l2:
- * adapter 'fs' takes whole objects, not groups: groups need an adapter
- * whose "serde" is multi-output"); a wrapper around a single-output serde
+ * keys (as kvs_l2_submit_store); an adapter that is not a serde wrapper
+ * ("l2: adapter 'fs' takes whole objects, not groups: groups need an
+ * adapter whose "serde" is multi-output"; the ops table is unchanged, so
+ * adapters built against older headers keep working); a wrapper around a single-output serde
  * ("serde wrapper: serde 'fp8' is single-output (one tensor per blob);
  * groups need a multi-output serde such as kv_split"); a group_size that is
  * not the serde's ("serde wrapper: groups of 3 slots, but serde 'kv_split'
@@ -269,8 +261,8 @@ KVS_API size_t kvs_l2_types(const char **names, size_t cap);
  * processor created from that serde config: a single-output type
  * (kvs_serde_create_json) gives the single shape, a multi-output type such
  * as "kv_split" (kvs_multi_serde_create_json) the multi shape
- * (kvs_serde_wrapper_create_multi), and the type's name is the wrapper's
- * serde_name; an
+ * (kvs_serde_wrapper_create_multi), and the wrapper's messages name the
+ * type ("serde 'kv_split'"); an
  * optional "serde_pool_bytes" (integer >= 0) sets the wrapper's
  * temp_pool_bytes. The serde is created first, so a bad serde config is
  * refused before the adapter touches any storage. Refused (KVS_EINVAL):
@@ -290,9 +282,6 @@ typedef struct kvs_serde_wrapper_options {
      * pool); a task whose temps do not fit fails at once. 0 = default
      * (1 GiB). */
     uint64_t temp_pool_bytes;
-    /* The serde's name for messages ("kv_split"); NULL or "" = a generic
-     * "single-output" / "multi-output". Copied at create (63 chars kept). */
-    const char *serde_name;
 } kvs_serde_wrapper_options;
 
 /* Wrap `inner` so that stores serialize through `serde` first and loads
@@ -334,6 +323,8 @@ KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde
  * processor (multi_processor.h), one implementation with the single shape
  * (the same pool, phases, per-key load failures, close and status; only the
  * serde call differs). Ownership and refusals as kvs_serde_wrapper_create.
+ * Its messages call the serde "multi-output" (one made from an adapter
+ * spec names its type, "kv_split").
  *
  *   kvs_l2_submit_store_groups / _load_groups  take groups (above).
  *   kvs_l2_submit_store / _load  take whole KV chunks, if the serde's group

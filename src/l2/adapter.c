@@ -183,16 +183,9 @@ static int submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys
     if (group_size == 0) return kvs_set_error(KVS_EINVAL, "l2: group size is 0");
     if (n > SIZE_MAX / group_size)
         return kvs_set_error(KVS_EINVAL, "l2: %zu groups of %zu slots overflow", n, group_size);
-    int (*op)(kvs_l2_adapter *, const kvs_object_key *, kvs_memobj *const *, size_t, size_t,
-              kvs_l2_task_id *) = load ? a->ops->submit_load_groups : a->ops->submit_store_groups;
-    if (op == NULL)
-        return kvs_set_error(KVS_EINVAL,
-                             "l2: adapter '%s' takes whole objects, not groups: groups need an "
-                             "adapter whose \"serde\" is multi-output",
-                             a->ops->name ? a->ops->name : "?");
     kvs_clear_error();
     return checked(a, load ? "submit_load_groups" : "submit_store_groups",
-                   op(a, keys, groups, n, group_size, id));
+                   kvs_serde_wrapper_submit_groups(a, load, keys, groups, n, group_size, id));
 }
 
 int kvs_l2_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,

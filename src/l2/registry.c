@@ -204,7 +204,6 @@ int kvs_l2_create_json(const json_t *spec, kvs_l2_adapter **out)
         else
             rc = kvs_serde_create_json(serde, &proc);
         if (rc != KVS_OK) return rc;
-        opts.serde_name = st;
     }
     kvs_l2_adapter *inner = NULL;
     rc = create_inner(&e, spec, &inner);
@@ -218,8 +217,9 @@ int kvs_l2_create_json(const json_t *spec, kvs_l2_adapter **out)
         return KVS_OK;
     }
     /* Takes ownership of inner and the processor in every case. */
-    if (mproc) return kvs_serde_wrapper_create_multi(inner, mproc, &opts, out);
-    return kvs_serde_wrapper_create(inner, proc, &opts, out);
+    return kvs_serde_wrapper_create_named(inner, proc, mproc, &opts,
+                                          json_string_value(json_object_get(serde, "type")),
+                                          out);
 }
 
 int kvs_l2_create(const char *json_text, kvs_l2_adapter **out)

@@ -76,6 +76,7 @@
 #include "kvserde/memobj.h"
 #include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
+#include "l2/builtins.h"
 #include "l2/task_queue.h"
 
 #define OWNER "serde wrapper"
@@ -989,20 +990,6 @@ static int submit_groups(kvs_l2_adapter *a, kvs_l2_direction d, const kvs_object
     return submit(w, d, keys, groups, n, group_size, NULL, id);
 }
 
-static int wr_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
-                                  kvs_memobj *const *groups, size_t n, size_t group_size,
-                                  kvs_l2_task_id *id)
-{
-    return submit_groups(a, KVS_L2_STORE, keys, groups, n, group_size, id);
-}
-
-static int wr_submit_load_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
-                                 kvs_memobj *const *groups, size_t n, size_t group_size,
-                                 kvs_l2_task_id *id)
-{
-    return submit_groups(a, KVS_L2_LOAD, keys, groups, n, group_size, id);
-}
-
 static int wr_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
                                    size_t *count)
 {
@@ -1194,8 +1181,6 @@ static const struct kvs_l2_adapter_ops wrapper_ops = {
     .query_lookup_and_lock = wr_query_lookup_and_lock,
     .unlock = wr_unlock,
     .submit_load = wr_submit_load,
-    .submit_store_groups = wr_submit_store_groups,
-    .submit_load_groups = wr_submit_load_groups,
     .query_load = wr_query_load,
     .delete_keys = wr_delete,
     .object_sizes = wr_object_sizes,
@@ -1205,13 +1190,29 @@ static const struct kvs_l2_adapter_ops wrapper_ops = {
     .destroy = wr_destroy,
 };
 
+/* kvs_l2_submit_store_groups / _load_groups (l2/builtins.h): only a
+ * wrapper takes groups. */
+int kvs_serde_wrapper_submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
+                                    kvs_memobj *const *groups, size_t n, size_t group_size,
+                                    kvs_l2_task_id *id)
+{
+    if (a->ops != &wrapper_ops)
+        return kvs_set_error(KVS_EINVAL,
+                             "l2: adapter '%s' takes whole objects, not groups: groups need an "
+                             "adapter whose \"serde\" is multi-output",
+                             a->ops->name ? a->ops->name : "?");
+    return submit_groups(a, load ? KVS_L2_LOAD : KVS_L2_STORE, keys, groups, n, group_size, id);
+}
+
 /* ---------------------------------------------------------------------
  * Create
  * ------------------------------------------------------------------ */
 
-/* Both shapes: exactly one of proc / mproc is set. */
-static int create(kvs_l2_adapter *inner, kvs_processor *proc, kvs_multi_processor *mproc,
-                  const kvs_serde_wrapper_options *options, kvs_l2_adapter **out)
+/* Both shapes: exactly one of proc / mproc is set (l2/builtins.h). */
+int kvs_serde_wrapper_create_named(kvs_l2_adapter *inner, kvs_processor *proc,
+                                   kvs_multi_processor *mproc,
+                                   const kvs_serde_wrapper_options *options,
+                                   const char *serde_name, kvs_l2_adapter **out)
 {
     if (inner == NULL || (proc == NULL && mproc == NULL) || out == NULL) {
         kvs_l2_destroy(inner);
@@ -1235,9 +1236,9 @@ static int create(kvs_l2_adapter *inner, kvs_processor *proc, kvs_multi_processo
     w->mproc = mproc;
     w->gs = mproc ? kvs_multi_processor_group_size(mproc) : 0;
     snprintf(w->serde_name, sizeof w->serde_name, "%s",
-             options && options->serde_name && options->serde_name[0] ? options->serde_name
-             : mproc                                                    ? "multi-output"
-                                                                        : "single-output");
+             serde_name && serde_name[0] ? serde_name
+             : mproc                     ? "multi-output"
+                                         : "single-output");
     w->wake.fd = -1;
     w->pool_capacity = options && options->temp_pool_bytes ? options->temp_pool_bytes
                                                             : DEFAULT_POOL_BYTES;
@@ -1301,7 +1302,7 @@ KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde
         return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
                              inner == NULL ? "inner adapter" : "serde processor");
     }
-    return create(inner, serde, NULL, options, out);
+    return kvs_serde_wrapper_create_named(inner, serde, NULL, options, NULL, out);
 }
 
 KVS_API int kvs_serde_wrapper_create_multi(kvs_l2_adapter *inner, kvs_multi_processor *serde,
@@ -1313,5 +1314,5 @@ KVS_API int kvs_serde_wrapper_create_multi(kvs_l2_adapter *inner, kvs_multi_proc
         return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
                              inner == NULL ? "inner adapter" : "serde processor");
     }
-    return create(inner, NULL, serde, options, out);
+    return kvs_serde_wrapper_create_named(inner, NULL, serde, options, NULL, out);
 }
