@@ -52,10 +52,22 @@ static void check_file(const uint8_t *buf, size_t len, const kvs_st_file *f)
         FZ_ASSERT(kvs_st_meta_get(f, f->meta[i].key) != NULL, "meta '%s'", f->meta[i].key);
 }
 
+/* The tool's frame reader: a pipeline deserializer without key files, made
+ * once (frames rebuild their own stage chain). */
+static kvs_deserializer *frame_reader(void)
+{
+    static kvs_serde_pair pair;
+    if (pair.deserializer == NULL &&
+        kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"}]}",
+                              &pair) != KVS_OK)
+        abort();
+    return pair.deserializer;
+}
+
 static void decode_all(const kvs_st_file *f)
 {
     kvs_enc_file enc;
-    int rc = kvs_enc_open(f, &enc);
+    int rc = kvs_enc_open(f, frame_reader(), &enc);
     if (rc != KVS_OK) {
         FZ_ASSERT_REFUSAL(rc, "kvs_enc_open");
         return;

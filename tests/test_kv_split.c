@@ -18,6 +18,7 @@
 #include "codecs/half.h"
 #include "codecs/kv_split.h"
 #include "kvs_test.h"
+#include "kvs_test_kvdata.h"
 #include "kvserde/fp8.h"
 #include "kvserde/multi.h"
 #include "util/crc32c.h"
@@ -127,7 +128,7 @@ static int create(kvs_kv_split_store k, kvs_kv_split_store v, kvs_kv_split_scale
                   kvs_kv_split_mode mode, int saturate, kvs_multi_serializer **s,
                   kvs_multi_deserializer **d)
 {
-    kvs_kv_split_options o = {k, v, scale, mode, saturate};
+    kvs_kv_split_options o = {k, v, scale, mode, saturate, 0};
     return kvs_kv_split_serde_create(&o, s, d);
 }
 
@@ -295,8 +296,8 @@ static void test_create_and_options(void)
     bad.v_store = (kvs_kv_split_store)3;
     CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown v_store 3");
     bad = o;
-    bad.scale = (kvs_kv_split_scale)2;
-    CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown scale 2");
+    bad.scale = (kvs_kv_split_scale)7;
+    CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown scale 7");
     bad = o;
     bad.mode = (kvs_kv_split_mode)9;
     CHECK_ERR(kvs_kv_split_serde_create(&bad, &s, &d), KVS_EINVAL, "kv_split: unknown mode 9");
@@ -1257,11 +1258,11 @@ static void test_deserialize_refusals(void)
     b[0] = 'X';
     DE_ERR(&f, KVS_ECORRUPT, "kv_split: bad magic 58 56 53 50, expected 4b 56 53 50 ('KVSP')");
     b = fresh(&f);
-    b[4] = 2;
-    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 2; this build reads version 1");
+    b[4] = 3;
+    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 3; this build reads versions 1 to 2");
     b = fresh(&f);
     b[5] = 1; /* version 257 */
-    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 257; this build reads version 1");
+    DE_ERR(&f, KVS_EUNSUPPORTED, "kv_split: unsupported blob version 257; this build reads versions 1 to 2");
 
     /* Checksum mismatch: one payload bit. */
     b = fresh(&f);
@@ -1493,11 +1494,11 @@ static void test_factory_kwargs(void)
     memset(&p, 0x5A, sizeof p);
     CHECK_ERR(factory("{\"foo\": 1}", &p), KVS_EINVAL,
               "kv_split: unknown kwarg 'foo'; accepted: k_dtype, v_dtype, scale, mode, "
-              "saturate, max_workers");
+              "saturate, num_kv_heads, max_workers");
     CHECK(p.serializer == NULL && p.deserializer == NULL);
     CHECK_ERR(factory("{\"type\": \"kv_split\"}", &p), KVS_EINVAL,
               "kv_split: unknown kwarg 'type'; accepted: k_dtype, v_dtype, scale, mode, "
-              "saturate, max_workers");
+              "saturate, num_kv_heads, max_workers");
     CHECK_ERR(factory("{\"k_dtype\": \"float16\"}", &p), KVS_EINVAL,
               "kv_split: k_dtype must be one of native, float8_e4m3fn, float8_e5m2; got "
               "'float16'");
@@ -1505,7 +1506,7 @@ static void test_factory_kwargs(void)
               "kv_split: v_dtype must be one of float8_e4m3fn, float8_e5m2, native; got "
               "'bfloat16'");
     CHECK_ERR(factory("{\"scale\": \"per_channel\"}", &p), KVS_EINVAL,
-              "kv_split: scale must be one of per_tensor, none; got 'per_channel'");
+              "kv_split: scale must be one of per_tensor, none, per_layer, per_layer_head, per_token; got 'per_channel'");
     CHECK_ERR(factory("{\"mode\": \"k_only\"}", &p), KVS_EINVAL,
               "kv_split: mode must be one of kv, v_only; got 'k_only'");
     CHECK_ERR(factory("{\"mode\": 1}", &p), KVS_EINVAL,
@@ -1574,6 +1575,430 @@ static void test_wrong_size_destination_refused(void)
     kvs_multi_deserializer_destroy(d);
 }
 
+/* ---------------------------------------------------------------------
+ * Scale scopes (blob version 2), T2D halves, version 1 still read
+ * ------------------------------------------------------------------ */
+
+#define SL 3  /* layers */
+#define ST 8  /* tokens */
+#define SH 4  /* heads */
+#define SD 8  /* head_dim */
+
+/* [SL, ST, SH x SD] values whose magnitude depends on layer, head and
+ * token, so every scope has something to find. */
+static kvs_memobj *scoped_tensor(kvs_dtype dt, uint32_t ndim)
+{
+    kvs_layout l = {0};
+    int64_t d4[4] = {SL, ST, SH, SD}, d3[3] = {SL, ST, SH * SD};
+    kvs_memobj *o = NULL;
+    if (kvs_layout_add_group(&l, ndim, ndim == 4 ? d4 : d3, dt) ||
+        kvs_memobj_alloc(&l, KVS_FMT_UNDEFINED, &o))
+        return NULL;
+    for (size_t i = 0; i < obj_numel(o); i++) {
+        size_t layer = i / (ST * SH * SD), tok = i / (SH * SD) % ST, head = i % (SH * SD) / SD;
+        float mag = ldexpf(1.0f, (int)layer * 3 - (int)head * 2) * (1.0f + (float)tok / 4);
+        set_elem(o->data, dt, i, mag * (rand_value() / 128.0f));
+    }
+    return o;
+}
+
+/* The scale of each group, computed independently of the serde. */
+static float group_scale(const kvs_memobj *src, kvs_kv_split_scale scope, size_t g, float fmax)
+{
+    float amax = 0;
+    size_t hidden = SH * SD;
+    for (size_t i = 0; i < obj_numel(src); i++) {
+        size_t r = i / hidden, c = i % hidden, gi;
+        if (scope == KVS_KV_SPLIT_SCALE_PER_LAYER) gi = r / ST;
+        else if (scope == KVS_KV_SPLIT_SCALE_PER_TOKEN) gi = r;
+        else gi = r / ST * SH + c / SD;
+        if (gi != g) continue;
+        float x = fabsf(get_elem(src->data, obj_dtype(src), i));
+        if (isfinite(x) && x > amax) amax = x;
+    }
+    float s = amax / fmax;
+    return s >= 0x1p-110f ? s : 1.0f;
+}
+
+static void test_scale_scopes(void)
+{
+    static const kvs_kv_split_scale scopes[3] = {KVS_KV_SPLIT_SCALE_PER_LAYER,
+                                                 KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD,
+                                                 KVS_KV_SPLIT_SCALE_PER_TOKEN};
+    static const uint64_t nscales[3] = {SL, SL * SH, SL * ST};
+    static const uint64_t rps[3] = {ST, ST, 1}, cps[3] = {SH * SD, SD, SH * SD};
+    for (int sc = 0; sc < 3; sc++) {
+        for (int di = 0; di < 3; di++) {
+            for (int st = 0; st < 2; st++) {
+                kvs_kv_split_options o;
+                kvs_kv_split_options_init(&o);
+                o.scale = scopes[sc];
+                o.k_store = st ? KVS_KV_SPLIT_STORE_FLOAT8_E5M2 : KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN;
+                o.v_store = KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN;
+                /* heads from the kwarg (3-dim K) or the layout (4-dim V) */
+                o.num_kv_heads = 0;
+                kvs_multi_serializer *s;
+                kvs_multi_deserializer *d;
+                REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, &d));
+                kvs_memobj *k = scoped_tensor(wide[di], 4), *v = scoped_tensor(wide[di], 4);
+                REQUIRE(k && v);
+                size_t n;
+                kvs_memobj *blob = serialize_exact(s, k, v, &n);
+                REQUIRE(blob);
+                size_t numel = SL * ST * SH * SD;
+                CHECK_EQ_U64(n, 84 + 2 * (numel + 24 + 4 * nscales[sc]));
+                kvs_kv_split_info info;
+                REQUIRE_OK(kvs_kv_split_inspect(blob->data, n, &info));
+                CHECK_EQ_INT(info.version, 2);
+                const uint8_t *b = blob->data;
+                for (int slot = 0; slot < 2; slot++) {
+                    const kvs_kv_split_slot_info *si = &info.slots[slot];
+                    CHECK_EQ_INT(si->scope, scopes[sc]);
+                    CHECK_EQ_U64(si->nscales, nscales[sc]);
+                    CHECK_EQ_U64(si->cols, SH * SD);
+                    CHECK_EQ_U64(si->rows_per_scale, rps[sc]);
+                    CHECK_EQ_U64(si->cols_per_scale, cps[sc]);
+                    CHECK(si->scale == 1.0f);
+                    kvs_memobj *src = slot ? v : k;
+                    float fmax = fp8_max(store_dtype(slot ? o.v_store : o.k_store, wide[di]));
+                    for (uint64_t g = 0; g < si->nscales; g++) {
+                        uint32_t bits = (uint32_t)b[si->scales_offset + 4 * g] |
+                                        (uint32_t)b[si->scales_offset + 4 * g + 1] << 8 |
+                                        (uint32_t)b[si->scales_offset + 4 * g + 2] << 16 |
+                                        (uint32_t)b[si->scales_offset + 4 * g + 3] << 24;
+                        float got;
+                        memcpy(&got, &bits, 4);
+                        CHECK(got == group_scale(src, scopes[sc], (size_t)g, fmax));
+                    }
+                }
+                /* each element within the bound of its own group's scale:
+                 * check group by group, with the group's scale */
+                for (int odi = 0; odi < 3; odi++) {
+                    kvs_memobj *ko = scoped_tensor(wide[odi], 4), *vo = scoped_tensor(wide[odi], 4);
+                    kvs_memobj *dst[2] = {ko, vo};
+                    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
+                    for (int slot = 0; slot < 2; slot++) {
+                        kvs_memobj *src = slot ? v : k, *out = dst[slot];
+                        kvs_dtype stored = store_dtype(slot ? o.v_store : o.k_store, wide[di]);
+                        const kvs_kv_split_slot_info *si = &info.slots[slot];
+                        float worst = 0;
+                        for (uint64_t g = 0; g < si->nscales; g++)
+                            worst = fmaxf(worst, group_scale(src, scopes[sc], (size_t)g,
+                                                             fp8_max(stored)));
+                        /* the tight bound holds with the largest group scale
+                         * for the subnormal term; the relative term is per
+                         * element */
+                        char ctx[96];
+                        snprintf(ctx, sizeof ctx, "scope %d %s -> %s slot %d", (int)scopes[sc],
+                                 kvs_dtype_name(wide[di]), kvs_dtype_name(wide[odi]), slot);
+                        CHECK_EQ_INT(check_values(src, out, stored, worst, ctx), 0);
+                    }
+                    kvs_memobj_free(ko);
+                    kvs_memobj_free(vo);
+                }
+                /* deterministic */
+                size_t n2;
+                kvs_memobj *again = serialize_exact(s, k, v, &n2);
+                CHECK(again && n2 == n && memcmp(again->data, blob->data, n) == 0);
+                kvs_memobj_free(again);
+                kvs_memobj_free(blob);
+                kvs_memobj_free(k);
+                kvs_memobj_free(v);
+                kvs_multi_serializer_destroy(s);
+                kvs_multi_deserializer_destroy(d);
+            }
+        }
+    }
+}
+
+/* What the scoped scales need from a layout, refused with their reasons. */
+static void test_scope_geometry(void)
+{
+    kvs_kv_split_options o;
+    kvs_kv_split_options_init(&o);
+    o.scale = KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD;
+    kvs_multi_serializer *s;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, NULL));
+    kvs_memobj *v3 = scoped_tensor(KVS_DTYPE_FLOAT16, 3), *v4 = scoped_tensor(KVS_DTYPE_FLOAT16, 4);
+    const kvs_layout *l3[2] = {&v3->layout, &v3->layout};
+    size_t est;
+    CHECK_ERR(kvs_multi_estimate_serialized_size(s, l3, 2, &est), KVS_EINVAL,
+              "kv_split: scale 'per_layer_head' needs the KV head count: give num_kv_heads, "
+              "or a [layers, tokens, heads, head_dim] layout (V layout is [3x8x32 float16])");
+    const kvs_layout *l4[2] = {&v4->layout, &v4->layout};
+    CHECK_OK(kvs_multi_estimate_serialized_size(s, l4, 2, &est)); /* K native: V's table */
+    CHECK_EQ_U64(est, 84 + SL * ST * SH * SD * 2 + SL * ST * SH * SD + 24 + 4 * SL * SH);
+    kvs_multi_serializer_destroy(s);
+
+    o.num_kv_heads = 3;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, NULL));
+    CHECK_ERR(kvs_multi_estimate_serialized_size(s, l3, 2, &est), KVS_EINVAL,
+              "kv_split: V layout hidden size 32 is not a multiple of num_kv_heads 3");
+    CHECK_ERR(kvs_multi_estimate_serialized_size(s, l4, 2, &est), KVS_EINVAL,
+              "kv_split: num_kv_heads 3 disagrees with the head axis of V layout "
+              "[3x8x4x8 float16] (4 heads)");
+    kvs_multi_serializer_destroy(s);
+    o.num_kv_heads = 4;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, NULL));
+    CHECK_OK(kvs_multi_estimate_serialized_size(s, l3, 2, &est));
+    CHECK_EQ_U64(est, 84 + SL * ST * SH * SD * 2 + SL * ST * SH * SD + 24 + 4 * SL * SH);
+    kvs_multi_serializer_destroy(s);
+
+    o.scale = KVS_KV_SPLIT_SCALE_PER_TOKEN;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, NULL));
+    kvs_layout two = {0};
+    int64_t dims[1] = {16};
+    kvs_layout_add_group(&two, 1, dims, KVS_DTYPE_FLOAT16);
+    kvs_layout_add_group(&two, 1, dims, KVS_DTYPE_FLOAT16);
+    const kvs_layout *lt[2] = {&two, &two};
+    CHECK_ERR(kvs_multi_estimate_serialized_size(s, lt, 2, &est), KVS_EINVAL,
+              "kv_split: scale 'per_token' needs one tensor of 1 to 4 dims ([layers, tokens, "
+              "heads, head_dim], [layers, tokens, hidden], [tokens, hidden] or [hidden]); V "
+              "layout is [16 float16, 16 float16]");
+    /* an empty slot: an empty table */
+    kvs_memobj *e = obj_new(0, KVS_DTYPE_FLOAT16), *k = obj_new(0, KVS_DTYPE_FLOAT16);
+    kvs_kv_split_options_init(&o);
+    o.scale = KVS_KV_SPLIT_SCALE_PER_TOKEN;
+    kvs_multi_serializer *s2;
+    kvs_multi_deserializer *d2;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s2, &d2));
+    size_t n;
+    kvs_memobj *blob = serialize_exact(s2, k, e, &n);
+    REQUIRE(blob);
+    CHECK_EQ_U64(n, 84 + 24);
+    kvs_memobj *dst[2] = {k, e};
+    CHECK_OK(kvs_multi_deserialize(d2, blob, dst, 2, NULL));
+    kvs_memobj_free(blob);
+    kvs_memobj_free(e);
+    kvs_memobj_free(k);
+    kvs_multi_serializer_destroy(s2);
+    kvs_multi_deserializer_destroy(d2);
+    kvs_multi_serializer_destroy(s);
+    kvs_memobj_free(v3);
+    kvs_memobj_free(v4);
+}
+
+/* Tensor-wide scales still write version 1; a version-1 blob and a
+ * version-2 blob with tensor-wide scales read the same; a scope in a
+ * version-1 blob and a damaged scale table are refused. */
+static void test_versions_and_scale_tables(void)
+{
+    kvs_multi_serializer *s;
+    kvs_multi_deserializer *d;
+    REQUIRE_OK(kvs_kv_split_serde_create(NULL, &s, &d));
+    kvs_memobj *k = scoped_tensor(KVS_DTYPE_BFLOAT16, 3), *v = scoped_tensor(KVS_DTYPE_BFLOAT16, 3);
+    size_t n;
+    kvs_memobj *blob = serialize_exact(s, k, v, &n);
+    REQUIRE(blob);
+    uint8_t *b = blob->data;
+    CHECK_EQ_INT(b[4], 1); /* version 1 */
+    kvs_memobj *ko = scoped_tensor(KVS_DTYPE_BFLOAT16, 3), *vo = scoped_tensor(KVS_DTYPE_BFLOAT16, 3);
+    kvs_memobj *dst[2] = {ko, vo};
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
+    CHECK(memcmp(ko->data, k->data, k->used_size) == 0);
+    uint8_t *v_first = malloc(vo->used_size);
+    memcpy(v_first, vo->data, vo->used_size);
+    b[4] = 2; /* the same blob as version 2 */
+    reseal(b, n);
+    memset(vo->data, 0, vo->used_size);
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
+    CHECK(memcmp(vo->data, v_first, vo->used_size) == 0);
+    b[4] = 1;
+    b[48 + 2] = 2; /* a scope in version 1 */
+    reseal(b, n);
+    CHECK_ERR(kvs_multi_deserialize(d, blob, dst, 2, NULL), KVS_ECORRUPT,
+              "kv_split: corrupt header: V reserved bytes are not zero");
+    free(v_first);
+    kvs_memobj_free(blob);
+    kvs_multi_serializer_destroy(s);
+
+    kvs_kv_split_options o;
+    kvs_kv_split_options_init(&o);
+    o.scale = KVS_KV_SPLIT_SCALE_PER_LAYER;
+    REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, NULL));
+    blob = serialize_exact(s, k, v, &n);
+    REQUIRE(blob);
+    b = blob->data;
+    size_t voff = 80 + k->used_size; /* V's payload: its scale block first */
+    const int V = 48;
+#define V2_CORRUPT(mutation, code, msg)                      \
+    do {                                                     \
+        uint8_t *copy = malloc(n);                           \
+        memcpy(copy, b, n);                                  \
+        mutation;                                            \
+        reseal(b, n);                                        \
+        CHECK_ERR(kvs_multi_deserialize(d, blob, dst, 2, NULL), code, msg); \
+        memcpy(b, copy, n);                                  \
+        free(copy);                                          \
+    } while (0)
+    V2_CORRUPT(b[V + 2] = 9, KVS_ECORRUPT, "kv_split: corrupt header: V scale scope code 9 is unknown");
+    V2_CORRUPT(b[16 + 2] = 2, KVS_ECORRUPT, "kv_split: corrupt header: native K slot has scale scope 2");
+    V2_CORRUPT(put32(b + V + 4, 0x40000000u), KVS_ECORRUPT,
+               "kv_split: corrupt header: scoped V slot has scale 2 (0x40000000), expected 1");
+    V2_CORRUPT(b[voff] = 0, KVS_ECORRUPT,
+               "kv_split: corrupt scale table: V slot of 768 elements with 0 columns, 8 rows "
+               "and 32 columns per scale");
+    V2_CORRUPT(b[voff + 8] = 5, KVS_ECORRUPT,
+               "kv_split: corrupt scale table: V slot of 768 elements with 32 columns, 5 rows "
+               "and 32 columns per scale");
+    V2_CORRUPT(b[voff + 8] = 4, KVS_ECORRUPT,
+               "kv_split: corrupt scale table: V has 6 scales and 768 elements but 804 payload "
+               "bytes");
+    V2_CORRUPT(put32(b + voff + 24 + 4, 0), KVS_ECORRUPT,
+               "kv_split: corrupt scale table: V scale 1 is 0, not a finite value >= 2^-110");
+    V2_CORRUPT(put32(b + voff + 24, 0x7F800000u), KVS_ECORRUPT,
+               "kv_split: corrupt scale table: V scale 0 is inf, not a finite value >= 2^-110");
+#undef V2_CORRUPT
+    CHECK_OK(kvs_multi_deserialize(d, blob, dst, 2, NULL));
+    /* every single-byte change of a scoped blob is refused */
+    int missed = 0;
+    for (size_t i = 0; i < n; i++) {
+        b[i] ^= 0x01;
+        if (kvs_multi_deserialize(d, blob, dst, 2, NULL) == KVS_OK) missed++;
+        b[i] ^= 0x01;
+    }
+    CHECK_EQ_INT(missed, 0);
+    kvs_memobj_free(blob);
+    kvs_multi_serializer_destroy(s);
+    kvs_multi_deserializer_destroy(d);
+    kvs_memobj_free(k);
+    kvs_memobj_free(v);
+    kvs_memobj_free(ko);
+    kvs_memobj_free(vo);
+}
+
+/* A T2D chunk's halves, strided in place, give the bytes the gathered
+ * halves give, and read back into the chunk's own rows only. */
+static void test_t2d_halves(void)
+{
+    enum { T = 9, D = 24 };
+    static const kvs_kv_split_scale scopes[3] = {KVS_KV_SPLIT_SCALE_PER_TENSOR,
+                                                 KVS_KV_SPLIT_SCALE_PER_TOKEN,
+                                                 KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD};
+    for (int di = 0; di < 3; di++) {
+        for (int sc = 0; sc < 3; sc++) {
+            kvs_dtype dt = wide[di];
+            size_t es = kvs_dtype_size(dt);
+            kvs_layout cl = {0}, hl = {0};
+            int64_t cd[3] = {T, 2, D}, hd[2] = {T, D};
+            kvs_layout_add_group(&cl, 3, cd, dt);
+            kvs_layout_add_group(&hl, 2, hd, dt);
+            kvs_memobj *c = NULL, *kc = NULL, *vc = NULL;
+            REQUIRE_OK(kvs_memobj_alloc(&cl, KVS_FMT_KV_T2D, &c));
+            REQUIRE_OK(kvs_memobj_alloc(&hl, KVS_FMT_UNDEFINED, &kc));
+            REQUIRE_OK(kvs_memobj_alloc(&hl, KVS_FMT_UNDEFINED, &vc));
+            fill_random(c);
+            for (size_t t = 0; t < T; t++) {
+                memcpy((uint8_t *)kc->data + t * D * es, (uint8_t *)c->data + t * 2 * D * es, D * es);
+                memcpy((uint8_t *)vc->data + t * D * es, (uint8_t *)c->data + (t * 2 + 1) * D * es,
+                       D * es);
+            }
+            kvs_memobj kh, vh; /* the strided views */
+            memset(&kh, 0, sizeof kh);
+            kh.data = c->data, kh.capacity = c->capacity, kh.used_size = (size_t)kvs_layout_nbytes(&hl);
+            kh.layout = hl, kh.format = KVS_FMT_KV_T2D;
+            vh = kh;
+            vh.data = (uint8_t *)c->data + D * es, vh.capacity = c->capacity - D * es;
+            kvs_kv_split_options o;
+            kvs_kv_split_options_init(&o);
+            o.scale = scopes[sc];
+            o.k_store = KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN;
+            o.num_kv_heads = 3;
+            kvs_multi_serializer *s;
+            kvs_multi_deserializer *d;
+            REQUIRE_OK(kvs_kv_split_serde_create(&o, &s, &d));
+            size_t n1, n2;
+            kvs_memobj *b1 = serialize_exact(s, &kh, &vh, &n1), *b2 = serialize_exact(s, kc, vc, &n2);
+            REQUIRE(b1 && b2);
+            CHECK(n1 == n2 && memcmp(b1->data, b2->data, n1) == 0);
+            /* read back into a canary chunk: all of it, then V only */
+            kvs_memobj *back = NULL, *kb = NULL, *vb = NULL;
+            REQUIRE_OK(kvs_memobj_alloc(&cl, KVS_FMT_KV_T2D, &back));
+            REQUIRE_OK(kvs_memobj_alloc(&hl, KVS_FMT_UNDEFINED, &kb));
+            REQUIRE_OK(kvs_memobj_alloc(&hl, KVS_FMT_UNDEFINED, &vb));
+            kvs_memobj *flat[2] = {kb, vb};
+            CHECK_OK(kvs_multi_deserialize(d, b2, flat, 2, NULL));
+            memset(back->data, SENTINEL, back->capacity);
+            kvs_memobj bk = kh, bv = vh;
+            bk.data = back->data, bv.data = (uint8_t *)back->data + D * es;
+            kvs_memobj *views[2] = {&bk, &bv};
+            CHECK_OK(kvs_multi_deserialize(d, b1, views, 2, NULL));
+            int same = 1;
+            for (size_t t = 0; t < T; t++) {
+                same &= memcmp((uint8_t *)back->data + t * 2 * D * es, (uint8_t *)kb->data + t * D * es,
+                               D * es) == 0;
+                same &= memcmp((uint8_t *)back->data + (t * 2 + 1) * D * es,
+                               (uint8_t *)vb->data + t * D * es, D * es) == 0;
+            }
+            CHECK(same);
+            memset(back->data, SENTINEL, back->capacity);
+            kvs_memobj *v_only[2] = {NULL, &bv};
+            CHECK_OK(kvs_multi_deserialize(d, b1, v_only, 2, NULL));
+            int k_rows_untouched = 1;
+            for (size_t t = 0; t < T; t++)
+                k_rows_untouched &= all_bytes((uint8_t *)back->data + t * 2 * D * es, D * es, SENTINEL);
+            CHECK(k_rows_untouched);
+            /* a strided view whose capacity stops short of its last row */
+            kvs_memobj short_v = vh;
+            short_v.capacity = ((size_t)(T - 1) * 2 * D + D) * es - 1;
+            kvs_memobj *bad[2] = {&kh, &short_v};
+            size_t w;
+            char msg[160];
+            snprintf(msg, sizeof msg, "kv_split: V source holds %zu bytes, its layout needs %zu",
+                     short_v.capacity, short_v.capacity + 1);
+            CHECK_ERR(kvs_multi_serialize(s, bad, 2, b2, NULL, &w), KVS_EINVAL, msg);
+            kvs_memobj_free(back);
+            kvs_memobj_free(kb);
+            kvs_memobj_free(vb);
+            kvs_memobj_free(b1);
+            kvs_memobj_free(b2);
+            kvs_memobj_free(c);
+            kvs_memobj_free(kc);
+            kvs_memobj_free(vc);
+            kvs_multi_serializer_destroy(s);
+            kvs_multi_deserializer_destroy(d);
+        }
+    }
+}
+
+/* On the real KV cache (../shared/kvdata): every scope's blob round-trips
+ * within the fp8 bound, its bytes are 84 + payloads + the scale tables, and
+ * the SNR each buys is printed (docs/kv_split_format.md has the table the
+ * bench measures over all 16 chunks). Skipped, saying why, without it. */
+static void test_kvdata_scopes(void)
+{
+    char dir[1024], why[2048];
+    if (kvdata_dir(dir, sizeof dir, why, sizeof why) == NULL) {
+        printf("SKIP test_kvdata_scopes: %s\n", why);
+        return;
+    }
+    float *kv = kvdata_load(dir, 0, 0, why, sizeof why);
+    if (kv == NULL) {
+        printf("SKIP test_kvdata_scopes: %s\n", why);
+        return;
+    }
+    static const kvs_kv_split_scale scopes[5] = {
+        KVS_KV_SPLIT_SCALE_NONE, KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_SCALE_PER_LAYER,
+        KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD, KVS_KV_SPLIT_SCALE_PER_TOKEN};
+    static const char *const names[5] = {"none", "per_tensor", "per_layer", "per_layer_head",
+                                         "per_token"};
+    static const size_t tables[5] = {0, 0, 2 * (24 + 4 * 6), 2 * (24 + 4 * 24),
+                                     2 * (24 + 4 * 1536)};
+    size_t payload = 2 * (size_t)KVDATA_LAYERS * KVDATA_TOKENS * KVDATA_HIDDEN;
+    printf("kvdata %s/kv_B_p00_c0: K and V e4m3fn\n", dir);
+    for (int i = 0; i < 5; i++) {
+        kvdata_result r;
+        CHECK_OK(kvdata_measure(kv, scopes[i], KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN, &r));
+        CHECK_EQ_U64(r.blob_bytes, 84 + payload + tables[i]);
+        CHECK_EQ_U64(r.scale_bytes, tables[i]);
+        CHECK(r.max_rel_excess <= 0);
+        CHECK(r.snr_k > 30 && r.snr_v > 30);
+        printf("  %-15s %8zu bytes (+%5zu)  K %.2f dB  V %.2f dB\n", names[i], r.blob_bytes,
+               r.scale_bytes, r.snr_k, r.snr_v);
+    }
+    free(kv);
+}
+
 int main(void)
 {
     RUN(test_crc32c);
@@ -1599,5 +2024,10 @@ int main(void)
     RUN(test_inspect);
     RUN(test_factory_kwargs);
     RUN(test_wrong_size_destination_refused);
+    RUN(test_scale_scopes);
+    RUN(test_scope_geometry);
+    RUN(test_versions_and_scale_tables);
+    RUN(test_t2d_halves);
+    RUN(test_kvdata_scopes);
     return TEST_SUMMARY();
 }

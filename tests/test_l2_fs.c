@@ -19,6 +19,8 @@
 
 #include "kvs_test.h"
 #include "kvs_test_list.h"
+#define WAIT_MS 10000 /* per wait, kvs_test_l2.h */
+#include "kvs_test_l2.h"
 #include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
@@ -28,7 +30,6 @@
 #include "l2/fs_adapter.h"
 #include "l2/fs_names.h"
 
-#define WAIT_MS 10000
 
 /* ---------------------------------------------------------------------
  * Helpers
@@ -94,37 +95,13 @@ static int same_bytes(const kvs_memobj *a, const kvs_memobj *b)
            (kvs_memobj_size(a) == 0 || memcmp(a->data, b->data, kvs_memobj_size(a)) == 0);
 }
 
-static int wait_fd(int fd)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    int r;
-    do r = poll(&p, 1, WAIT_MS);
-    while (r < 0 && errno == EINTR);
-    if (r == 1) kvs_event_fd_consume(fd, NULL);
-    return r == 1;
-}
-
 /* Submit a store and wait for its result (the only store in flight). */
 static int store_wait(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **objs,
                       size_t n, kvs_l2_store_result *res)
 {
     kvs_l2_task_id id;
     int rc = kvs_l2_submit_store(a, keys, objs, n, &id);
-    if (rc) return rc;
-    for (int tries = 0; tries < 100; tries++) {
-        size_t count = 0;
-        kvs_l2_store_result r[8];
-        kvs_l2_pop_completed_stores(a, r, 8, &count);
-        for (size_t i = 0; i < count; i++) {
-            if (r[i].id == id) {
-                *res = r[i];
-                return KVS_OK;
-            }
-        }
-        if (!wait_fd(kvs_l2_store_event_fd(a))) break;
-    }
-    fprintf(stderr, "store task %llu never finished\n", (unsigned long long)id);
-    return KVS_EIO;
+    return rc ? rc : store_result(a, id, res);
 }
 
 static int bitmap_wait(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
@@ -135,14 +112,7 @@ static int bitmap_wait(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
                   : kvs_l2_submit_lookup_and_lock(a, keys, n, &id);
     if (rc) return rc;
     if (idp) *idp = id;
-    for (int tries = 0; tries < 100; tries++) {
-        rc = load ? kvs_l2_query_load(a, id, out) : kvs_l2_query_lookup_and_lock(a, id, out);
-        if (rc) return rc;
-        if (out->state != KVS_TASK_PENDING) return KVS_OK;
-        if (!wait_fd(load ? kvs_l2_load_event_fd(a) : kvs_l2_lookup_event_fd(a))) break;
-    }
-    fprintf(stderr, "task %llu never finished\n", (unsigned long long)id);
-    return KVS_EIO;
+    return bitmap_result(a, load, id, out);
 }
 
 static int load_wait(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **objs,

@@ -12,7 +12,7 @@
  * values in one pipeline; a connection cut or stalled mid-value), and
  * every refusal of the config.
  *
- * redis-server and redis-cli come from scripts/setup.sh; without them the
+ * The servers are kvs_test_redis.h's. redis-server and redis-cli come from scripts/setup.sh; without them the
  * test fails (a skipped test would hide a broken setup). */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +40,8 @@
 #include "kvs_test.h"
 #include "kvs_test_list.h"
 #include "kvs_test_objs.h"
+#include "kvs_test_l2.h"
+#include "kvs_test_redis.h"
 #include "kvserde/fp8.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
@@ -49,204 +51,8 @@
 #include "l2/redis_bulk.h"
 #include "l2/redis_cluster.h"
 
-extern char **environ;
 
 #define WAIT_MS 20000
-#define MAX_SERVERS 8
-
-/* ---------------------------------------------------------------------
- * Servers
- * ------------------------------------------------------------------ */
-
-typedef struct server {
-    pid_t pid; /* 0: not running */
-    int port;
-} server;
-
-static server servers[MAX_SERVERS];
-static char tmpdir[64];
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-static void kill_server(server *s)
-{
-    if (s->pid <= 0) return;
-    kill(s->pid, SIGKILL);
-    while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR) {
-    }
-    s->pid = 0;
-}
-
-static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* atexit: every server goes, whatever happened. */
-static void cleanup(void)
-{
-    for (int i = 0; i < MAX_SERVERS; i++) kill_server(&servers[i]);
-    if (tmpdir[0]) nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* A fatal signal: kill the servers (kill() is async-signal-safe), then die
- * of the signal. */
-static void on_fatal(int sig)
-{
-    for (int i = 0; i < MAX_SERVERS; i++)
-        if (servers[i].pid > 0) kill(servers[i].pid, SIGKILL);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-/* 1 if nothing listens on 127.0.0.1:port (we can bind it). */
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-/* A free port in [20000, 30000) whose cluster bus port (+10000) is free
- * too, and not one of ours. */
-static int pick_port(void)
-{
-    for (;;) {
-        int p = 20000 + rand() % 10000;
-        int taken = 0;
-        for (int i = 0; i < MAX_SERVERS; i++) taken |= servers[i].port == p;
-        if (!taken && port_free(p) && port_free(p + 10000)) return p;
-    }
-}
-
-/* Start redis-server on s->port (pick one if 0). extra: more "--opt",
- * "value" arguments, NULL-terminated. */
-static int start_server(server *s, int cluster, const char *const *extra)
-{
-    if (s->port == 0) s->port = pick_port();
-    char port[16], logf[128], conf[128];
-    snprintf(port, sizeof port, "%d", s->port);
-    snprintf(logf, sizeof logf, "%s/redis-%d.log", tmpdir, s->port);
-    snprintf(conf, sizeof conf, "%s/nodes-%d.conf", tmpdir, s->port);
-    const char *argv[40];
-    int k = 0;
-    const char *base[] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--daemonize", "no", "--dir", tmpdir,
-                          "--logfile", logf};
-    for (size_t i = 0; i < sizeof base / sizeof *base; i++) argv[k++] = base[i];
-    if (cluster) {
-        const char *c[] = {"--cluster-enabled", "yes", "--cluster-config-file", conf,
-                           "--cluster-node-timeout", "5000"};
-        for (size_t i = 0; i < sizeof c / sizeof *c; i++) argv[k++] = c[i];
-    }
-    for (size_t i = 0; extra && extra[i]; i++) argv[k++] = extra[i];
-    argv[k] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    /* stderr too: a server that outlives a crashed test must not hold the
-     * test runner's output pipe open (ctest would wait for its timeout). */
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, "redis-server", &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "cannot start redis-server: %s\n", strerror(rc));
-        return -1;
-    }
-    s->pid = pid;
-    /* Up when it answers PING; gone if it exits first. */
-    int64_t until = now_ms() + 10000;
-    while (now_ms() < until) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            s->pid = 0;
-            fprintf(stderr, "redis-server on port %d exited at start (see %s)\n", s->port,
-                    logf);
-            return -1;
-        }
-        struct timeval tv = {0, 200000};
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", s->port, tv);
-        if (c && !c->err) {
-            redisSetTimeout(c, tv);
-            redisReply *r = redisCommand(c, "PING");
-            int ok = r && (r->type == REDIS_REPLY_STATUS ||
-                           (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0));
-            if (r) freeReplyObject(r);
-            redisFree(c);
-            if (ok) return 0;
-        } else if (c) {
-            redisFree(c);
-        }
-        sleep_ms(20);
-    }
-    fprintf(stderr, "redis-server on port %d does not answer PING\n", s->port);
-    return -1;
-}
-
-/* A slot in servers[] for a new server. */
-static server *new_server(void)
-{
-    for (int i = 0; i < MAX_SERVERS; i++)
-        if (servers[i].pid == 0 && servers[i].port == 0) return &servers[i];
-    abort();
-}
-
-/* Run a program to completion; its exit status, or -1. */
-static int run_program(const char *const *argv, const char *log)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return -1;
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* 1 if `prog` is on PATH. */
-static int on_path(const char *prog)
-{
-    const char *path = getenv("PATH");
-    if (path == NULL) path = "/usr/local/bin:/usr/bin:/bin";
-    char buf[4096];
-    for (const char *p = path; *p;) {
-        size_t len = strcspn(p, ":");
-        snprintf(buf, sizeof buf, "%.*s/%s", (int)len, p, prog);
-        if (access(buf, X_OK) == 0) return 1;
-        p += len;
-        if (*p == ':') p++;
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------------
  * Talking to a server directly
@@ -372,34 +178,6 @@ static kvs_l2_adapter *open_json(const char *fmt, ...)
     return a;
 }
 
-static int wait_fd(int fd)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    int r;
-    do r = poll(&p, 1, WAIT_MS);
-    while (r < 0 && errno == EINTR);
-    if (r == 1) kvs_event_fd_consume(fd, NULL);
-    return r == 1;
-}
-
-static int store_result(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_store_result *res)
-{
-    for (int tries = 0; tries < 1000; tries++) {
-        size_t count = 0;
-        kvs_l2_store_result r[16];
-        kvs_l2_pop_completed_stores(a, r, 16, &count);
-        for (size_t i = 0; i < count; i++) {
-            if (r[i].id == id) {
-                *res = r[i];
-                return KVS_OK;
-            }
-        }
-        if (!wait_fd(kvs_l2_store_event_fd(a))) break;
-    }
-    fprintf(stderr, "store task %llu never finished\n", (unsigned long long)id);
-    return KVS_EIO;
-}
-
 static int store_wait(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **objs,
                       size_t n, kvs_l2_store_result *res)
 {
@@ -407,18 +185,6 @@ static int store_wait(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj 
     int rc = kvs_l2_submit_store(a, keys, objs, n, &id);
     if (rc) return rc;
     return store_result(a, id, res);
-}
-
-static int bitmap_result(kvs_l2_adapter *a, int load, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    for (int tries = 0; tries < 1000; tries++) {
-        int rc = load ? kvs_l2_query_load(a, id, out) : kvs_l2_query_lookup_and_lock(a, id, out);
-        if (rc) return rc;
-        if (out->state != KVS_TASK_PENDING) return KVS_OK;
-        if (!wait_fd(load ? kvs_l2_load_event_fd(a) : kvs_l2_lookup_event_fd(a))) break;
-    }
-    fprintf(stderr, "task %llu never finished\n", (unsigned long long)id);
-    return KVS_EIO;
 }
 
 static int load_wait(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **objs,
@@ -2276,15 +2042,7 @@ int main(void)
                         "scripts/setup.sh)\n");
         return 1;
     }
-    srand((unsigned)(getpid() ^ time(NULL)));
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvs_redis_test_XXXXXX");
-    if (mkdtemp(tmpdir) == NULL) {
-        perror("mkdtemp");
-        return 1;
-    }
-    atexit(cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL};
-    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_fatal);
+    if (kvs_test_redis_init() != 0) return 1;
     signal(SIGPIPE, SIG_DFL); /* the adapter must never raise it */
 
     RUN(test_slots_and_redirect_parsing);

@@ -1249,18 +1249,18 @@ static void test_kind_refusals(void)
     kvs_serde_pair pair;
     kvs_multi_serde_pair mpair;
     CHECK_ERR(kvs_serde_create("{\"type\": \"kv_split\"}", &p), KVS_EINVAL,
-              "serde type 'kv_split' is multi-output; use kvs_multi_serde_create");
+              "serde type 'kv_split' is multi-output (a group of tensors per blob, such as K and V); create it with the multi-output API");
     json_t *cfg = json_pack("{s:s}", "type", "kv_split");
     CHECK_ERR(kvs_serde_create_json(cfg, &p), KVS_EINVAL,
-              "serde type 'kv_split' is multi-output; use kvs_multi_serde_create");
+              "serde type 'kv_split' is multi-output (a group of tensors per blob, such as K and V); create it with the multi-output API");
     json_decref(cfg);
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"kv_split\"}", &pair), KVS_EINVAL,
-              "serde type 'kv_split' is multi-output; use kvs_multi_serde_create_pair");
+              "serde type 'kv_split' is multi-output (a group of tensors per blob, such as K and V); create it with the multi-output API");
     CHECK(pair.serializer == NULL && pair.deserializer == NULL);
     CHECK_ERR(kvs_multi_serde_create("{\"type\": \"fp8\"}", &mp), KVS_EINVAL,
-              "serde type 'fp8' is single-output; use kvs_serde_create");
+              "serde type 'fp8' is single-output (one tensor per blob); create it with the single-output API");
     CHECK_ERR(kvs_multi_serde_create_pair("{\"type\": \"fp8\"}", &mpair), KVS_EINVAL,
-              "serde type 'fp8' is single-output; use kvs_serde_create_pair");
+              "serde type 'fp8' is single-output (one tensor per blob); create it with the single-output API");
     CHECK(mpair.serializer == NULL && mpair.deserializer == NULL);
     CHECK(p == psentinel);
     CHECK(mp == msentinel);
@@ -1283,7 +1283,7 @@ static void test_multi_config_rules(void)
               KVS_EINVAL, "kv_split: mode must be one of kv, v_only; got 'k_only'");
     CHECK_ERR(kvs_multi_serde_create("{\"type\": \"kv_split\", \"foo\": 1}", &mp), KVS_EINVAL,
               "kv_split: unknown kwarg 'foo'; accepted: k_dtype, v_dtype, scale, mode, "
-              "saturate, max_workers");
+              "saturate, num_kv_heads, max_workers");
     CHECK_ERR(kvs_multi_serde_create("{\"v_dtype\": \"native\"}", &mp), KVS_EINVAL,
               "serde config: missing 'type' field");
     CHECK_ERR(kvs_multi_serde_create("[1]", &mp), KVS_EINVAL,
@@ -1355,7 +1355,7 @@ static void test_register_multi_factory(void)
     CHECK(pair.serializer == NULL);
     kvs_processor *sp;
     CHECK_ERR(kvs_serde_create("{\"type\": \"toy-concat\"}", &sp), KVS_EINVAL,
-              "serde type 'toy-concat' is multi-output; use kvs_multi_serde_create");
+              "serde type 'toy-concat' is multi-output (a group of tensors per blob, such as K and V); create it with the multi-output API");
     CHECK_ERR(kvs_multi_serde_create("{\"type\": \"nope\"}", &p), KVS_EINVAL,
               "unknown serde type 'nope'; registered: fp8, kv_split, pipeline, toy-concat");
 }

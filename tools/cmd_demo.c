@@ -4,7 +4,14 @@
  *
  * Data: K has a few large-magnitude outlier channels (as real keys do), V
  * is near-Gaussian; a fixed seed makes every run identical. A chunk is one
- * object of layout [2, layers, tokens, heads x dims] (KV_2LTD). */
+ * object of layout [2, layers, tokens, heads x dims] (KV_2LTD).
+ *
+ * With a K/V serde (a multi-output serde such as kv_split) K and V are
+ * reported apart: each one's accuracy and stored bytes. A native K must
+ * come back bit-exact, the stored bytes must be exactly the serde's blob
+ * sizes, and K16/V8 must carry 0.75x of the raw payload (V-only 0.25x);
+ * in mode v_only K is not stored, and the K half of each load target must
+ * come back untouched (it is filled with a canary first). */
 #include <ftw.h>
 #include <getopt.h>
 #include <math.h>
@@ -41,7 +48,10 @@ static void demo_usage(FILE *out)
             "  --tokens N      tokens per chunk (default 256)\n"
             "  --chunks N      chunks (default 8)\n"
             "  --dtype T       bfloat16 | float16 | float32 (default bfloat16)\n"
-            "  --serde JSON    serde config (default {\"type\": \"fp8\"}); \"none\" stores raw\n"
+            "  --serde JSON    serde config (default {\"type\": \"fp8\"}); \"none\" stores raw.\n"
+            "                  A K/V serde such as {\"type\": \"kv_split\"} reports K and V\n"
+            "                  apart and checks the stored sizes (kv_split gets\n"
+            "                  num_kv_heads from --heads unless given)\n"
             "  --store DIR     filesystem adapter directory to use and keep (default: a\n"
             "                  fresh temporary directory, removed at the end)\n"
             "  --l2 JSON       any adapter spec instead, e.g. {\"type\": \"memory\"}; its\n"
@@ -210,12 +220,13 @@ typedef struct accuracy {
     size_t differing; /* elements not bit-equal */
 } accuracy;
 
-static void compare_chunk(const kvs_memobj *ref, const kvs_memobj *out, kvs_dtype dtype,
-                          accuracy *acc)
+/* Elements [from, from + n) of two chunks (n 0: all of them). */
+static void compare_range(const kvs_memobj *ref, const kvs_memobj *out, kvs_dtype dtype,
+                          size_t from, size_t n, accuracy *acc)
 {
-    size_t n = (size_t)kvs_layout_numel(&ref->layout);
+    if (n == 0) n = (size_t)kvs_layout_numel(&ref->layout);
     size_t esize = kvs_dtype_size(dtype);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = from; i < from + n; i++) {
         double a = get_value(ref->data, dtype, i), b = get_value(out->data, dtype, i);
         if (memcmp((const char *)ref->data + i * esize, (const char *)out->data + i * esize,
                    esize) != 0)
@@ -231,10 +242,113 @@ static void compare_chunk(const kvs_memobj *ref, const kvs_memobj *out, kvs_dtyp
     }
 }
 
+static void compare_chunk(const kvs_memobj *ref, const kvs_memobj *out, kvs_dtype dtype,
+                          accuracy *acc)
+{
+    compare_range(ref, out, dtype, 0, 0, acc);
+}
+
 static double cosine(const accuracy *a)
 {
     double d = sqrt(a->sum_sq_ref) * sqrt(a->sum_sq_out);
     return d > 0 ? a->dot / d : 1.0;
+}
+
+static void add_accuracy(accuracy *total, const accuracy *a)
+{
+    total->max_abs = fmax(total->max_abs, a->max_abs);
+    total->sum_sq_err += a->sum_sq_err, total->sum_sq_ref += a->sum_sq_ref;
+    total->dot += a->dot, total->sum_sq_out += a->sum_sq_out;
+    total->nonfinite += a->nonfinite, total->differing += a->differing;
+}
+
+static double snr_db(const accuracy *a)
+{
+    return a->sum_sq_err > 0 ? 10 * log10(a->sum_sq_ref / a->sum_sq_err) : INFINITY;
+}
+
+/* ---- K/V serdes ------------------------------------------------------- */
+
+#define CANARY 0xA5
+
+/* What the demo knows of a K/V serde (a multi-output serde of group size
+ * 2, such as kv_split): whether K is stored and how, and the exact blob
+ * size of one chunk (the serde's own estimate, which kv_split makes
+ * exact). */
+typedef struct kv_serde_info {
+    int on;             /* the serde is a K/V serde */
+    int k_stored;       /* 0 in mode v_only */
+    int k_native, v_native, v_fp8, scoped;
+    uint64_t blob_bytes; /* per chunk */
+    uint64_t k_payload, v_payload; /* per chunk */
+} kv_serde_info;
+
+/* kv_split's per_layer_head scale needs the head count, which the demo
+ * knows: --heads, unless the --serde config gives its own. */
+static void add_heads(json_t *serde, const demo_options *o)
+{
+    const char *st = json_string_value(json_object_get(serde, "type"));
+    if (st && strcmp(st, "kv_split") == 0 && !json_object_get(serde, "num_kv_heads"))
+        json_object_set_new(serde, "num_kv_heads", json_integer(o->heads));
+}
+
+/* The serde config in effect: --serde, or the "serde" of --l2 (NULL if
+ * none). The caller json_decref()s it. */
+static json_t *serde_config(const demo_options *o)
+{
+    if (o->l2 && !o->serde_given) {
+        json_t *spec = json_loads(o->l2, 0, NULL);
+        json_t *serde = spec ? json_incref(json_object_get(spec, "serde")) : NULL;
+        json_decref(spec);
+        return serde;
+    }
+    if (strcmp(o->serde, "none") == 0) return NULL;
+    json_t *serde = json_loads(o->serde, 0, NULL);
+    if (json_is_object(serde)) add_heads(serde, o);
+    return serde;
+}
+
+static const char *kw_string(const json_t *cfg, const char *key, const char *def)
+{
+    const char *v = json_string_value(json_object_get(cfg, key));
+    return v ? v : def;
+}
+
+static int kv_serde_probe(const demo_options *o, const kvs_layout *half, kv_serde_info *out)
+{
+    memset(out, 0, sizeof *out);
+    json_t *cfg = serde_config(o);
+    kvs_serde_kind kind;
+    const char *type = json_string_value(json_object_get(cfg, "type"));
+    if (cfg == NULL || type == NULL || kvs_serde_type_kind(type, &kind) != KVS_OK ||
+        kind != KVS_SERDE_MULTI) {
+        json_decref(cfg);
+        return KVS_OK;
+    }
+    kvs_multi_serde_pair pair;
+    int rc = kvs_multi_serde_create_pair_json(cfg, &pair);
+    if (rc == KVS_OK && kvs_multi_serializer_group_size(pair.serializer) != 2)
+        rc = kvs_set_error(KVS_EINVAL, "serde '%s' takes groups of %zu, not K and V", type,
+                           kvs_multi_serializer_group_size(pair.serializer));
+    if (rc == KVS_OK) {
+        out->on = 1;
+        out->k_stored = strcmp(kw_string(cfg, "mode", "kv"), "v_only") != 0;
+        out->k_native = strcmp(kw_string(cfg, "k_dtype", "native"), "native") == 0;
+        out->v_native = strcmp(kw_string(cfg, "v_dtype", "float8_e4m3fn"), "native") == 0;
+        out->v_fp8 = !out->v_native;
+        const char *sc = kw_string(cfg, "scale", "per_tensor");
+        out->scoped = strcmp(sc, "per_tensor") != 0 && strcmp(sc, "none") != 0;
+        const kvs_layout *layouts[2] = {out->k_stored ? half : NULL, half};
+        size_t est = 0;
+        rc = kvs_multi_estimate_serialized_size(pair.serializer, layouts, 2, &est);
+        out->blob_bytes = est;
+        uint64_t numel = kvs_layout_numel(half), esize = kvs_dtype_size(half->groups[0].dtype);
+        out->k_payload = out->k_stored ? numel * (out->k_native ? esize : 1) : 0;
+        out->v_payload = numel * (out->v_native ? esize : 1);
+    }
+    kvs_multi_serde_pair_destroy(&pair);
+    json_decref(cfg);
+    return rc;
 }
 
 /* ---- the adapter ----------------------------------------------------- */
@@ -272,6 +386,7 @@ static int make_adapter(const demo_options *o, const char *dir, kvs_l2_adapter *
             return kvs_set_error(KVS_EINVAL, "--serde is not JSON: %s (column %d)",
                                  err.text, err.column);
         }
+        add_heads(serde, o);
         json_object_set_new(spec, "serde", serde);
     }
     int rc = kvs_l2_create_json(spec, out);
@@ -380,6 +495,13 @@ int kvs_cmd_demo(int argc, char **argv)
         goto out;
     }
     uint64_t raw = kvs_layout_nbytes(&layout) * n;
+    kvs_layout half = {0};
+    kv_serde_info kv;
+    if (kvs_layout_add_group(&half, 3, dims + 1, o.dtype) != KVS_OK ||
+        kv_serde_probe(&o, &half, &kv) != KVS_OK) {
+        fprintf(stderr, "kvserde demo: %s\n", kvs_last_error());
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
         uint8_t hash[8];
         for (int b = 0; b < 8; b++) hash[b] = (uint8_t)((o.seed * 131 + i) >> (8 * (7 - b)));
@@ -390,6 +512,7 @@ int kvs_cmd_demo(int argc, char **argv)
             goto out;
         }
         fill_chunk(orig[i], &o, (long)i);
+        if (kv.on) memset(back[i]->data, CANARY, back[i]->capacity);
         progress("build", (long)i + 1, (long)n);
     }
 
@@ -434,22 +557,53 @@ int kvs_cmd_demo(int argc, char **argv)
     kvs_l2_unlock(l2, keys, n);
 
     /* verify */
-    accuracy total = {0};
-    size_t wrong = 0;
+    accuracy total = {0}, kacc = {0}, vacc = {0};
+    size_t wrong = 0, k_touched = 0;
     int raw_store = !o.l2 && strcmp(o.serde, "none") == 0;
+    size_t half_n = (size_t)kvs_layout_numel(&half);
+    size_t half_b = (size_t)kvs_layout_nbytes(&half);
     for (size_t i = 0; i < n; i++) {
         accuracy a = {0};
-        compare_chunk(orig[i], back[i], o.dtype, &a);
-        if (a.nonfinite || cosine(&a) < o.min_cosine || (raw_store && a.differing)) wrong++;
-        total.max_abs = fmax(total.max_abs, a.max_abs);
-        total.sum_sq_err += a.sum_sq_err, total.sum_sq_ref += a.sum_sq_ref;
-        total.dot += a.dot, total.sum_sq_out += a.sum_sq_out;
-        total.nonfinite += a.nonfinite, total.differing += a.differing;
+        if (kv.on) {
+            /* K and V apart; in v_only K is not stored and must be untouched */
+            accuracy ka = {0}, va = {0};
+            int bad = 0;
+            if (kv.k_stored) {
+                compare_range(orig[i], back[i], o.dtype, 0, half_n, &ka);
+                bad |= ka.nonfinite || cosine(&ka) < o.min_cosine ||
+                       (kv.k_native && ka.differing);
+                add_accuracy(&kacc, &ka);
+                add_accuracy(&a, &ka);
+            } else {
+                const uint8_t *kb = back[i]->data;
+                for (size_t b = 0; b < half_b; b++)
+                    if (kb[b] != CANARY) {
+                        k_touched++, bad = 1;
+                        break;
+                    }
+            }
+            compare_range(orig[i], back[i], o.dtype, half_n, half_n, &va);
+            bad |= va.nonfinite || cosine(&va) < o.min_cosine || (kv.v_native && va.differing);
+            add_accuracy(&vacc, &va);
+            add_accuracy(&a, &va);
+            if (bad) wrong++;
+        } else {
+            compare_chunk(orig[i], back[i], o.dtype, &a);
+            if (a.nonfinite || cosine(&a) < o.min_cosine || (raw_store && a.differing)) wrong++;
+        }
+        add_accuracy(&total, &a);
     }
-    uint64_t numel = kvs_layout_numel(&layout) * n;
+    /* The stored bytes are exactly the blobs' (checked), and K16/V8 and
+     * V-only carry 0.75x / 0.25x of the raw payload. */
+    int sizes_ok = 1;
+    double payload_ratio = 0;
+    if (kv.on) {
+        sizes_ok = stored_total == kv.blob_bytes * n;
+        payload_ratio = (double)(kv.k_payload + kv.v_payload) / (double)(2 * half_b);
+    }
+    uint64_t numel = (kv.on && !kv.k_stored ? kvs_layout_numel(&half) : kvs_layout_numel(&layout)) * n;
     double rmse = sqrt(total.sum_sq_err / (double)numel);
-    double snr = total.sum_sq_err > 0 ? 10 * log10(total.sum_sq_ref / total.sum_sq_err)
-                                      : INFINITY;
+    double snr = snr_db(&total);
     char lbuf[128];
     printf("kvserde demo\n");
     printf("  adapter      %s\n", o.l2 ? o.l2 : dir);
@@ -460,15 +614,46 @@ int kvs_cmd_demo(int argc, char **argv)
     printf("  raw bytes    %llu\n", (unsigned long long)raw);
     printf("  stored bytes %llu (%.3fx of raw)\n", (unsigned long long)stored_total,
            raw ? (double)stored_total / (double)raw : 0.0);
+    if (kv.on) {
+        uint64_t hraw = (uint64_t)half_b * n;
+        printf("  K stored     %llu of %llu raw bytes (%s)\n",
+               (unsigned long long)(kv.k_payload * n), (unsigned long long)hraw,
+               !kv.k_stored ? "not stored: mode v_only" : kv.k_native ? "native" : "fp8");
+        printf("  V stored     %llu of %llu raw bytes (%s)\n",
+               (unsigned long long)(kv.v_payload * n), (unsigned long long)hraw,
+               kv.v_native ? "native" : "fp8");
+        printf("  blobs        %llu bytes a chunk (%llu of headers, scale tables and "
+               "checksum); stored bytes %s the blob sizes\n",
+               (unsigned long long)kv.blob_bytes,
+               (unsigned long long)(kv.blob_bytes - kv.k_payload - kv.v_payload),
+               sizes_ok ? "equal" : "DO NOT equal");
+        int k16v8 = kv.k_native && kv.v_fp8 && kvs_dtype_size(o.dtype) == 2;
+        if (k16v8)
+            printf("  payload      %.3fx of raw K+V (%s must give %s: %s)\n", payload_ratio,
+                   kv.k_stored ? "K16/V8" : "V8 only", kv.k_stored ? "0.750x" : "0.250x",
+                   payload_ratio == (kv.k_stored ? 0.75 : 0.25) ? "ok" : "WRONG");
+        if (k16v8 && payload_ratio != (kv.k_stored ? 0.75 : 0.25)) sizes_ok = 0;
+        if (kv.k_stored)
+            printf("  K accuracy   %smax abs err %.6g, SNR %.2f dB, cosine %.6f\n",
+                   kacc.differing == 0 ? "exact (bit-equal), " : "", kacc.max_abs,
+                   snr_db(&kacc), cosine(&kacc));
+        else
+            printf("  K            not loaded (v_only); its half of every load target %s\n",
+                   k_touched ? "WAS WRITTEN" : "untouched (canary intact)");
+        printf("  V accuracy   %smax abs err %.6g, SNR %.2f dB, cosine %.6f\n",
+               vacc.differing == 0 ? "exact (bit-equal), " : "", vacc.max_abs, snr_db(&vacc),
+               cosine(&vacc));
+    }
     printf("  store        %.2f GB/s of raw bytes (%.3f s)\n", (double)raw / store_s / 1e9, store_s);
     printf("  load         %.2f GB/s of raw bytes (%.3f s)\n", (double)raw / load_s / 1e9, load_s);
     printf("  max abs err  %.6g\n", total.max_abs);
     printf("  RMSE         %.6g\n", rmse);
     printf("  SNR          %.2f dB\n", snr);
     printf("  cosine sim   %.6f\n", cosine(&total));
-    printf("  result       %s: %zu of %zu chunks back within bounds\n",
-           (found == n && loaded == n && wrong == 0) ? "OK" : "FAILED", n - wrong, n);
-    status = (found == n && loaded == n && wrong == 0) ? 0 : 1;
+    int ok = found == n && loaded == n && wrong == 0 && sizes_ok;
+    printf("  result       %s: %zu of %zu chunks back within bounds\n", ok ? "OK" : "FAILED",
+           n - wrong, n);
+    status = ok ? 0 : 1;
 
 out:
     kvs_l2_destroy(l2);

@@ -55,6 +55,7 @@
 #include "error.h"
 #include "export.h"
 #include "memobj.h"
+#include "multi_processor.h"
 #include "processor.h"
 
 #ifdef __cplusplus
@@ -180,6 +181,43 @@ KVS_API int kvs_l2_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
 /* Its per-key result, once. */
 KVS_API int kvs_l2_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out);
 
+/* The tuple-aware submits, for an adapter wrapped with a multi-output serde
+ * (kvs_serde_wrapper_create_multi, or a spec whose "serde" is multi-output
+ * such as {"type": "kv_split"}). groups is ONE flat array of n x group_size
+ * pointers, row-major as for the multi processor (multi_processor.h): group
+ * i is groups[i * group_size .. (i+1) * group_size), NULL = absent slot.
+ * Key i is stored as / loaded from one blob that holds group i.
+ *
+ *   store  each group is serialized into one blob, stored under keys[i].
+ *          An absent slot is not supplied (kv_split v_only: {NULL, V}).
+ *   load   blob i is deserialized into group i's present slots; an absent
+ *          slot is never touched (the split tier: K stays in L1 and its
+ *          slot is NULL, only V is filled). Hits and errors per key, as
+ *          kvs_l2_submit_load.
+ *
+ * Everything else is the wrapper's single-object contract (l2.h, serde
+ * wrapper): one layout per slot and one absence pattern per batch, temps
+ * from the same bounded pool all or nothing, only the bytes each serialize
+ * wrote are stored, per-key load failures, close semantics. A group the
+ * serde refuses (a required slot NULL, a slot its mode forbids) is refused
+ * at submit with nothing queued and no id taken.
+ *
+ * Refused with KVS_EINVAL: NULL groups with n > 0, group_size 0, invalid
+ * keys (as kvs_l2_submit_store); an adapter that is not a serde wrapper
+ * ("l2: adapter 'fs' takes whole objects, not groups: groups need an
+ * adapter whose "serde" is multi-output"; the ops table is unchanged, so
+ * adapters built against older headers keep working); a wrapper around a single-output serde
+ * ("serde wrapper: serde 'fp8' is single-output (one tensor per blob);
+ * groups need a multi-output serde such as kv_split"); a group_size that is
+ * not the serde's ("serde wrapper: groups of 3 slots, but serde 'kv_split'
+ * takes groups of 2"). KVS_ECLOSED after close. */
+KVS_API int kvs_l2_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                                       kvs_memobj *const *groups, size_t n,
+                                       size_t group_size, kvs_l2_task_id *id);
+KVS_API int kvs_l2_submit_load_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                                      kvs_memobj *const *groups, size_t n,
+                                      size_t group_size, kvs_l2_task_id *id);
+
 /* Delete keys now (synchronously). deleted (may be NULL) gets 1 for each key
  * removed, 0 for a key absent or locked (a locked key is kept). */
 KVS_API int kvs_l2_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
@@ -256,7 +294,11 @@ KVS_API size_t kvs_l2_types(const char **names, size_t cap);
 /* Create an adapter from a spec such as
  *     {"type": "fs", "path": "/var/cache/kv", "serde": {"type": "fp8"}}
  * A present "serde" wraps the adapter in the serde wrapper around a
- * processor created from that serde config (kvs_serde_create_json); an
+ * processor created from that serde config: a single-output type
+ * (kvs_serde_create_json) gives the single shape, a multi-output type such
+ * as "kv_split" (kvs_multi_serde_create_json) the multi shape
+ * (kvs_serde_wrapper_create_multi), and the wrapper's messages name the
+ * type ("serde 'kv_split'"); an
  * optional "serde_pool_bytes" (integer >= 0) sets the wrapper's
  * temp_pool_bytes. The serde is created first, so a bad serde config is
  * refused before the adapter touches any storage. Refused (KVS_EINVAL):
@@ -312,6 +354,36 @@ typedef struct kvs_serde_wrapper_options {
 KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde,
                                      const kvs_serde_wrapper_options *options,
                                      kvs_l2_adapter **out);
+
+/* The same wrapper in the multi shape: around a multi-output serde
+ * processor (multi_processor.h), one implementation with the single shape
+ * (the same pool, phases, per-key load failures, close and status; only the
+ * serde call differs). Ownership and refusals as kvs_serde_wrapper_create.
+ * Its messages call the serde "multi-output" (one made from an adapter
+ * spec names its type, "kv_split").
+ *
+ *   kvs_l2_submit_store_groups / _load_groups  take groups (above).
+ *   kvs_l2_submit_store / _load  take whole KV chunks, if the serde's group
+ *     size is 2 (K, V): KV_2LTD [2, layers, tokens, hidden] and KV_2TD
+ *     [2, tokens, hidden] become views of their two halves ([layers, tokens,
+ *     hidden] / [tokens, hidden]); KV_T2D [tokens, 2, hidden] becomes two
+ *     strided [tokens, hidden] halves (multi.h: read and written in place,
+ *     no gather copy). If the serde refuses a K/V group but takes one with K
+ *     absent (kv_split "mode": "v_only"), only the V halves are stored and
+ *     loaded, and a chunk's K bytes are never read or written. Refused at
+ *     submit, nothing queued: a format with no K/V halves ("serde wrapper:
+ *     object 0 has format KV_MLA_FMT (MLA: one latent, no separate K and
+ *     V), which has no K/V halves; serde 'kv_split' takes K and V (KV_2LTD,
+ *     KV_2TD or KV_T2D chunks)"; likewise HS_TD, EC_TD, BINARY,
+ *     BINARY_BUFFER, UNDEFINED), a layout that does not fit its format, a
+ *     serde whose group size is not 2, mixed layouts.
+ *   Lookup, unlock, delete, sizes, usage and status: as the single shape.
+ *     Stored objects are the serde's blobs (for kv_split, multi.h: 84 bytes
+ *     plus the payloads), so object sizes report blob sizes. */
+KVS_API int kvs_serde_wrapper_create_multi(kvs_l2_adapter *inner,
+                                           kvs_multi_processor *serde,
+                                           const kvs_serde_wrapper_options *options,
+                                           kvs_l2_adapter **out);
 
 #ifdef __cplusplus
 }

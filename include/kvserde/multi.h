@@ -212,6 +212,9 @@ KVS_API int kvs_single_to_multi_deserializer(kvs_deserializer *inner,
  *     the plain fp8.h cast with scale 1.0: the slot's bytes are identical to
  *     what the fp8 serde writes for that tensor.
  *
+ *   KVS_KV_SPLIT_SCALE_PER_LAYER / _PER_LAYER_HEAD / _PER_TOKEN
+ *     the per-tensor arithmetic on each scale group (see the enum below).
+ *
  * Accuracy (finite x, fp8 slot): |read - x| <= 2^-4 |x| for e4m3fn, 2^-3 |x|
  * for e5m2 (half an ulp of the scaled value), plus half the fp8 format's
  * smallest subnormal times scale for values in the subnormal range, plus one
@@ -229,6 +232,15 @@ KVS_API int kvs_single_to_multi_deserializer(kvs_deserializer *inner,
  *                                   refused), V required.
  * Both apply alike to serialize and estimate (layout slots mirror them).
  *
+ * Halves of a T2D chunk (strided slots): a slot object whose format is
+ * KVS_FMT_KV_T2D and whose layout is one 2-dim group [tokens, hidden] is
+ * read (serialize) or written (deserialize) as the K or V half of a
+ * [tokens, 2, hidden] chunk: row t at data + t x 2 x hidden elements, the
+ * other half's rows between them never read nor written. data points at
+ * the half's first row, and capacity must reach the end of its last row.
+ * This is how the serde wrapper hands T2D chunks over without a gather
+ * copy. Any other object is one contiguous array.
+ *
  * The blob (docs/kv_split_format.md): an 80-byte header (magic "KVSP",
  * version, which slots are present, total length, and per slot: source
  * dtype, stored dtype, element count, byte length, payload offset, scale),
@@ -236,7 +248,8 @@ KVS_API int kvs_single_to_multi_deserializer(kvs_deserializer *inner,
  * 4-byte CRC-32C of everything before it. Integers little-endian,
  * fixed-width. estimate_serialized_size is exact: 84 + sum over present
  * layout slots of elements x stored size (1 for fp8, the dtype size for
- * native); serialize writes exactly that many bytes.
+ * native), plus 24 + 4 x scales for each scoped fp8 slot; serialize writes
+ * exactly that many bytes.
  *
  * The deserializer reads any kv_split blob regardless of the options it was
  * created with (the blob describes itself). Each present destination slot is
@@ -266,9 +279,32 @@ typedef enum kvs_kv_split_store {
     KVS_KV_SPLIT_STORE_FLOAT8_E5M2 = 2,
 } kvs_kv_split_store;
 
+/* The scale scope of an fp8 slot (native slots ignore it). The scoped
+ * ones split the slot into scale groups and give each its own binary32
+ * scale, computed per group exactly as PER_TENSOR computes its one scale
+ * (amax over the group's finite elements, amax / fp8_max, 1.0 below 2^-110).
+ * They read the slot's layout (one group) as
+ *     [layers, tokens, heads, head_dim]  (4 dims: heads from the layout)
+ *     [layers, tokens, hidden]           (3 dims)
+ *     [tokens, hidden]                   (2 dims: one layer)
+ *     [hidden]                           (1 dim: one layer, one token)
+ * and are refused for any other layout ("kv_split: scale 'per_layer' needs
+ * one tensor of 1 to 4 dims; V source is [...]"):
+ *   PER_LAYER       one scale per layer                 layers scales
+ *   PER_LAYER_HEAD  one per layer and KV head (the hidden axis cut into
+ *                   num_kv_heads equal runs)             layers x heads
+ *   PER_TOKEN       one per token row of each layer      layers x tokens
+ * Heads: kvs_kv_split_options.num_kv_heads, else the layout's head axis;
+ * neither, a count that does not divide hidden, or a count that disagrees
+ * with the layout's head axis, is refused. A scoped blob costs 24 + 4 x
+ * (number of scales) bytes more than the per-tensor one
+ * (docs/kv_split_format.md, version 2). */
 typedef enum kvs_kv_split_scale {
     KVS_KV_SPLIT_SCALE_PER_TENSOR = 0,
     KVS_KV_SPLIT_SCALE_NONE = 1,
+    KVS_KV_SPLIT_SCALE_PER_LAYER = 2,
+    KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD = 3,
+    KVS_KV_SPLIT_SCALE_PER_TOKEN = 4,
 } kvs_kv_split_scale;
 
 typedef enum kvs_kv_split_mode {
@@ -282,6 +318,8 @@ typedef struct kvs_kv_split_options {
     kvs_kv_split_scale scale;   /* default PER_TENSOR */
     kvs_kv_split_mode mode;     /* default KV */
     int saturate;               /* fp8 overflow policy of fp8.h; default 1 */
+    unsigned num_kv_heads;      /* heads for PER_LAYER_HEAD; 0 (default) =
+                                   the layout's head axis */
 } kvs_kv_split_options;
 
 /* Fill *opts with the defaults above. */
@@ -296,7 +334,10 @@ KVS_API int kvs_kv_split_serde_create(const kvs_kv_split_options *opts,
 
 /* Blob constants. */
 #define KVS_KV_SPLIT_MAGIC "KVSP"
-#define KVS_KV_SPLIT_VERSION 1
+/* The newest blob version this build writes and reads. It writes version 1
+ * (readable by every build) unless a slot has a scoped scale, which needs
+ * version 2; it reads both. */
+#define KVS_KV_SPLIT_VERSION 2
 #define KVS_KV_SPLIT_HEADER_SIZE 80
 #define KVS_KV_SPLIT_TRAILER_SIZE 4 /* the CRC-32C */
 
@@ -309,6 +350,13 @@ typedef struct kvs_kv_split_slot_info {
     uint64_t offset;        /* of the payload, from the start of the blob */
     uint64_t nbytes;        /* of the payload */
     float scale;            /* 1.0 unless per-tensor scaled */
+    /* version 2: the scale scope (PER_TENSOR for a tensor-wide scale,
+     * including 1.0) and, for a scoped slot, its scale table: `nscales`
+     * binary32 scales at blob offset scales_offset; element (row r, column
+     * c) of the [rows, cols] slot uses scale (r / rows_per_scale) x (cols /
+     * cols_per_scale) + c / cols_per_scale. 0 for a tensor-wide scale. */
+    kvs_kv_split_scale scope;
+    uint64_t nscales, cols, rows_per_scale, cols_per_scale, scales_offset;
 } kvs_kv_split_slot_info;
 
 typedef struct kvs_kv_split_info {

@@ -14,8 +14,10 @@
  *           kvs_multi_serde_register, kvs_multi_serde_create_pair /
  *           kvs_multi_serde_create -> kvs_multi_processor
  * A name is registered once, with its kind; creating it through the other
- * kind's functions is refused with a message that names the right one
- * ("serde type 'kv_split' is multi-output; use kvs_multi_serde_create").
+ * kind's functions is refused with a message that says which kind it is,
+ * in words a person at a shell can act on, naming no C function ("serde
+ * type 'kv_split' is multi-output (a group of tensors per blob, such as K
+ * and V); create it with the multi-output API").
  *
  * Two kwargs belong to the registry, not to a serde: "type" (which factory)
  * and "max_workers" (the async processor's worker threads: an integer from
@@ -91,7 +93,8 @@ KVS_API const char *kvs_serde_kind_name(kvs_serde_kind kind);
  * missing type ("serde config: missing 'type' field"), a non-string type
  * ("serde config: 'type' must be a string, got integer"), an unknown type
  * ("unknown serde type 'x'; registered: fp8, kv_split"), a multi-output type
- * ("serde type 'kv_split' is multi-output; use kvs_multi_serde_create_pair"),
+ * ("serde type 'kv_split' is multi-output (a group of tensors per blob,
+ * such as K and V); create it with the multi-output API"),
  * a bad max_workers ("serde config: max_workers must be an integer from 1
  * to 1024, got 0"), and whatever the factory refuses. On failure *out is
  * zeroed. */
@@ -104,7 +107,8 @@ KVS_API void kvs_serde_pair_destroy(kvs_serde_pair *pair);
 /* Upstream create_serde_processor: build the configured serde and wrap it in
  * a new, independent async processor (kvs_async_processor_create) with the
  * config's max_workers. Refused as kvs_serde_create_pair() (a multi-output
- * type: "serde type 'kv_split' is multi-output; use kvs_multi_serde_create"),
+ * type: "serde type 'kv_split' is multi-output (a group of tensors per
+ * blob, such as K and V); create it with the multi-output API"),
  * plus the processor's own failures (KVS_EIO: no eventfd or thread). *out is
  * untouched on failure; nothing leaks. Free with kvs_processor_destroy(). */
 KVS_API int kvs_serde_create(const char *json_text, kvs_processor **out);
@@ -127,8 +131,9 @@ KVS_API int kvs_multi_serde_register(const char *name,
 /* Build the sync halves of a multi-output serde from a config: the config
  * rules of kvs_serde_create_pair ("type" and "max_workers" belong to the
  * registry, the factory sees the rest), and a single-output type refused
- * ("serde type 'fp8' is single-output; use kvs_serde_create_pair"). A factory
- * whose halves disagree on group_size is refused. On failure *out is
+ * ("serde type 'fp8' is single-output (one tensor per blob); create it
+ * with the single-output API"). A factory whose halves disagree on
+ * group_size is refused. On failure *out is
  * zeroed. Free with kvs_multi_serde_pair_destroy(). */
 KVS_API int kvs_multi_serde_create_pair(const char *json_text,
                                         kvs_multi_serde_pair *out);
@@ -139,8 +144,8 @@ KVS_API int kvs_multi_serde_create_pair_json(const json_t *config,
  * a new, independent kvs_async_multi_processor_create processor with the
  * config's max_workers, e.g.
  *     {"type": "kv_split", "v_dtype": "float8_e5m2", "max_workers": 2}
- * A single-output type is refused ("serde type 'fp8' is single-output; use
- * kvs_serde_create"). *out is untouched on failure; nothing leaks. Free
+ * A single-output type is refused ("serde type 'fp8' is single-output (one
+ * tensor per blob); create it with the single-output API"). *out is untouched on failure; nothing leaks. Free
  * with kvs_multi_processor_destroy(). */
 KVS_API int kvs_multi_serde_create(const char *json_text, kvs_multi_processor **out);
 KVS_API int kvs_multi_serde_create_json(const json_t *config,

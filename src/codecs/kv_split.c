@@ -285,6 +285,27 @@ static int slot_dtype(const kvs_layout *layout, int slot, const char *role, kvs_
     return KVS_OK;
 }
 
+/* The blob's scope code for a slot (descriptor byte +2, version 2): 0 for a
+ * tensor-wide scale, else the kvs_kv_split_scale value. */
+static int scoped(kvs_kv_split_scale s)
+{
+    return s == KVS_KV_SPLIT_SCALE_PER_LAYER || s == KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD ||
+           s == KVS_KV_SPLIT_SCALE_PER_TOKEN;
+}
+
+static const char *scale_name(kvs_kv_split_scale s)
+{
+    switch (s) {
+    case KVS_KV_SPLIT_SCALE_PER_TENSOR: return "per_tensor";
+    case KVS_KV_SPLIT_SCALE_NONE: return "none";
+    case KVS_KV_SPLIT_SCALE_PER_LAYER: return "per_layer";
+    case KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD: return "per_layer_head";
+    default: return "per_token";
+    }
+}
+
+#define SCALE_BLOCK 24 /* cols, rows_per_scale, cols_per_scale (u64 each) */
+
 typedef struct slot_plan {
     int present;
     kvs_dtype src_dtype;
@@ -294,6 +315,10 @@ typedef struct slot_plan {
     uint64_t nbytes;
     float scale; /* 1.0: plain cast or native */
     float inv;   /* fp8_max / amax when scale != 1.0 */
+    /* a scoped fp8 slot (scope != 0): the scale table's geometry */
+    int scope;
+    uint64_t cols, rps, cps, nscales;
+    float *scales, *invs; /* serialize: nscales each */
 } slot_plan;
 
 typedef struct kv_split_serializer {
@@ -314,12 +339,78 @@ static kvs_dtype stored_dtype(kvs_kv_split_store store, kvs_dtype src)
     }
 }
 
+/* The scale groups of a scoped fp8 slot, from its layout (multi.h). */
+static int scope_geometry(const kvs_kv_split_options *o, const kvs_layout *l, int s,
+                          const char *what, slot_plan *p)
+{
+    const char *sn = scale_name(o->scale);
+    char lb[200];
+    const kvs_shape *sh = &l->groups[0].shape;
+    if (l->ngroups != 1 || sh->ndim < 1 || sh->ndim > 4)
+        return kvs_set_error(KVS_EINVAL,
+                             "kv_split: scale '%s' needs one tensor of 1 to 4 dims "
+                             "([layers, tokens, heads, head_dim], [layers, tokens, hidden], "
+                             "[tokens, hidden] or [hidden]); %s %s is %s",
+                             sn, slot_names[s], what, kvs_layout_format(l, lb, sizeof lb));
+    uint64_t layers = 1, tokens = 1, hidden, lheads = 0;
+    switch (sh->ndim) {
+    case 4:
+        layers = (uint64_t)sh->dims[0], tokens = (uint64_t)sh->dims[1];
+        lheads = (uint64_t)sh->dims[2];
+        hidden = lheads * (uint64_t)sh->dims[3];
+        break;
+    case 3:
+        layers = (uint64_t)sh->dims[0], tokens = (uint64_t)sh->dims[1];
+        hidden = (uint64_t)sh->dims[2];
+        break;
+    case 2: tokens = (uint64_t)sh->dims[0], hidden = (uint64_t)sh->dims[1]; break;
+    default: hidden = (uint64_t)sh->dims[0]; break;
+    }
+    uint64_t heads = 1;
+    if (o->scale == KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD) {
+        if (o->num_kv_heads && lheads && o->num_kv_heads != lheads)
+            return kvs_set_error(KVS_EINVAL,
+                                 "kv_split: num_kv_heads %u disagrees with the head axis of "
+                                 "%s %s %s (%llu heads)",
+                                 o->num_kv_heads, slot_names[s], what,
+                                 kvs_layout_format(l, lb, sizeof lb),
+                                 (unsigned long long)lheads);
+        heads = o->num_kv_heads ? o->num_kv_heads : lheads;
+        if (heads == 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "kv_split: scale 'per_layer_head' needs the KV head count: "
+                                 "give num_kv_heads, or a [layers, tokens, heads, head_dim] "
+                                 "layout (%s %s is %s)",
+                                 slot_names[s], what, kvs_layout_format(l, lb, sizeof lb));
+        if (hidden % heads != 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "kv_split: %s %s hidden size %llu is not a multiple of "
+                                 "num_kv_heads %llu",
+                                 slot_names[s], what, (unsigned long long)hidden,
+                                 (unsigned long long)heads);
+    }
+    p->scope = (int)o->scale;
+    if (p->numel == 0) { /* nothing to scale: an empty table */
+        p->cols = p->rps = p->cps = p->nscales = 0;
+        return KVS_OK;
+    }
+    p->cols = hidden;
+    p->rps = o->scale == KVS_KV_SPLIT_SCALE_PER_TOKEN ? 1 : tokens;
+    p->cps = hidden / heads;
+    p->nscales = layers * tokens / p->rps * heads;
+    return KVS_OK;
+}
+
 /* Check the presence pattern against the mode and each present layout, and
  * lay the blob out. `role` is "src" (serialize) or "layout" (estimate). */
 static int plan_blob(const kvs_kv_split_options *o, const kvs_layout *const *layouts,
                      const char *role, slot_plan plan[NSLOTS], uint64_t *total)
 {
     const char *mode = o->mode == KVS_KV_SPLIT_MODE_KV ? "kv" : "v_only";
+    for (int s = 0; s < NSLOTS; s++) {
+        memset(&plan[s], 0, sizeof plan[s]);
+        plan[s].scale = plan[s].inv = 1.0f;
+    }
     if (o->mode == KVS_KV_SPLIT_MODE_KV && layouts[0] == NULL)
         return kvs_set_error(KVS_EINVAL,
                              "kv_split: K (slot 0) is required in mode 'kv' but the %s "
@@ -338,8 +429,6 @@ static int plan_blob(const kvs_kv_split_options *o, const kvs_layout *const *lay
     uint64_t offset = HEADER_SIZE;
     const char *what = strcmp(role, "src") == 0 ? "source" : "layout";
     for (int s = 0; s < NSLOTS; s++) {
-        memset(&plan[s], 0, sizeof plan[s]);
-        plan[s].scale = plan[s].inv = 1.0f;
         if (layouts[s] == NULL) continue;
         kvs_dtype dt;
         int rc = slot_dtype(layouts[s], s, what, &dt);
@@ -352,6 +441,11 @@ static int plan_blob(const kvs_kv_split_options *o, const kvs_layout *const *lay
         /* Under 2^63 bytes (the layout rule; a stored element is never
          * wider than its source), but two of them could still wrap. */
         plan[s].nbytes = plan[s].numel * kvs_dtype_size(plan[s].stored_dtype);
+        if (is_fp8(plan[s].stored_dtype) && scoped(o->scale)) {
+            if ((rc = scope_geometry(o, layouts[s], s, what, &plan[s]))) return rc;
+            /* nscales <= numel, so this stays far below 2^64 */
+            plan[s].nbytes += SCALE_BLOCK + 4 * plan[s].nscales;
+        }
         if (plan[s].nbytes > (uint64_t)SIZE_MAX - TRAILER_SIZE - offset)
             return kvs_set_error(KVS_EINVAL,
                                  "kv_split: blob size overflows: %s payload of %llu bytes "
@@ -365,14 +459,64 @@ static int plan_blob(const kvs_kv_split_options *o, const kvs_layout *const *lay
 }
 
 /* ---------------------------------------------------------------------
+ * Walking a slot: physical layout (contiguous or a T2D half) x scale groups
+ * ------------------------------------------------------------------ */
+
+/* Where a slot's elements live: runs of `seg` contiguous elements, run j
+ * at byte j x stride (one run for a contiguous object). */
+typedef struct phys {
+    uint64_t seg, stride;
+} phys;
+
+/* A T2D half (multi.h): format KV_T2D, one 2-dim group [tokens, hidden]. */
+static int is_t2d_half(const kvs_memobj *obj)
+{
+    return obj->format == KVS_FMT_KV_T2D && obj->layout.ngroups == 1 &&
+           obj->layout.groups[0].shape.ndim == 2;
+}
+
+static phys phys_of(const kvs_memobj *obj, uint64_t numel, size_t esize)
+{
+    phys ph = {numel ? numel : 1, 0};
+    if (is_t2d_half(obj) && obj->layout.groups[0].shape.dims[1] > 0) {
+        ph.seg = (uint64_t)obj->layout.groups[0].shape.dims[1];
+        ph.stride = 2 * ph.seg * esize;
+    }
+    return ph;
+}
+
+/* The piece starting at element i: at most SPAN elements, within one
+ * physical run and one scale group. Sets its scale index and the byte
+ * offset of its first element in the object; returns its length. */
+static size_t piece_at(uint64_t numel, uint64_t cols, uint64_t rps, uint64_t cps,
+                       uint64_t nscales, phys ph, size_t esize, uint64_t i, uint64_t *sidx,
+                       uint64_t *byte_off)
+{
+    uint64_t len = numel - i;
+    if (len > SPAN) len = SPAN;
+    *sidx = 0;
+    if (nscales) {
+        uint64_t r = i / cols, c = i % cols;
+        *sidx = (r / rps) * (cols / cps) + c / cps;
+        uint64_t left = cps - c % cps;
+        if (len > left) len = left;
+    }
+    uint64_t off = i % ph.seg;
+    if (len > ph.seg - off) len = ph.seg - off;
+    *byte_off = (i / ph.seg) * ph.stride + off * esize;
+    return (size_t)len;
+}
+
+/* ---------------------------------------------------------------------
  * Serialize
  * ------------------------------------------------------------------ */
 
 static void write_header(uint8_t *b, const slot_plan plan[NSLOTS], uint64_t total)
 {
+    int v2 = plan[0].scope || plan[1].scope;
     memset(b, 0, HEADER_SIZE);
     memcpy(b, KVS_KV_SPLIT_MAGIC, 4);
-    put_le16(b + 4, KVS_KV_SPLIT_VERSION);
+    put_le16(b + 4, v2 ? 2 : 1);
     b[6] = NSLOTS;
     b[7] = (uint8_t)((plan[0].present ? 1 : 0) | (plan[1].present ? 2 : 0));
     put_le64(b + 8, total);
@@ -381,6 +525,7 @@ static void write_header(uint8_t *b, const slot_plan plan[NSLOTS], uint64_t tota
         uint8_t *d = b + FIXED_SIZE + s * DESC_SIZE;
         d[0] = (uint8_t)plan[s].src_dtype;
         d[1] = (uint8_t)plan[s].stored_dtype;
+        d[2] = (uint8_t)plan[s].scope;
         put_le32(d + 4, kvs_f32_to_bits(plan[s].scale));
         put_le64(d + 8, plan[s].numel);
         put_le64(d + 16, plan[s].offset);
@@ -388,47 +533,88 @@ static void write_header(uint8_t *b, const slot_plan plan[NSLOTS], uint64_t tota
     }
 }
 
-/* Write one slot's payload at out, feeding every byte to *crc, a span at a
- * time while the span is still in cache. */
-static int write_payload(const slot_plan *p, const uint8_t *src, int saturate, uint8_t *out,
-                         uint32_t *crc)
+/* The scale of each group from the data (the only data-dependent step):
+ * amax over the group's finite elements, then the per-tensor rule. */
+static void compute_scales(slot_plan *p, const uint8_t *src, phys ph)
 {
-    if (!is_fp8(p->stored_dtype)) {
-        for (uint64_t done = 0; done < p->nbytes;) {
-            size_t m = (size_t)(p->nbytes - done < SPAN ? p->nbytes - done : SPAN);
-            memcpy(out + done, src + done, m);
-            *crc = kvs_crc32c(*crc, out + done, m);
-            done += m;
-        }
-        return KVS_OK;
+    size_t esize = kvs_dtype_size(p->src_dtype);
+    float one = 0, *amax = p->nscales ? p->scales : &one;
+    for (uint64_t j = 0; j < p->nscales; j++) amax[j] = 0;
+    for (uint64_t i = 0; i < p->numel;) {
+        uint64_t s, off;
+        size_t m = piece_at(p->numel, p->cols, p->rps, p->cps, p->nscales, ph, esize, i, &s,
+                            &off);
+        float a = finite_amax(src + off, p->src_dtype, m);
+        if (a > amax[s]) amax[s] = a;
+        i += m;
     }
-    size_t esize = kvs_dtype_size(p->src_dtype), n = (size_t)p->numel;
+    float fmax = fp8_max(p->stored_dtype);
+    uint64_t n = p->nscales ? p->nscales : 1;
+    for (uint64_t j = 0; j < n; j++) {
+        float a = amax[j], scale = a / fmax, inv = 1.0f;
+        if (scale >= MIN_SCALE) inv = fmax / a;
+        else scale = 1.0f;
+        if (p->nscales) p->scales[j] = scale, p->invs[j] = inv;
+        else p->scale = scale, p->inv = inv;
+    }
+}
+
+/* Write one slot's payload at out, feeding every byte to *crc, a piece at a
+ * time while it is still in cache. */
+static int write_payload(const slot_plan *p, const uint8_t *src, phys ph, int saturate,
+                         uint8_t *out, uint32_t *crc)
+{
+    if (p->scope) { /* the scale table first */
+        put_le64(out, p->cols);
+        put_le64(out + 8, p->rps);
+        put_le64(out + 16, p->cps);
+        for (uint64_t j = 0; j < p->nscales; j++)
+            put_le32(out + SCALE_BLOCK + 4 * j, kvs_f32_to_bits(p->scales[j]));
+        size_t tb = (size_t)(SCALE_BLOCK + 4 * p->nscales);
+        *crc = kvs_crc32c(*crc, out, tb);
+        out += tb;
+    }
+    size_t esize = kvs_dtype_size(p->src_dtype), osize = kvs_dtype_size(p->stored_dtype);
     float tmp[BLOCK];
-    for (size_t done = 0; done < n;) {
-        size_t span = n - done < SPAN ? n - done : SPAN;
-        if (p->scale == 1.0f) { /* the plain cast: exactly the fp8 serde's bytes */
-            int rc = kvs_fp8_encode(src + done * esize, p->src_dtype, out + done,
-                                    p->stored_dtype, saturate, span);
-            if (rc) return rc;
+    for (uint64_t i = 0; i < p->numel;) {
+        uint64_t s, off;
+        size_t m = piece_at(p->numel, p->cols, p->rps, p->cps, p->nscales, ph, esize, i, &s,
+                            &off);
+        const uint8_t *in = src + off;
+        uint8_t *o = out + i * osize;
+        if (!is_fp8(p->stored_dtype)) {
+            memcpy(o, in, m * esize);
         } else {
-            for (size_t i = 0; i < span; i += BLOCK) {
-                size_t m = span - i < BLOCK ? span - i : BLOCK;
-                load_scaled(src + (done + i) * esize, p->src_dtype, m, p->inv, tmp);
-                int rc = kvs_fp8_encode(tmp, KVS_DTYPE_FLOAT32, out + done + i,
-                                        p->stored_dtype, saturate, m);
+            float scale = p->nscales ? p->scales[s] : p->scale;
+            float inv = p->nscales ? p->invs[s] : p->inv;
+            if (scale == 1.0f) { /* the plain cast: exactly the fp8 serde's bytes */
+                int rc = kvs_fp8_encode(in, p->src_dtype, o, p->stored_dtype, saturate, m);
                 if (rc) return rc;
+            } else {
+                for (size_t j = 0; j < m; j += BLOCK) {
+                    size_t k = m - j < BLOCK ? m - j : BLOCK;
+                    load_scaled(in + j * esize, p->src_dtype, k, inv, tmp);
+                    int rc = kvs_fp8_encode(tmp, KVS_DTYPE_FLOAT32, o + j, p->stored_dtype,
+                                            saturate, k);
+                    if (rc) return rc;
+                }
             }
         }
-        *crc = kvs_crc32c(*crc, out + done, span);
-        done += span;
+        *crc = kvs_crc32c(*crc, o, m * osize);
+        i += m;
     }
     return KVS_OK;
 }
 
-/* The source object must really hold what its layout describes. */
+/* The object must really hold what its layout describes (a T2D half: up
+ * to the end of its last row). */
 static int check_object(const kvs_memobj *obj, int slot, const char *role)
 {
     uint64_t need = kvs_layout_nbytes(&obj->layout);
+    if (is_t2d_half(obj) && need > 0) {
+        uint64_t row = need / (uint64_t)obj->layout.groups[0].shape.dims[0];
+        need += need - row; /* (tokens - 1) x 2 x row + row */
+    }
     if (obj->capacity < need || (obj->data == NULL && need > 0))
         return kvs_set_error(KVS_EINVAL,
                              "kv_split: %s %s holds %zu bytes, its layout needs %llu",
@@ -479,30 +665,36 @@ static int kv_split_serialize(kvs_multi_serializer *s, kvs_memobj *const *src_gr
                              dst->data ? dst->capacity : 0, (unsigned long long)total);
     if ((rc = probe_fp8(plan, 0))) return rc;
 
-    /* Per-tensor scales, from the data (the only data-dependent step). */
+    phys ph[NSLOTS] = {{1, 0}, {1, 0}};
     for (int i = 0; i < NSLOTS; i++) {
         slot_plan *p = &plan[i];
-        if (!p->present || !is_fp8(p->stored_dtype) ||
-            self->opts.scale != KVS_KV_SPLIT_SCALE_PER_TENSOR)
+        if (!p->present) continue;
+        ph[i] = phys_of(src_group[i], p->numel, kvs_dtype_size(p->src_dtype));
+        if (!is_fp8(p->stored_dtype) || self->opts.scale == KVS_KV_SPLIT_SCALE_NONE)
             continue;
-        float amax = finite_amax(src_group[i]->data, p->src_dtype, (size_t)p->numel);
-        float fmax = fp8_max(p->stored_dtype);
-        float scale = amax / fmax;
-        if (scale >= MIN_SCALE) {
-            p->scale = scale;
-            p->inv = fmax / amax;
+        if (p->nscales) {
+            p->scales = malloc((size_t)p->nscales * 2 * sizeof(float));
+            if (p->scales == NULL) {
+                free(plan[0].scales);
+                return kvs_set_error(KVS_ENOMEM, "kv_split: out of memory for %llu scales",
+                                     (unsigned long long)p->nscales);
+            }
+            p->invs = p->scales + p->nscales;
         }
+        compute_scales(p, src_group[i]->data, ph[i]);
     }
 
     uint8_t *b = dst->data;
     write_header(b, plan, total);
     uint32_t crc = kvs_crc32c(0, b, HEADER_SIZE);
-    for (int i = 0; i < NSLOTS; i++) {
+    for (int i = 0; i < NSLOTS && rc == KVS_OK; i++) {
         if (!plan[i].present) continue;
-        rc = write_payload(&plan[i], src_group[i]->data, self->opts.saturate,
+        rc = write_payload(&plan[i], src_group[i]->data, ph[i], self->opts.saturate,
                            b + plan[i].offset, &crc);
-        if (rc) return rc; /* unreachable: dtypes checked, kernels probed */
     }
+    free(plan[0].scales);
+    free(plan[1].scales);
+    if (rc) return rc; /* unreachable: dtypes checked, kernels probed */
     put_le32(b + total - TRAILER_SIZE, crc);
     *nwritten = (size_t)total;
     return KVS_OK;
@@ -540,10 +732,11 @@ static const struct kvs_multi_serializer_ops kv_split_serializer_ops = {
 
 /* One present slot's descriptor; `*offset` is where its payload must start
  * and advances past it. */
-static int parse_slot(const uint8_t *d, int s, uint64_t *offset, kvs_kv_split_slot_info *out)
+static int parse_slot(const uint8_t *d, int s, unsigned version, uint64_t *offset,
+                      kvs_kv_split_slot_info *out)
 {
     const char *name = slot_names[s];
-    unsigned src = d[0], stored = d[1];
+    unsigned src = d[0], stored = d[1], scope = d[2];
     if (!is_wide((kvs_dtype)src))
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: corrupt header: %s source dtype code %u is not "
@@ -554,16 +747,24 @@ static int parse_slot(const uint8_t *d, int s, uint64_t *offset, kvs_kv_split_sl
                              "kv_split: corrupt header: %s stored dtype code %u is neither "
                              "the source dtype (%u) nor an fp8 dtype",
                              name, stored, src);
-    if (d[2] || d[3])
+    if (d[3] || (version < 2 && scope))
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: corrupt header: %s reserved bytes are not zero", name);
+    if (scope && !scoped((kvs_kv_split_scale)scope))
+        return kvs_set_error(KVS_ECORRUPT,
+                             "kv_split: corrupt header: %s scale scope code %u is unknown",
+                             name, scope);
+    if (scope && !is_fp8((kvs_dtype)stored))
+        return kvs_set_error(KVS_ECORRUPT,
+                             "kv_split: corrupt header: native %s slot has scale scope %u",
+                             name, scope);
     uint32_t scale_bits = get_le32(d + 4);
     float scale = kvs_f32_from_bits(scale_bits);
-    if (!is_fp8((kvs_dtype)stored) && scale_bits != 0x3F800000u)
+    if ((!is_fp8((kvs_dtype)stored) || scope) && scale_bits != 0x3F800000u)
         return kvs_set_error(KVS_ECORRUPT,
-                             "kv_split: corrupt header: native %s slot has scale %g "
+                             "kv_split: corrupt header: %s %s slot has scale %g "
                              "(0x%08x), expected 1",
-                             name, (double)scale, scale_bits);
+                             scope ? "scoped" : "native", name, (double)scale, scale_bits);
     if (is_fp8((kvs_dtype)stored) && !(isfinite(scale) && scale >= MIN_SCALE))
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: corrupt header: %s scale %g (0x%08x) is not a "
@@ -571,12 +772,20 @@ static int parse_slot(const uint8_t *d, int s, uint64_t *offset, kvs_kv_split_sl
                              name, (double)scale, scale_bits);
     uint64_t numel = get_le64(d + 8), off = get_le64(d + 16), nbytes = get_le64(d + 24);
     size_t esize = kvs_dtype_size((kvs_dtype)stored);
-    if (numel > UINT64_MAX / esize || numel * esize != nbytes)
+    if (scope) {
+        /* the table's own consistency is checked with the checksum */
+        if (nbytes < SCALE_BLOCK || nbytes - SCALE_BLOCK < numel)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "kv_split: corrupt header: scoped %s holds %llu elements "
+                                 "but %llu bytes",
+                                 name, (unsigned long long)numel, (unsigned long long)nbytes);
+    } else if (numel > UINT64_MAX / esize || numel * esize != nbytes) {
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: corrupt header: %s holds %llu elements of %s but "
                              "%llu bytes",
                              name, (unsigned long long)numel,
                              kvs_dtype_name((kvs_dtype)stored), (unsigned long long)nbytes);
+    }
     if (off != *offset)
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: corrupt header: %s payload at offset %llu, expected "
@@ -595,6 +804,48 @@ static int parse_slot(const uint8_t *d, int s, uint64_t *offset, kvs_kv_split_sl
     out->offset = off;
     out->nbytes = nbytes;
     out->scale = scale;
+    out->scope = scope ? (kvs_kv_split_scale)scope : KVS_KV_SPLIT_SCALE_PER_TENSOR;
+    return KVS_OK;
+}
+
+/* A scoped slot's scale table (inside the checksummed payload). */
+static int parse_scales(const uint8_t *b, int s, kvs_kv_split_slot_info *si)
+{
+    const char *name = slot_names[s];
+    const uint8_t *t = b + si->offset;
+    uint64_t cols = get_le64(t), rps = get_le64(t + 8), cps = get_le64(t + 16), ns = 0;
+    uint64_t n = si->numel;
+    int ok;
+    if (n == 0) {
+        ok = cols == 0 && rps == 0 && cps == 0;
+    } else {
+        ok = cols > 0 && n % cols == 0 && rps > 0 && (n / cols) % rps == 0 && cps > 0 &&
+             cols % cps == 0;
+        /* (rows / rps) x (cols / cps) <= rows x cols = n: no overflow */
+        if (ok) ns = (n / cols / rps) * (cols / cps);
+    }
+    if (!ok)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "kv_split: corrupt scale table: %s slot of %llu elements with "
+                             "%llu columns, %llu rows and %llu columns per scale",
+                             name, (unsigned long long)n, (unsigned long long)cols,
+                             (unsigned long long)rps, (unsigned long long)cps);
+    if (si->nbytes != SCALE_BLOCK + 4 * ns + n)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "kv_split: corrupt scale table: %s has %llu scales and %llu "
+                             "elements but %llu payload bytes",
+                             name, (unsigned long long)ns, (unsigned long long)n,
+                             (unsigned long long)si->nbytes);
+    for (uint64_t j = 0; j < ns; j++) {
+        float v = kvs_f32_from_bits(get_le32(t + SCALE_BLOCK + 4 * j));
+        if (!(isfinite(v) && v >= MIN_SCALE))
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "kv_split: corrupt scale table: %s scale %llu is %g, not a "
+                                 "finite value >= 2^-110",
+                                 name, (unsigned long long)j, (double)v);
+    }
+    si->cols = cols, si->rows_per_scale = rps, si->cols_per_scale = cps, si->nscales = ns;
+    si->scales_offset = si->offset + SCALE_BLOCK;
     return KVS_OK;
 }
 
@@ -611,10 +862,10 @@ static int parse_blob(const uint8_t *b, size_t len, kvs_kv_split_info *info)
                              "('KVSP')",
                              b[0], b[1], b[2], b[3]);
     unsigned version = get_le16(b + 4);
-    if (version != KVS_KV_SPLIT_VERSION)
+    if (version < 1 || version > KVS_KV_SPLIT_VERSION)
         return kvs_set_error(KVS_EUNSUPPORTED,
                              "kv_split: unsupported blob version %u; this build reads "
-                             "version %d",
+                             "versions 1 to %d",
                              version, KVS_KV_SPLIT_VERSION);
     if (b[6] != NSLOTS)
         return kvs_set_error(KVS_ECORRUPT, "kv_split: corrupt header: %u slots, expected %d",
@@ -638,7 +889,7 @@ static int parse_blob(const uint8_t *b, size_t len, kvs_kv_split_info *info)
                                      slot_names[s]);
             continue;
         }
-        int rc = parse_slot(d, s, &offset, &info->slots[s]);
+        int rc = parse_slot(d, s, version, &offset, &info->slots[s]);
         if (rc) return rc;
     }
     uint64_t total = offset + TRAILER_SIZE;
@@ -656,6 +907,11 @@ static int parse_blob(const uint8_t *b, size_t len, kvs_kv_split_info *info)
         return kvs_set_error(KVS_ECORRUPT,
                              "kv_split: checksum mismatch: stored 0x%08x, computed 0x%08x",
                              stored, computed);
+    for (int s = 0; s < NSLOTS; s++) {
+        if (info->slots[s].scope == KVS_KV_SPLIT_SCALE_PER_TENSOR) continue;
+        int rc = parse_scales(b, s, &info->slots[s]);
+        if (rc) return rc;
+    }
     info->version = version;
     info->total_size = total;
     info->crc32c = stored;
@@ -676,45 +932,11 @@ int kvs_kv_split_inspect(const void *blob, size_t len, kvs_kv_split_info *out)
  * Deserialize
  * ------------------------------------------------------------------ */
 
-/* Fill the n elements of dst (dtype dt) from one slot's payload. */
-static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *in, uint8_t *dst,
-                        kvs_dtype dt)
+/* A float16 lookup table for one scale: each of the 256 codes decoded,
+ * times the scale, rounded to float16 (float16 rounding does not
+ * vectorize, but a code has only 256 possible values). */
+static int f16_table(kvs_dtype stored, float scale, uint16_t table[256])
 {
-    size_t n = (size_t)si->numel, osize = kvs_dtype_size(dt);
-    if (!is_fp8(si->stored_dtype)) {
-        if (si->stored_dtype == dt) {
-            memcpy(dst, in, (size_t)si->nbytes);
-            return KVS_OK;
-        }
-        /* Another float dtype: widen exactly (half.h, NaNs as the
-         * hardware widens them), then round to nearest even. */
-        size_t isize = kvs_dtype_size(si->stored_dtype);
-        float tmp[BLOCK];
-        for (size_t done = 0; done < n;) {
-            size_t m = n - done < BLOCK ? n - done : BLOCK;
-            load_exact(in + done * isize, si->stored_dtype, m, tmp);
-            store_f32(dst + done * osize, dt, m, tmp);
-            done += m;
-        }
-        return KVS_OK;
-    }
-    if (si->scale == 1.0f) /* the plain cast: exactly the fp8 serde's values */
-        return kvs_fp8_decode(in, si->stored_dtype, dst, dt, n);
-    if (dt != KVS_DTYPE_FLOAT16) {
-        /* Decode a block with the SIMD kernels, then scale and round. */
-        float tmp[BLOCK];
-        for (size_t done = 0; done < n;) {
-            size_t m = n - done < BLOCK ? n - done : BLOCK;
-            int rc = kvs_fp8_decode(in + done, si->stored_dtype, tmp, KVS_DTYPE_FLOAT32, m);
-            if (rc) return rc;
-            store_scaled(dst + done * osize, dt, m, tmp, si->scale);
-            done += m;
-        }
-        return KVS_OK;
-    }
-    /* float16 rounding does not vectorize; but a code has only 256 possible
-     * values, so compute each once, exactly as documented (decode, times
-     * the scale, rounded to float16), and look the elements up. */
     static const uint8_t codes[256] = {
 #define ROW(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7
 #define ROWS(x) ROW(x), ROW(x + 8), ROW(x + 16), ROW(x + 24)
@@ -723,12 +945,79 @@ static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *in, uin
 #undef ROW
     };
     float vals[256];
-    int rc = kvs_fp8_decode(codes, si->stored_dtype, vals, KVS_DTYPE_FLOAT32, 256);
+    int rc = kvs_fp8_decode(codes, stored, vals, KVS_DTYPE_FLOAT32, 256);
     if (rc) return rc;
-    for (int i = 0; i < 256; i++) vals[i] *= si->scale;
+    for (int i = 0; i < 256; i++) vals[i] *= scale;
+    store_f32((uint8_t *)table, KVS_DTYPE_FLOAT16, 256, vals);
+    return KVS_OK;
+}
+
+/* Fill m elements at dst (dtype dt) from m stored elements at in. */
+static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, uint8_t *dst,
+                    kvs_dtype dt, uint16_t table[256], float *table_scale)
+{
+    size_t osize = kvs_dtype_size(dt);
+    if (!is_fp8(stored)) {
+        if (stored == dt) {
+            memcpy(dst, in, m * osize);
+            return KVS_OK;
+        }
+        /* Another float dtype: widen exactly (half.h, NaNs as the
+         * hardware widens them), then round to nearest even. */
+        size_t isize = kvs_dtype_size(stored);
+        float tmp[BLOCK];
+        for (size_t done = 0; done < m;) {
+            size_t k = m - done < BLOCK ? m - done : BLOCK;
+            load_exact(in + done * isize, stored, k, tmp);
+            store_f32(dst + done * osize, dt, k, tmp);
+            done += k;
+        }
+        return KVS_OK;
+    }
+    if (scale == 1.0f) /* the plain cast: exactly the fp8 serde's values */
+        return kvs_fp8_decode(in, stored, dst, dt, m);
+    if (dt != KVS_DTYPE_FLOAT16) {
+        /* Decode a block with the SIMD kernels, then scale and round. */
+        float tmp[BLOCK];
+        for (size_t done = 0; done < m;) {
+            size_t k = m - done < BLOCK ? m - done : BLOCK;
+            int rc = kvs_fp8_decode(in + done, stored, tmp, KVS_DTYPE_FLOAT32, k);
+            if (rc) return rc;
+            store_scaled(dst + done * osize, dt, k, tmp, scale);
+            done += k;
+        }
+        return KVS_OK;
+    }
+    if (*table_scale != scale) { /* built once per distinct scale in a row */
+        int rc = f16_table(stored, scale, table);
+        if (rc) return rc;
+        *table_scale = scale;
+    }
+    for (size_t i = 0; i < m; i++) memcpy(dst + 2 * i, &table[in[i]], 2);
+    return KVS_OK;
+}
+
+/* Fill the destination (dtype dt, physical layout ph) from one slot. */
+static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *b, uint8_t *dst,
+                        kvs_dtype dt, phys ph)
+{
+    size_t osize = kvs_dtype_size(dt), isize = kvs_dtype_size(si->stored_dtype);
+    const uint8_t *in = b + si->offset;
+    if (si->scope != KVS_KV_SPLIT_SCALE_PER_TENSOR) in += SCALE_BLOCK + 4 * si->nscales;
     uint16_t table[256];
-    store_f32((uint8_t *)table, dt, 256, vals);
-    for (size_t i = 0; i < n; i++) memcpy(dst + 2 * i, &table[in[i]], 2);
+    float table_scale = 0; /* no table yet (0 is never a scale) */
+    for (uint64_t i = 0; i < si->numel;) {
+        uint64_t s, off;
+        size_t m = piece_at(si->numel, si->cols, si->rows_per_scale, si->cols_per_scale,
+                            si->nscales, ph, osize, i, &s, &off);
+        float scale = si->nscales
+                          ? kvs_f32_from_bits(get_le32(b + si->scales_offset + 4 * s))
+                          : si->scale;
+        int rc = read_run(si->stored_dtype, in + i * isize, m, scale, dst + off, dt, table,
+                          &table_scale);
+        if (rc) return rc;
+        i += m;
+    }
     return KVS_OK;
 }
 
@@ -737,6 +1026,7 @@ static int kv_split_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src
                                 const kvs_object_key *key)
 {
     (void)key;
+    (void)d;
     int rc = kvs_validate_group_size(n, NSLOTS, "dst");
     if (rc) return rc;
     if (src->used_size > src->capacity || (src->data == NULL && src->used_size > 0))
@@ -781,7 +1071,8 @@ static int kv_split_deserialize(kvs_multi_deserializer *d, const kvs_memobj *src
     for (int s = 0; s < NSLOTS; s++) {
         if (dst_group[s] == NULL) continue;
         const kvs_kv_split_slot_info *si = &info.slots[s];
-        rc = read_payload(si, b + si->offset, dst_group[s]->data, dts[s]);
+        phys ph = phys_of(dst_group[s], si->numel, kvs_dtype_size(dts[s]));
+        rc = read_payload(si, b, dst_group[s]->data, dts[s], ph);
         if (rc) return rc; /* unreachable: dtypes checked, kernels probed */
     }
     return KVS_OK;
@@ -810,6 +1101,7 @@ void kvs_kv_split_options_init(kvs_kv_split_options *opts)
     opts->scale = KVS_KV_SPLIT_SCALE_PER_TENSOR;
     opts->mode = KVS_KV_SPLIT_MODE_KV;
     opts->saturate = 1;
+    opts->num_kv_heads = 0;
 }
 
 static int store_valid(kvs_kv_split_store s)
@@ -828,7 +1120,8 @@ int kvs_kv_split_serde_create(const kvs_kv_split_options *opts, kvs_multi_serial
         return kvs_set_error(KVS_EINVAL, "kv_split: unknown k_store %d", (int)o.k_store);
     if (!store_valid(o.v_store))
         return kvs_set_error(KVS_EINVAL, "kv_split: unknown v_store %d", (int)o.v_store);
-    if (o.scale != KVS_KV_SPLIT_SCALE_PER_TENSOR && o.scale != KVS_KV_SPLIT_SCALE_NONE)
+    if (o.scale != KVS_KV_SPLIT_SCALE_PER_TENSOR && o.scale != KVS_KV_SPLIT_SCALE_NONE &&
+        !scoped(o.scale))
         return kvs_set_error(KVS_EINVAL, "kv_split: unknown scale %d", (int)o.scale);
     if (o.mode != KVS_KV_SPLIT_MODE_KV && o.mode != KVS_KV_SPLIT_MODE_V_ONLY)
         return kvs_set_error(KVS_EINVAL, "kv_split: unknown mode %d", (int)o.mode);
@@ -859,7 +1152,8 @@ oom:
 
 int kvs_kv_split_factory(const json_t *kwargs, void *userdata, kvs_multi_serde_pair *out)
 {
-    static const char *const known[] = {"k_dtype", "v_dtype", "scale", "mode", "saturate",
+    static const char *const known[] = {"k_dtype", "v_dtype",      "scale",
+                                        "mode",    "saturate",     "num_kv_heads",
                                         NULL};
     static const char *const k_choices[] = {"native", "float8_e4m3fn", "float8_e5m2", NULL};
     static const kvs_kv_split_store k_map[] = {KVS_KV_SPLIT_STORE_NATIVE,
@@ -869,14 +1163,19 @@ int kvs_kv_split_factory(const json_t *kwargs, void *userdata, kvs_multi_serde_p
     static const kvs_kv_split_store v_map[] = {KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN,
                                                KVS_KV_SPLIT_STORE_FLOAT8_E5M2,
                                                KVS_KV_SPLIT_STORE_NATIVE};
-    static const char *const scales[] = {"per_tensor", "none", NULL};
+    static const char *const scales[] = {"per_tensor", "none",      "per_layer",
+                                         "per_layer_head", "per_token", NULL};
+    static const kvs_kv_split_scale scale_map[] = {
+        KVS_KV_SPLIT_SCALE_PER_TENSOR, KVS_KV_SPLIT_SCALE_NONE, KVS_KV_SPLIT_SCALE_PER_LAYER,
+        KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD, KVS_KV_SPLIT_SCALE_PER_TOKEN};
     static const char *const modes[] = {"kv", "v_only", NULL};
+    (void)userdata;
     if (out == NULL) return kvs_set_error(KVS_EINVAL, "kv_split: NULL output pair");
     memset(out, 0, sizeof *out);
     if (kwargs == NULL || !json_is_object(kwargs))
         return kvs_set_error(KVS_EINVAL, "kv_split: kwargs must be a JSON object");
     int k, v, scale, mode, saturate;
-    unsigned workers;
+    unsigned workers, heads = 0;
     int rc = kvs_kwargs_check_known(kwargs, "kv_split", known);
     if (!rc) rc = kvs_kwargs_get_choice(kwargs, "kv_split", "k_dtype", k_choices, 0, &k);
     if (!rc) rc = kvs_kwargs_get_choice(kwargs, "kv_split", "v_dtype", v_choices, 0, &v);
@@ -885,13 +1184,16 @@ int kvs_kv_split_factory(const json_t *kwargs, void *userdata, kvs_multi_serde_p
     if (!rc) rc = kvs_kwargs_get_bool(kwargs, "kv_split", "saturate", 1, &saturate);
     if (!rc)
         rc = kvs_kwargs_get_positive_int(kwargs, "kv_split", "max_workers", 1, &workers);
+    if (!rc && json_object_get(kwargs, "num_kv_heads"))
+        rc = kvs_kwargs_get_positive_int(kwargs, "kv_split", "num_kv_heads", 1, &heads);
     if (rc) return rc;
     kvs_kv_split_options o = {
         .k_store = k_map[k],
         .v_store = v_map[v],
-        .scale = scale == 0 ? KVS_KV_SPLIT_SCALE_PER_TENSOR : KVS_KV_SPLIT_SCALE_NONE,
+        .scale = scale_map[scale],
         .mode = mode == 0 ? KVS_KV_SPLIT_MODE_KV : KVS_KV_SPLIT_MODE_V_ONLY,
         .saturate = saturate,
+        .num_kv_heads = heads,
     };
     rc = kvs_kv_split_serde_create(&o, &out->serializer, &out->deserializer);
     if (rc) {

@@ -172,6 +172,38 @@ int kvs_l2_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
     return checked(a, "submit_load", a->ops->submit_load(a, keys, objects, n, id));
 }
 
+static int submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
+                         kvs_memobj *const *groups, size_t n, size_t group_size,
+                         kvs_l2_task_id *id)
+{
+    int rc;
+    if ((rc = check_id(id)) || (rc = check_keys(keys, n))) return rc;
+    if (groups == NULL && n > 0)
+        return kvs_set_error(KVS_EINVAL, "l2: group array is NULL with %zu groups", n);
+    if (group_size == 0) return kvs_set_error(KVS_EINVAL, "l2: group size is 0");
+    if (n > SIZE_MAX / group_size)
+        return kvs_set_error(KVS_EINVAL, "l2: %zu groups of %zu slots overflow", n, group_size);
+    kvs_clear_error();
+    return checked(a, load ? "submit_load_groups" : "submit_store_groups",
+                   kvs_serde_wrapper_submit_groups(a, load, keys, groups, n, group_size, id));
+}
+
+int kvs_l2_submit_store_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                               kvs_memobj *const *groups, size_t n, size_t group_size,
+                               kvs_l2_task_id *id)
+{
+    REQUIRE_ADAPTER(a);
+    return submit_groups(a, 0, keys, groups, n, group_size, id);
+}
+
+int kvs_l2_submit_load_groups(kvs_l2_adapter *a, const kvs_object_key *keys,
+                              kvs_memobj *const *groups, size_t n, size_t group_size,
+                              kvs_l2_task_id *id)
+{
+    REQUIRE_ADAPTER(a);
+    return submit_groups(a, 1, keys, groups, n, group_size, id);
+}
+
 int kvs_l2_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
 {
     REQUIRE_ADAPTER(a);

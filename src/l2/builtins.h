@@ -22,6 +22,22 @@ int kvs_memory_adapter_factory(const json_t *spec, void *userdata,
  * (src/l2/redis_adapter.c); see kvserde/l2_redis.h for the accepted keys. */
 int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out);
 
+/* The serde wrapper of either shape (exactly one of proc / mproc set),
+ * whose messages name the serde `serde_name` (NULL: "single-output" /
+ * "multi-output"): what kvs_serde_wrapper_create(_multi) and the registry
+ * call (src/l2/serde_wrapper.c). Ownership as there. */
+int kvs_serde_wrapper_create_named(kvs_l2_adapter *inner, kvs_processor *proc,
+                                   kvs_multi_processor *mproc,
+                                   const kvs_serde_wrapper_options *options,
+                                   const char *serde_name, kvs_l2_adapter **out);
+
+/* The group submits of kvserde/l2.h: `a` must be a serde wrapper (else
+ * refused, naming the adapter); load 0 = store, 1 = load. Arguments
+ * already checked by adapter.c. */
+int kvs_serde_wrapper_submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
+                                    kvs_memobj *const *groups, size_t n, size_t group_size,
+                                    kvs_l2_task_id *id);
+
 /* The raw path's size rule for loads (kvserde/l2.h, "Load"), shared by the
  * built-in adapters and checked before a destination byte is written: a
  * destination of format KVS_FMT_BINARY or KVS_FMT_BINARY_BUFFER is a byte

@@ -194,19 +194,32 @@ int kvs_l2_create_json(const json_t *spec, kvs_l2_adapter **out)
      * adapter exists (an fs adapter would already have made its
      * directory). */
     kvs_processor *proc = NULL;
-    if (serde && (rc = kvs_serde_create_json(serde, &proc)) != KVS_OK) return rc;
+    kvs_multi_processor *mproc = NULL;
+    if (serde) {
+        const char *st = json_string_value(json_object_get(serde, "type"));
+        kvs_serde_kind kind = KVS_SERDE_SINGLE;
+        /* an unknown type is refused by the create call below */
+        if (kvs_serde_type_kind(st, &kind) == KVS_OK && kind == KVS_SERDE_MULTI)
+            rc = kvs_multi_serde_create_json(serde, &mproc);
+        else
+            rc = kvs_serde_create_json(serde, &proc);
+        if (rc != KVS_OK) return rc;
+    }
     kvs_l2_adapter *inner = NULL;
     rc = create_inner(&e, spec, &inner);
     if (rc != KVS_OK) {
         kvs_processor_destroy(proc);
+        kvs_multi_processor_destroy(mproc);
         return rc;
     }
-    if (proc == NULL) {
+    if (proc == NULL && mproc == NULL) {
         *out = inner;
         return KVS_OK;
     }
-    /* Takes ownership of inner and proc in every case. */
-    return kvs_serde_wrapper_create(inner, proc, &opts, out);
+    /* Takes ownership of inner and the processor in every case. */
+    return kvs_serde_wrapper_create_named(inner, proc, mproc, &opts,
+                                          json_string_value(json_object_get(serde, "type")),
+                                          out);
 }
 
 int kvs_l2_create(const char *json_text, kvs_l2_adapter **out)

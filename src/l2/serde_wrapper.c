@@ -3,6 +3,13 @@
  * serialize first, loads deserialize after; lookup, unlock, delete, sizes
  * and usage pass straight through to the inner adapter.
  *
+ * Two shapes, one implementation: around a single-output serde processor
+ * (objects in, blobs out) or a multi-output one (groups of optional slots
+ * in, blobs out: the multi shape). Only the proc_* calls below tell them
+ * apart; a task holds `slots` pointers per key (1, or the group size). In
+ * the multi shape, whole KV chunks become K/V views of their memory
+ * (chunk_views) and go the group path.
+ *
  * Life of a store task (ids and results come from the shared task queue):
  *   submit    (caller) refuse a batch of mixed layouts; take an id; take n
  *             temps of the processor's estimate for object 0's layout from
@@ -67,7 +74,9 @@
 #include "kvserde/export.h"
 #include "kvserde/l2.h"
 #include "kvserde/memobj.h"
+#include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
+#include "l2/builtins.h"
 #include "l2/task_queue.h"
 
 #define OWNER "serde wrapper"
@@ -95,9 +104,14 @@ struct wtask {
     enum phase phase;
     uint64_t sub_id;            /* the processor's or the inner adapter's id */
     size_t n;
+    size_t slots;               /* pointers per item in objs / sel_dst: 1 (the
+                                   single shape) or the multi serde's group size */
     kvs_object_key *keys;       /* the caller's keys, copied at submit: the
                                    serde sees these, never temp keys */
-    kvs_memobj **objs;          /* the caller's objects */
+    kvs_memobj **objs;          /* n x slots: the caller's objects, or its groups
+                                   (NULL = absent slot) */
+    kvs_memobj *views;          /* whole KV chunks on a multi wrapper: the
+                                   n x 2 K/V views objs points at (owned) */
     struct temp **temps;        /* n temps */
     kvs_memobj **tobjs;         /* &temps[i]->obj, the arrays handed on */
     size_t temp_size;           /* bytes per temp */
@@ -105,7 +119,8 @@ struct wtask {
     uint8_t *hits;              /* the inner load's bitmap */
     int inner_status;
     char inner_message[KVS_ERROR_MSG_MAX];
-    kvs_memobj **sel_src, **sel_dst; /* the found keys' temps / destinations */
+    kvs_memobj **sel_src, **sel_dst; /* the found keys' temps / destinations
+                                        (sel_dst: slots per key) */
     kvs_object_key *sel_keys;   /* and their keys */
     size_t *sel_idx;            /* each found key's index in the task */
     size_t nsel, sel_off;       /* found keys; the first one not yet deserialized */
@@ -115,7 +130,12 @@ struct wtask {
 struct wrapper {
     kvs_l2_adapter base;
     kvs_l2_adapter *inner;
+    /* The serde: exactly one of the two. The multi shape (mproc) takes
+     * groups of gs slots; everything else is shared. */
     kvs_processor *proc;
+    kvs_multi_processor *mproc;
+    size_t gs;                  /* mproc's group size; 0 in the single shape */
+    char serde_name[64];        /* for messages */
     kvs_l2_task_queue tq;
     int tq_ready;
 
@@ -146,6 +166,57 @@ struct wrapper {
 static struct wrapper *wr_of(kvs_l2_adapter *a)
 {
     return KVS_CONTAINER_OF(a, struct wrapper, base);
+}
+
+/* ---------------------------------------------------------------------
+ * The serde, either shape: the only place the two differ
+ * ------------------------------------------------------------------ */
+
+static int proc_submit_serialize(struct wrapper *w, kvs_memobj *const *src,
+                                 kvs_memobj *const *dst, size_t n,
+                                 const kvs_object_key *keys, kvs_task_id *id)
+{
+    if (w->mproc)
+        return kvs_multi_processor_submit_serialize(w->mproc, src, n, w->gs, dst, n, keys, id);
+    return kvs_processor_submit_serialize(w->proc, src, n, dst, n, keys, id);
+}
+
+static int proc_submit_deserialize(struct wrapper *w, kvs_memobj *const *src,
+                                   kvs_memobj *const *dst, size_t n,
+                                   const kvs_object_key *keys, kvs_task_id *id)
+{
+    if (w->mproc)
+        return kvs_multi_processor_submit_deserialize(w->mproc, src, n, dst, n, w->gs, keys,
+                                                      id);
+    return kvs_processor_submit_deserialize(w->proc, src, n, dst, n, keys, id);
+}
+
+static int proc_query(struct wrapper *w, int deser, kvs_task_id id, kvs_task_result *r)
+{
+    if (w->mproc)
+        return deser ? kvs_multi_processor_query_deserialize_result(w->mproc, id, r)
+                     : kvs_multi_processor_query_serialize_result(w->mproc, id, r);
+    return deser ? kvs_processor_query_deserialize_result(w->proc, id, r)
+                 : kvs_processor_query_serialize_result(w->proc, id, r);
+}
+
+/* The serializer's estimate for one item (an object, or a group of w->gs
+ * slots with NULL where a slot is absent). */
+static int proc_estimate(struct wrapper *w, kvs_memobj *const *item, size_t *est)
+{
+    if (w->mproc == NULL)
+        return kvs_processor_estimate_serialized_size(w->proc, &item[0]->layout, est);
+    const kvs_layout **layouts = calloc(w->gs, sizeof *layouts);
+    if (layouts == NULL) return kvs_set_error(KVS_ENOMEM, "%s: out of memory", OWNER);
+    for (size_t j = 0; j < w->gs; j++) layouts[j] = item[j] ? &item[j]->layout : NULL;
+    int rc = kvs_multi_processor_estimate_serialized_size(w->mproc, layouts, w->gs, est);
+    free(layouts);
+    return rc;
+}
+
+static int proc_close(struct wrapper *w)
+{
+    return w->mproc ? kvs_multi_processor_close(w->mproc) : kvs_processor_close(w->proc);
 }
 
 /* ---------------------------------------------------------------------
@@ -294,6 +365,7 @@ static void wtask_free(struct wtask *wt)
     if (wt == NULL) return;
     free(wt->keys);
     free(wt->objs);
+    free(wt->views);
     free(wt->temps);
     free(wt->tobjs);
     free(wt->hits);
@@ -305,19 +377,20 @@ static void wtask_free(struct wtask *wt)
 }
 
 static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *objs,
-                               size_t n, int is_store)
+                               size_t n, size_t slots, int is_store)
 {
     struct wtask *wt = calloc(1, sizeof *wt);
     if (wt == NULL) return NULL;
     wt->n = n;
-    int ok = (wt->objs = calloc(n, sizeof *wt->objs)) != NULL &&
+    wt->slots = slots;
+    int ok = (wt->objs = calloc(n * slots, sizeof *wt->objs)) != NULL &&
              (wt->temps = calloc(n, sizeof *wt->temps)) != NULL &&
              (wt->tobjs = calloc(n, sizeof *wt->tobjs)) != NULL;
     if (ok) ok = (wt->keys = malloc(n * sizeof *wt->keys)) != NULL;
     if (ok && !is_store)
         ok = (wt->hits = calloc(n, 1)) != NULL &&
              (wt->sel_src = calloc(n, sizeof *wt->sel_src)) != NULL &&
-             (wt->sel_dst = calloc(n, sizeof *wt->sel_dst)) != NULL &&
+             (wt->sel_dst = calloc(n * slots, sizeof *wt->sel_dst)) != NULL &&
              (wt->sel_keys = malloc(n * sizeof *wt->sel_keys)) != NULL &&
              (wt->sel_idx = calloc(n, sizeof *wt->sel_idx)) != NULL;
     if (!ok) {
@@ -325,7 +398,7 @@ static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *ob
         return NULL;
     }
     memcpy(wt->keys, keys, n * sizeof *keys);
-    memcpy(wt->objs, objs, n * sizeof *objs);
+    memcpy(wt->objs, objs, n * slots * sizeof *objs);
     return wt;
 }
 
@@ -398,9 +471,9 @@ static void submit_deser_locked(struct wrapper *w, struct wtask *wt, struct temp
         return;
     }
     kvs_task_id pid;
-    int rc = kvs_processor_submit_deserialize(w->proc, wt->sel_src + wt->sel_off, n,
-                                              wt->sel_dst + wt->sel_off, n,
-                                              wt->sel_keys + wt->sel_off, &pid);
+    int rc = proc_submit_deserialize(w, wt->sel_src + wt->sel_off,
+                                     wt->sel_dst + wt->sel_off * wt->slots, n,
+                                     wt->sel_keys + wt->sel_off, &pid);
     if (rc != KVS_OK) {
         char msg[KVS_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
@@ -423,7 +496,7 @@ static void drain_serialize_locked(struct wrapper *w, struct temp **to_free)
     while (wt) {
         struct wtask *next = wt->next;
         kvs_task_result r;
-        if (kvs_processor_query_serialize_result(w->proc, wt->sub_id, &r) != KVS_OK ||
+        if (proc_query(w, 0, wt->sub_id, &r) != KVS_OK ||
             r.state == KVS_TASK_PENDING) {
             wt = next;
             continue;
@@ -491,7 +564,8 @@ static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
             wt->hits[i] = i < bm.nkeys && bm.hits && bm.hits[i] ? 1 : 0;
             if (wt->hits[i]) {
                 wt->sel_src[nsel] = wt->tobjs[i];
-                wt->sel_dst[nsel] = wt->objs[i];
+                for (size_t j = 0; j < wt->slots; j++)
+                    wt->sel_dst[nsel * wt->slots + j] = wt->objs[i * wt->slots + j];
                 wt->sel_keys[nsel] = wt->keys[i];
                 wt->sel_idx[nsel] = i;
                 nsel++;
@@ -514,7 +588,7 @@ static void drain_deserialize_locked(struct wrapper *w, struct temp **to_free)
     while (wt) {
         struct wtask *next = wt->next;
         kvs_task_result r;
-        if (kvs_processor_query_deserialize_result(w->proc, wt->sub_id, &r) != KVS_OK ||
+        if (proc_query(w, 1, wt->sub_id, &r) != KVS_OK ||
             r.state == KVS_TASK_PENDING) {
             wt = next;
             continue;
@@ -601,16 +675,52 @@ static int check_layouts(kvs_memobj *const *objects, size_t n)
     return KVS_OK;
 }
 
-/* The start every submit shares: layouts, the task record and its id. */
-static int submit_begin(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
-                        kvs_memobj *const *objects, size_t n, struct wtask **out_wt,
-                        kvs_l2_task_id *id)
+/* Groups likewise: every group has group 0's absence pattern and, slot by
+ * slot, its layouts. */
+static int check_group_layouts(kvs_memobj *const *groups, size_t n, size_t gs)
 {
-    int rc = check_layouts(objects, n);
+    for (size_t i = 1; i < n; i++) {
+        for (size_t j = 0; j < gs; j++) {
+            const kvs_memobj *a = groups[i * gs + j], *b = groups[j];
+            if ((a == NULL) != (b == NULL))
+                return kvs_set_error(KVS_EINVAL,
+                                     "%s: group %zu slot %zu is %s but group 0's is %s; a "
+                                     "batch shares one absence pattern",
+                                     OWNER, i, j, a ? "present" : "absent",
+                                     b ? "present" : "absent");
+            if (a && !kvs_layout_equal(&a->layout, &b->layout)) {
+                char x[200], y[200];
+                return kvs_set_error(KVS_EINVAL,
+                                     "%s: group %zu slot %zu has layout %s but group 0's "
+                                     "has %s",
+                                     OWNER, i, j, kvs_layout_format(&a->layout, x, sizeof x),
+                                     kvs_layout_format(&b->layout, y, sizeof y));
+            }
+        }
+    }
+    return KVS_OK;
+}
+
+/* The start every submit shares: layouts, the task record and its id.
+ * items: n x slots pointers. In the multi shape the serializer's estimate
+ * is taken here, before an id, so a group the serde refuses (a required
+ * slot absent) is refused with nothing queued; *est is then set (else 0). */
+static int submit_begin(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
+                        kvs_memobj *const *items, size_t n, size_t slots,
+                        struct wtask **out_wt, size_t *est, kvs_l2_task_id *id)
+{
+    int rc = slots == 1 && w->mproc == NULL ? check_layouts(items, n)
+                                            : check_group_layouts(items, n, slots);
     if (rc) return rc;
+    *est = 0;
+    if (w->mproc && n > 0 && (rc = proc_estimate(w, items, est)) != KVS_OK) {
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        return kvs_set_error(rc, "%s: %s", OWNER, msg);
+    }
     struct wtask *wt = NULL;
     if (n > 0) {
-        wt = wtask_new(keys, objects, n, d == KVS_L2_STORE);
+        wt = wtask_new(keys, items, n, slots, d == KVS_L2_STORE);
         if (wt == NULL)
             return kvs_set_error(KVS_ENOMEM, "%s: out of memory for a task of %zu keys",
                                  OWNER, n);
@@ -642,12 +752,13 @@ static void fail_now(struct wrapper *w, struct wtask *wt, int status, const char
     wtask_free(wt);
 }
 
-/* Temps for a task, sized from object 0's layout. On failure the task is
- * completed as failed and freed. */
-static int take_temps(struct wrapper *w, struct wtask *wt)
+/* Temps for a task, sized from item 0 (est: the estimate submit_begin
+ * took, or 0 to take it here). On failure the task is completed as failed
+ * and freed. */
+static int take_temps(struct wrapper *w, struct wtask *wt, size_t est)
 {
-    size_t est;
-    int rc = kvs_processor_estimate_serialized_size(w->proc, &wt->objs[0]->layout, &est);
+    int rc = KVS_OK;
+    if (w->mproc == NULL) rc = proc_estimate(w, wt->objs, &est);
     if (rc == KVS_OK) rc = pool_reserve(w, wt->n, est, wt->temps);
     if (rc != KVS_OK) {
         fail_now(w, wt, rc, kvs_last_error());
@@ -658,25 +769,39 @@ static int take_temps(struct wrapper *w, struct wtask *wt)
     return KVS_OK;
 }
 
-static int wr_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
-                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+/* One submit for both directions and both shapes. views: owned by the
+ * task from here on (freed with it, or here if it is refused). */
+static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
+                  kvs_memobj *const *items, size_t n, size_t slots, kvs_memobj *views,
+                  kvs_l2_task_id *id)
 {
-    struct wrapper *w = wr_of(a);
     struct wtask *wt;
-    int rc = submit_begin(w, KVS_L2_STORE, keys, objects, n, &wt, id);
-    if (rc != KVS_OK || wt == NULL) return rc;
-    if (take_temps(w, wt) == KVS_OK) {
+    size_t est;
+    int rc = submit_begin(w, d, keys, items, n, slots, &wt, &est, id);
+    if (rc != KVS_OK || wt == NULL) {
+        free(views);
+        return rc;
+    }
+    wt->views = views;
+    if (take_temps(w, wt, est) == KVS_OK) {
         struct temp *to_free = NULL;
         pthread_mutex_lock(&w->mu);
-        kvs_task_id pid;
-        rc = kvs_processor_submit_serialize(w->proc, wt->objs, wt->n, wt->tobjs, wt->n,
-                                            wt->keys, &pid);
+        uint64_t sub;
+        if (d == KVS_L2_STORE) {
+            kvs_task_id pid;
+            rc = proc_submit_serialize(w, wt->objs, wt->tobjs, wt->n, wt->keys, &pid);
+            sub = pid;
+        } else {
+            kvs_l2_task_id iid;
+            rc = kvs_l2_submit_load(w->inner, keys, wt->tobjs, wt->n, &iid);
+            sub = iid;
+        }
         w->inflight++;
         if (rc == KVS_OK) {
-            wt->sub_id = pid;
-            list_add_locked(w, wt, PH_SERIALIZE);
+            wt->sub_id = sub;
+            list_add_locked(w, wt, d == KVS_L2_STORE ? PH_SERIALIZE : PH_LOAD);
         } else {
-            kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+            kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* a load: all keys missed */
             finish_locked(w, wt, &to_free);
         }
         pthread_mutex_unlock(&w->mu);
@@ -686,31 +811,183 @@ static int wr_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
     return KVS_OK;
 }
 
+static const char *format_name(kvs_memory_format f)
+{
+    switch (f) {
+    case KVS_FMT_UNDEFINED: return "UNDEFINED";
+    case KVS_FMT_KV_2LTD: return "KV_2LTD";
+    case KVS_FMT_KV_T2D: return "KV_T2D";
+    case KVS_FMT_KV_2TD: return "KV_2TD";
+    case KVS_FMT_BINARY: return "BINARY";
+    case KVS_FMT_BINARY_BUFFER: return "BINARY_BUFFER";
+    case KVS_FMT_KV_MLA_FMT: return "KV_MLA_FMT";
+    case KVS_FMT_EC_TD: return "EC_TD";
+    case KVS_FMT_HS_TD: return "HS_TD";
+    }
+    return "unknown";
+}
+
+/* The K and V halves of one whole KV chunk, as views of its memory (no
+ * copy): KV_2LTD [2, L, T, D] -> two [L, T, D]; KV_2TD [2, T, D] -> two
+ * [T, D]; KV_T2D [T, 2, D] -> two strided [T, D] halves (multi.h: format
+ * KV_T2D marks them). Anything else has no K/V halves. */
+static int chunk_views(struct wrapper *w, size_t i, const kvs_memobj *o, kvs_memobj *k,
+                       kvs_memobj *v)
+{
+    const kvs_group *g = &o->layout.groups[0];
+    const kvs_shape *sh = &g->shape;
+    int ok = o->layout.ngroups == 1;
+    int64_t dims[3];
+    uint32_t nd = 0;
+    size_t k_off = 0, v_off = 0;
+    size_t esize = kvs_dtype_size(g->dtype);
+    switch (o->format) {
+    case KVS_FMT_KV_2LTD:
+    case KVS_FMT_KV_2TD:
+        nd = o->format == KVS_FMT_KV_2LTD ? 3 : 2;
+        ok = ok && sh->ndim == nd + 1 && sh->dims[0] == 2;
+        if (ok) {
+            memcpy(dims, sh->dims + 1, nd * sizeof *dims);
+            v_off = (size_t)(kvs_layout_nbytes(&o->layout) / 2);
+        }
+        break;
+    case KVS_FMT_KV_T2D:
+        nd = 2;
+        ok = ok && sh->ndim == 3 && sh->dims[1] == 2;
+        if (ok) {
+            dims[0] = sh->dims[0], dims[1] = sh->dims[2];
+            v_off = (size_t)sh->dims[2] * esize;
+        }
+        break;
+    default: {
+        const char *why = o->format == KVS_FMT_KV_MLA_FMT ? " (MLA: one latent, no separate K and V)"
+                          : o->format == KVS_FMT_HS_TD || o->format == KVS_FMT_EC_TD
+                              ? " (not a KV cache)"
+                          : o->format == KVS_FMT_BINARY || o->format == KVS_FMT_BINARY_BUFFER
+                              ? " (bytes)"
+                              : "";
+        return kvs_set_error(KVS_EINVAL,
+                             "%s: object %zu has format %s%s, which has no K/V halves; serde "
+                             "'%s' takes K and V (KV_2LTD, KV_2TD or KV_T2D chunks)",
+                             OWNER, i, format_name(o->format), why, w->serde_name);
+    }
+    }
+    if (!ok) {
+        char lb[200];
+        return kvs_set_error(KVS_EINVAL,
+                             "%s: object %zu of format %s has layout %s, which is not %s",
+                             OWNER, i, format_name(o->format),
+                             kvs_layout_format(&o->layout, lb, sizeof lb),
+                             o->format == KVS_FMT_KV_2LTD ? "[2, layers, tokens, hidden]"
+                             : o->format == KVS_FMT_KV_2TD ? "[2, tokens, hidden]"
+                                                           : "[tokens, 2, hidden]");
+    }
+    kvs_layout half;
+    int rc = kvs_layout_init(&half, 0, NULL, 0, NULL);
+    if (rc == KVS_OK) rc = kvs_layout_add_group(&half, nd, dims, g->dtype);
+    if (rc != KVS_OK) return rc;
+    /* The views are made field by field: a T2D half's bytes are strided, so
+     * its capacity reaches the end of the chunk (kvs_memobj_init would
+     * measure it as contiguous). */
+    size_t hb = (size_t)kvs_layout_nbytes(&half);
+    kvs_memory_format vf = o->format == KVS_FMT_KV_T2D ? KVS_FMT_KV_T2D : o->format;
+    kvs_memobj *views[2] = {k, v};
+    size_t offs[2] = {k_off, v_off};
+    for (int s = 0; s < 2; s++) {
+        memset(views[s], 0, sizeof *views[s]);
+        views[s]->data = (uint8_t *)o->data + offs[s];
+        views[s]->capacity = o->capacity - offs[s];
+        views[s]->used_size = hb;
+        views[s]->layout = half;
+        views[s]->format = vf;
+    }
+    return KVS_OK;
+}
+
+/* Whole KV chunks on a multi wrapper: build each chunk's K/V views and
+ * submit them as groups. The serde decides whether K goes along: if it
+ * refuses a K/V group but takes one with K absent (kv_split mode v_only),
+ * only the V halves are stored and loaded, and K's bytes are never read
+ * nor written. */
+static int submit_chunks(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
+                         kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    if (w->gs != 2)
+        return kvs_set_error(KVS_EINVAL,
+                             "%s: serde '%s' takes groups of %zu slots, not K/V pairs: submit "
+                             "groups, not whole KV chunks",
+                             OWNER, w->serde_name, w->gs);
+    int rc = check_layouts(objects, n);
+    if (rc) return rc;
+    if (n == 0) return submit(w, d, keys, NULL, 0, 2, NULL, id);
+    if (n > SIZE_MAX / (2 * sizeof(kvs_memobj)))
+        return kvs_set_error(KVS_ENOMEM, "%s: out of memory for a task of %zu keys", OWNER, n);
+    kvs_memobj *views = malloc(2 * n * sizeof *views);
+    kvs_memobj **groups = malloc(2 * n * sizeof *groups);
+    if (views == NULL || groups == NULL) {
+        free(views);
+        free(groups);
+        return kvs_set_error(KVS_ENOMEM, "%s: out of memory for a task of %zu keys", OWNER, n);
+    }
+    for (size_t i = 0; i < n && rc == KVS_OK; i++) {
+        rc = chunk_views(w, i, objects[i], &views[2 * i], &views[2 * i + 1]);
+        groups[2 * i] = &views[2 * i];
+        groups[2 * i + 1] = &views[2 * i + 1];
+    }
+    if (rc == KVS_OK) {
+        size_t est;
+        if (proc_estimate(w, groups, &est) != KVS_OK) {
+            char msg[KVS_ERROR_MSG_MAX];
+            int code = kvs_last_error_code();
+            snprintf(msg, sizeof msg, "%s", kvs_last_error());
+            kvs_memobj *v_only[2] = {NULL, groups[1]};
+            if (proc_estimate(w, v_only, &est) == KVS_OK)
+                for (size_t i = 0; i < n; i++) groups[2 * i] = NULL;
+            else
+                rc = kvs_set_error(code, "%s: %s", OWNER, msg);
+        }
+    }
+    if (rc == KVS_OK) {
+        rc = submit(w, d, keys, groups, n, 2, views, id); /* takes views */
+        views = NULL;
+    }
+    free(views);
+    free(groups);
+    return rc;
+}
+
+static int wr_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
+                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    struct wrapper *w = wr_of(a);
+    if (w->mproc) return submit_chunks(w, KVS_L2_STORE, keys, objects, n, id);
+    return submit(w, KVS_L2_STORE, keys, objects, n, 1, NULL, id);
+}
+
 static int wr_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
     struct wrapper *w = wr_of(a);
-    struct wtask *wt;
-    int rc = submit_begin(w, KVS_L2_LOAD, keys, objects, n, &wt, id);
-    if (rc != KVS_OK || wt == NULL) return rc;
-    if (take_temps(w, wt) == KVS_OK) {
-        struct temp *to_free = NULL;
-        pthread_mutex_lock(&w->mu);
-        kvs_l2_task_id iid;
-        rc = kvs_l2_submit_load(w->inner, keys, wt->tobjs, wt->n, &iid);
-        w->inflight++;
-        if (rc == KVS_OK) {
-            wt->sub_id = iid;
-            list_add_locked(w, wt, PH_LOAD);
-        } else {
-            kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* all keys missed */
-            finish_locked(w, wt, &to_free);
-        }
-        pthread_mutex_unlock(&w->mu);
-        free_list(to_free);
-    }
-    kvs_l2_tq_end_submit(&w->tq);
-    return KVS_OK;
+    if (w->mproc) return submit_chunks(w, KVS_L2_LOAD, keys, objects, n, id);
+    return submit(w, KVS_L2_LOAD, keys, objects, n, 1, NULL, id);
+}
+
+/* Groups: only in the multi shape, and only of the serde's group size. */
+static int submit_groups(kvs_l2_adapter *a, kvs_l2_direction d, const kvs_object_key *keys,
+                         kvs_memobj *const *groups, size_t n, size_t group_size,
+                         kvs_l2_task_id *id)
+{
+    struct wrapper *w = wr_of(a);
+    if (w->mproc == NULL)
+        return kvs_set_error(KVS_EINVAL,
+                             "%s: serde '%s' is single-output (one tensor per blob); groups "
+                             "need a multi-output serde such as kv_split",
+                             OWNER, w->serde_name);
+    if (group_size != w->gs)
+        return kvs_set_error(KVS_EINVAL,
+                             "%s: groups of %zu slots, but serde '%s' takes groups of %zu",
+                             OWNER, group_size, w->serde_name, w->gs);
+    return submit(w, d, keys, groups, n, group_size, NULL, id);
 }
 
 static int wr_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
@@ -856,7 +1133,7 @@ static int wr_close(kvs_l2_adapter *a)
      *    but the caller's pass-through lookups on the inner finish here. */
     int rc = KVS_OK;
     char msg[KVS_ERROR_MSG_MAX] = "";
-    int rp = kvs_processor_close(w->proc);
+    int rp = proc_close(w);
     if (rp != KVS_OK) {
         rc = rp;
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
@@ -886,6 +1163,7 @@ static void wr_free(struct wrapper *w)
 {
     kvs_l2_destroy(w->inner);
     kvs_processor_destroy(w->proc);
+    kvs_multi_processor_destroy(w->mproc);
     if (w->tq_ready) kvs_l2_tq_destroy(&w->tq);
     kvs_notifier_close(&w->wake);
     free_list(w->idle_temps);
@@ -923,30 +1201,55 @@ static const struct kvs_l2_adapter_ops wrapper_ops = {
     .list_keys = wr_list_keys,
 };
 
+/* kvs_l2_submit_store_groups / _load_groups (l2/builtins.h): only a
+ * wrapper takes groups. */
+int kvs_serde_wrapper_submit_groups(kvs_l2_adapter *a, int load, const kvs_object_key *keys,
+                                    kvs_memobj *const *groups, size_t n, size_t group_size,
+                                    kvs_l2_task_id *id)
+{
+    if (a->ops != &wrapper_ops)
+        return kvs_set_error(KVS_EINVAL,
+                             "l2: adapter '%s' takes whole objects, not groups: groups need an "
+                             "adapter whose \"serde\" is multi-output",
+                             a->ops->name ? a->ops->name : "?");
+    return submit_groups(a, load ? KVS_L2_LOAD : KVS_L2_STORE, keys, groups, n, group_size, id);
+}
+
 /* ---------------------------------------------------------------------
  * Create
  * ------------------------------------------------------------------ */
 
-KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde,
-                                     const kvs_serde_wrapper_options *options,
-                                     kvs_l2_adapter **out)
+/* Both shapes: exactly one of proc / mproc is set (l2/builtins.h). */
+int kvs_serde_wrapper_create_named(kvs_l2_adapter *inner, kvs_processor *proc,
+                                   kvs_multi_processor *mproc,
+                                   const kvs_serde_wrapper_options *options,
+                                   const char *serde_name, kvs_l2_adapter **out)
 {
-    if (inner == NULL || serde == NULL || out == NULL) {
+    if (inner == NULL || (proc == NULL && mproc == NULL) || out == NULL) {
         kvs_l2_destroy(inner);
-        kvs_processor_destroy(serde);
+        kvs_processor_destroy(proc);
+        kvs_multi_processor_destroy(mproc);
         return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
-                             inner == NULL ? "inner adapter"
-                             : serde == NULL ? "serde processor" : "out");
+                             inner == NULL                     ? "inner adapter"
+                             : proc == NULL && mproc == NULL ? "serde processor"
+                                                               : "out");
     }
     struct wrapper *w = calloc(1, sizeof *w);
     if (w == NULL) {
         kvs_l2_destroy(inner);
-        kvs_processor_destroy(serde);
+        kvs_processor_destroy(proc);
+        kvs_multi_processor_destroy(mproc);
         return kvs_set_error(KVS_ENOMEM, "%s: out of memory", OWNER);
     }
     w->base.ops = &wrapper_ops;
     w->inner = inner;
-    w->proc = serde;
+    w->proc = proc;
+    w->mproc = mproc;
+    w->gs = mproc ? kvs_multi_processor_group_size(mproc) : 0;
+    snprintf(w->serde_name, sizeof w->serde_name, "%s",
+             serde_name && serde_name[0] ? serde_name
+             : mproc                     ? "multi-output"
+                                         : "single-output");
     w->wake.fd = -1;
     w->pool_capacity = options && options->temp_pool_bytes ? options->temp_pool_bytes
                                                             : DEFAULT_POOL_BYTES;
@@ -960,8 +1263,12 @@ KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde
     const char *names[4] = {"inner store", "inner load", "serialize", "deserialize"};
     fds[0] = kvs_l2_store_event_fd(inner);
     fds[1] = fds[0] < 0 ? fds[0] : kvs_l2_load_event_fd(inner);
-    fds[2] = fds[1] < 0 ? fds[1] : kvs_processor_serialize_event_fd(serde);
-    fds[3] = fds[2] < 0 ? fds[2] : kvs_processor_deserialize_event_fd(serde);
+    fds[2] = fds[1] < 0   ? fds[1]
+             : mproc ? kvs_multi_processor_serialize_event_fd(mproc)
+                     : kvs_processor_serialize_event_fd(proc);
+    fds[3] = fds[2] < 0   ? fds[2]
+             : mproc ? kvs_multi_processor_deserialize_event_fd(mproc)
+                     : kvs_processor_deserialize_event_fd(proc);
     if (fds[3] < 0) rc = fds[3]; /* the message is the failing call's */
     for (int i = 0; rc == KVS_OK && i < 4; i++)
         for (int j = i + 1; rc == KVS_OK && j < 4; j++)
@@ -995,4 +1302,28 @@ KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde
     (void)pthread_setname_np(w->thread, "kvs-serde-l2");
     *out = &w->base;
     return KVS_OK;
+}
+
+KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde,
+                                     const kvs_serde_wrapper_options *options,
+                                     kvs_l2_adapter **out)
+{
+    if (serde == NULL) { /* say which shape was asked for */
+        kvs_l2_destroy(inner);
+        return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
+                             inner == NULL ? "inner adapter" : "serde processor");
+    }
+    return kvs_serde_wrapper_create_named(inner, serde, NULL, options, NULL, out);
+}
+
+KVS_API int kvs_serde_wrapper_create_multi(kvs_l2_adapter *inner, kvs_multi_processor *serde,
+                                           const kvs_serde_wrapper_options *options,
+                                           kvs_l2_adapter **out)
+{
+    if (serde == NULL) {
+        kvs_l2_destroy(inner);
+        return kvs_set_error(KVS_EINVAL, "%s: NULL %s", OWNER,
+                             inner == NULL ? "inner adapter" : "serde processor");
+    }
+    return kvs_serde_wrapper_create_named(inner, NULL, serde, options, NULL, out);
 }

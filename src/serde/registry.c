@@ -170,9 +170,17 @@ static int prepare(const json_t *config, kvs_serde_kind want, const char *instea
                              kvs_json_type_name(type));
     int rc = lookup(json_string_value(type), e);
     if (rc) return rc;
+    /* Said for a person at a shell as much as for a C caller: no function
+     * names (`instead` is kept for the comment trail of callers). */
+    (void)instead;
     if (e->kind != want)
-        return kvs_set_error(KVS_EINVAL, "serde type '%s' is %s-output; use %s", e->name,
-                             e->kind == KVS_SERDE_MULTI ? "multi" : "single", instead);
+        return kvs_set_error(KVS_EINVAL,
+                             e->kind == KVS_SERDE_MULTI
+                                 ? "serde type '%s' is multi-output (a group of tensors per "
+                                   "blob, such as K and V); create it with the multi-output API"
+                                 : "serde type '%s' is single-output (one tensor per blob); "
+                                   "create it with the single-output API",
+                             e->name);
     rc = kvs_kwargs_get_positive_int(config, "serde config", "max_workers", 1, workers);
     if (rc) return rc;
 
