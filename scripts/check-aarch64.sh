@@ -15,6 +15,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$inc" "$out"' EXIT
 ln -s /usr/include/jansson.h /usr/include/jansson_config.h /usr/include/xxhash.h "$inc/"
 ln -s /usr/include/hiredis "$inc/hiredis"
+ln -s /usr/include/isa-l "$inc/isa-l"
 mkdir "$inc/openssl"
 ln -s /usr/include/openssl/*.h "$inc/openssl/"
 for h in /usr/include/*-linux-gnu/openssl/*.h; do

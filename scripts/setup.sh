@@ -19,6 +19,7 @@ packages=(
   libc6-dev-arm64-cross  # and the aarch64 C library headers it compiles against
   libxxhash-dev     # the xxh3 checksum stage of framed pipelines
   libssl-dev        # the aes_gcm stage: OpenSSL's libcrypto (AES-256-GCM, HKDF-SHA256)
+  libisal-dev       # CRC-32C (Intel ISA-L): the crc32c stage and kv_split's checksum
   python3-numpy     # the Python binding's tests: numpy arrays as buffers
   python3-torch     # the Python binding's tests and bench: CPU tensors (bfloat16, float16)
   python3-pytest    # the Python binding's test runner (ctest test python_binding)

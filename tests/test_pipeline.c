@@ -511,7 +511,7 @@ static void test_multi_group_and_empty(void)
     kvs_memobj_free(src);
 }
 
-/* Big enough for many fused blocks (64 KiB) and a partial last one. */
+/* Big enough for several fused blocks (256 KiB) and a partial last one. */
 static void test_large_object(void)
 {
     kvs_layout l;

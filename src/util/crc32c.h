@@ -9,10 +9,10 @@
  *     uint32_t c = kvs_crc32c(0, a, alen);
  *     c = kvs_crc32c(c, b, blen);      == kvs_crc32c(0, a||b, alen + blen)
  *
- * The implementation is chosen once, at first use: the SSE4.2 crc32
- * instruction (three interleaved streams, merged with precomputed
- * zero-extension tables) when the CPU has it, else a portable slicing-by-8
- * table version. Both give the same value for every input. Thread-safe.
+ * kvs_crc32c is ISA-L's crc32_iscsi (Debian libisal: run-time dispatch to
+ * the CPU's fastest folding code); kvs_crc32c_portable is a slicing-by-8
+ * table version kept as an independent reference for the tests. Both give
+ * the same value for every input. Thread-safe.
  */
 #ifndef KVSERDE_UTIL_CRC32C_H
 #define KVSERDE_UTIL_CRC32C_H
@@ -27,32 +27,7 @@ uint32_t kvs_crc32c(uint32_t crc, const void *buf, size_t len);
 /* The same, always through the portable table code (for tests). */
 uint32_t kvs_crc32c_portable(uint32_t crc, const void *buf, size_t len);
 
-/* The implementation kvs_crc32c() uses: "sse4.2" or "table". */
+/* The implementation kvs_crc32c() uses: "isa-l". */
 const char *kvs_crc32c_impl(void);
-
-/* ---- shared between crc32c.c and crc32c_sse42.c ---------------------- */
-
-/* Tables that advance a raw (un-inverted) CRC register over n zero bytes:
- * shift(zeros, crc) = the register after feeding n zero bytes to `crc`. */
-typedef struct kvs_crc32c_shift_table {
-    uint32_t t[4][256];
-} kvs_crc32c_shift_table;
-
-/* The stream lengths the SSE4.2 code interleaves, and the tables for them
- * (filled once by the dispatcher before the SSE4.2 code is used). */
-#define KVS_CRC32C_LONG 8192
-#define KVS_CRC32C_SHORT 256
-extern kvs_crc32c_shift_table kvs_crc32c_long_shift;
-extern kvs_crc32c_shift_table kvs_crc32c_short_shift;
-
-static inline uint32_t kvs_crc32c_shift(const kvs_crc32c_shift_table *z, uint32_t crc)
-{
-    return z->t[0][crc & 0xFF] ^ z->t[1][(crc >> 8) & 0xFF] ^
-           z->t[2][(crc >> 16) & 0xFF] ^ z->t[3][crc >> 24];
-}
-
-/* The SSE4.2 implementation (crc32c_sse42.c); only call it when the CPU has
- * SSE4.2 and the shift tables are filled. Absent from non-x86 builds. */
-uint32_t kvs_crc32c_sse42(uint32_t crc, const void *buf, size_t len);
 
 #endif /* KVSERDE_UTIL_CRC32C_H */
