@@ -19,6 +19,8 @@ packages=(
   libc6-dev-arm64-cross  # and the aarch64 C library headers it compiles against
   libxxhash-dev     # the xxh3 checksum stage of framed pipelines
   libssl-dev        # the aes_gcm stage: OpenSSL's libcrypto (AES-256-GCM, HKDF-SHA256)
+  libzstd-dev       # the lossless stage (zstd on byte planes) and eval's zstd baselines
+  liblz4-dev        # bench_lossless: the LZ4 baselines
 )
 
 missing=()
