@@ -12,11 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "frame/stage.h"
 #include "kvs_test.h"
 #include "kvserde/memobj.h"
 #include "kvserde/pipeline.h"
+#include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "kvserde/serde.h"
 
@@ -451,6 +454,61 @@ static void test_kvdata(void)
     CHECK(raw8 / stored8 > 1.1);
 }
 
+/* ---------------------------------------------------------------------
+ * Split across a processor's workers: the same bytes, the same values
+ * ------------------------------------------------------------------ */
+
+static int proc_wait(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
+{
+    for (int i = 0; i < 10000; i++) {
+        int rc = serialize ? kvs_processor_query_serialize_result(p, id, r)
+                           : kvs_processor_query_deserialize_result(p, id, r);
+        if (rc || r->state != KVS_TASK_PENDING) return rc;
+        usleep(1000);
+    }
+    return -1;
+}
+
+static void test_split_across_workers(void)
+{
+    kvs_layout l = {0};
+    const int64_t dims[2] = {2560, 256}; /* 10 blocks of bfloat16 */
+    REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
+    kvs_memobj *src = new_obj(&l);
+    fill(src, SMOOTH, 21);
+    kvs_serde_pair sync = make_pair(BYTES_LL);
+    size_t len;
+    uint8_t *want = ser(&sync, src, &len);
+    REQUIRE(want != NULL);
+    kvs_serde_pair p2 = make_pair(BYTES_LL);
+    kvs_processor *p = NULL;
+    REQUIRE(kvs_async_processor_create(p2.serializer, p2.deserializer, 2, &p) == KVS_OK);
+    REQUIRE(kvs_async_processor_set_split(p, 0, 64 << 10) == KVS_OK);
+    size_t est;
+    REQUIRE(kvs_processor_estimate_serialized_size(p, &l, &est) == KVS_OK);
+    kvs_layout bl = flat(est, KVS_DTYPE_UINT8);
+    kvs_memobj *blob = new_obj(&bl), *back = new_obj(&l);
+    for (int round = 0; round < 4; round++) {
+        kvs_task_id id;
+        kvs_task_result r;
+        REQUIRE(kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id) == KVS_OK);
+        REQUIRE(proc_wait(p, 1, id, &r) == KVS_OK);
+        CHECK(r.state == KVS_TASK_OK);
+        CHECK(blob->used_size == len && memcmp(blob->data, want, len) == 0);
+        memset(back->data, 0, back->capacity);
+        REQUIRE(kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id) == KVS_OK);
+        REQUIRE(proc_wait(p, 0, id, &r) == KVS_OK);
+        CHECK(r.state == KVS_TASK_OK);
+        CHECK(memcmp(back->data, src->data, (size_t)kvs_layout_nbytes(&l)) == 0);
+    }
+    kvs_processor_destroy(p);
+    kvs_memobj_free(blob);
+    kvs_memobj_free(back);
+    kvs_memobj_free(src);
+    free(want);
+    kvs_serde_pair_destroy(&sync);
+}
+
 int main(void)
 {
     RUN(test_adversarial_roundtrips);
@@ -458,6 +516,7 @@ int main(void)
     RUN(test_config_refused);
     RUN(test_stage_refusals);
     RUN(test_frame_damage);
+    RUN(test_split_across_workers);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }
