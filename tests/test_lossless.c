@@ -3,8 +3,9 @@
  * fp8 codes, uint8) on adversarial inputs (all equal, random bytes, NaN and
  * inf patterns, one element, sizes that are no multiple of a block), the
  * expansion bound, the stage's own refusals of damaged and truncated
- * payloads, the frame's refusal of every damaged block, and every file of
- * the real KV cache (../shared/kvdata/, skipped with a message when absent). */
+ * payloads, the frame's refusal of every damaged block, a blob split across
+ * an async processor's two workers (the same bytes and values as without),
+ * and every file of the real KV cache (../shared/kvdata/, skipped with a message when absent). */
 #include <dirent.h>
 #include <jansson.h>
 #include <stdint.h>
