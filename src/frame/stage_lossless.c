@@ -37,6 +37,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
+#ifdef __SSE2__
+#include <emmintrin.h> /* x86-64 baseline: the bfloat16 plane split and join */
+#endif
 
 #include "frame/stage.h"
 #include "kvserde/error.h"
@@ -154,6 +157,26 @@ static void dctx_give(ZSTD_DCtx *d)
     if (d && !atomic_compare_exchange_strong(&dctx_kept, &none, d)) ZSTD_freeDCtx(d);
 }
 
+/* The same for one plane buffer of LL_KEPT_BUF bytes (a block's planes of
+ * up to 4-byte elements): malloc would map and fault in 128 KiB and more
+ * afresh on every call. Larger needs (a payload's own E) get their own. */
+#define LL_KEPT_BUF ((size_t)LL_MAX_ELEM * LL_BLOCK_ELEMS)
+static _Atomic(uint8_t *) buf_kept;
+
+static uint8_t *buf_take(size_t need)
+{
+    if (need > LL_KEPT_BUF) return malloc(need);
+    uint8_t *b = atomic_exchange(&buf_kept, NULL);
+    return b ? b : malloc(LL_KEPT_BUF);
+}
+
+static void buf_give(uint8_t *b, size_t need)
+{
+    uint8_t *none = NULL;
+    if (b && (need > LL_KEPT_BUF || !atomic_compare_exchange_strong(&buf_kept, &none, b)))
+        free(b);
+}
+
 /* ---- encode ---------------------------------------------------------- */
 
 typedef struct enc_job {
@@ -209,7 +232,19 @@ static void split_planes(const uint8_t *src, size_t k, unsigned s, uint8_t *plan
 {
     if (s == 2) {
         uint8_t *p0 = planes, *p1 = planes + k;
-        for (size_t i = 0; i < k; i++) {
+        size_t i = 0;
+#ifdef __SSE2__
+        const __m128i lo = _mm_set1_epi16(0x00FF);
+        for (; i + 16 <= k; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+            _mm_storeu_si128((__m128i *)(p0 + i),
+                             _mm_packus_epi16(_mm_and_si128(a, lo), _mm_and_si128(b, lo)));
+            _mm_storeu_si128((__m128i *)(p1 + i),
+                             _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+        }
+#endif
+        for (; i < k; i++) {
             p0[i] = src[2 * i];
             p1[i] = src[2 * i + 1];
         }
@@ -224,17 +259,18 @@ static int enc_range(void *vctx, uint64_t begin, uint64_t end)
     const enc_job *j = vctx;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
     ZSTD_CCtx *cc = cctx_take();
-    uint8_t *planes = j->s > 1 ? malloc((size_t)j->s * LL_BLOCK_ELEMS) : NULL;
+    size_t need = (size_t)j->s * LL_BLOCK_ELEMS;
+    uint8_t *planes = j->s > 1 ? buf_take(need) : NULL;
     if (cc == NULL || (j->s > 1 && planes == NULL)) {
         cctx_give(cc);
-        free(planes);
+        buf_give(planes, need);
         return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's planes");
     }
     size_t e1 = ZSTD_CCtx_reset(cc, ZSTD_reset_session_and_parameters);
     size_t e2 = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, j->level);
     if (ZSTD_isError(e1) || ZSTD_isError(e2)) {
         cctx_give(cc);
-        free(planes);
+        buf_give(planes, need);
         return kvs_set_error(KVS_EINVAL, "lossless: zstd refuses level %d: %s", j->level,
                              ZSTD_getErrorName(ZSTD_isError(e2) ? e2 : e1));
     }
@@ -255,7 +291,7 @@ static int enc_range(void *vctx, uint64_t begin, uint64_t end)
         j->stored[b] = (uint32_t)used;
     }
     cctx_give(cc);
-    free(planes);
+    buf_give(planes, need);
     return KVS_OK;
 }
 
@@ -413,7 +449,16 @@ static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *ds
 {
     if (s == 2) {
         const uint8_t *p0 = planes, *p1 = planes + k;
-        for (size_t i = 0; i < k; i++) {
+        size_t i = 0;
+#ifdef __SSE2__
+        for (; i + 16 <= k; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(p1 + i));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i), _mm_unpacklo_epi8(a, b));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i + 16), _mm_unpackhi_epi8(a, b));
+        }
+#endif
+        for (; i < k; i++) {
             dst[2 * i] = p0[i];
             dst[2 * i + 1] = p1[i];
         }
@@ -429,7 +474,8 @@ static int dec_range(void *vctx, uint64_t begin, uint64_t end)
     const ll_head *h = j->h;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
     ZSTD_DCtx *dc = dctx_take();
-    uint8_t *planes = h->s > 1 ? malloc((size_t)h->s * h->E) : NULL;
+    size_t need = (size_t)h->s * h->E;
+    uint8_t *planes = h->s > 1 ? buf_take(need) : NULL;
     int rc = KVS_OK;
     if (dc == NULL || (h->s > 1 && planes == NULL))
         rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's planes");
@@ -451,7 +497,7 @@ static int dec_range(void *vctx, uint64_t begin, uint64_t end)
         if (rc == KVS_OK && h->s > 1) join_planes(planes, k, h->s, dst);
     }
     dctx_give(dc);
-    free(planes);
+    buf_give(planes, need);
     return rc;
 }
 
