@@ -401,6 +401,66 @@ static void roundtrip_seeds(void)
     }
 }
 
+/* fuzz_lossless: opt, then a stage payload (decode mode, bit 2 clear) or
+ * data to encode (bit 2 set). Payloads are cut from real frames of
+ * [bytes, lossless, crc32c]: the bytes between the header and the CRC. */
+static void lossless_seeds(void)
+{
+    static const struct {
+        const char *name;
+        kvs_dtype dtype;
+        size_t nelems;
+        int fill;
+        unsigned opt;
+    } s[] = {
+        {"bf16-smooth", KVS_DTYPE_BFLOAT16, 700, 1, 2},
+        {"bf16-equal", KVS_DTYPE_BFLOAT16, 333, 0, 2},
+        {"f32-random", KVS_DTYPE_FLOAT32, 65, 2, 3},
+        {"u8-smooth", KVS_DTYPE_UINT8, 1001, 1, 1},
+    };
+    kvs_serde_pair p;
+    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
+                                "{\"type\":\"lossless\"},{\"type\":\"crc32c\"}]}",
+                                &p),
+          "lossless pipeline");
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        kvs_layout l;
+        check(kvs_layout_flat(&l, s[i].nelems, s[i].dtype), "layout");
+        kvs_memobj *src, *dst;
+        check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+        uint8_t *d = src->data;
+        uint32_t x = 12345;
+        for (size_t k = 0; k < src->capacity; k++) {
+            x = x * 1103515245u + 12345u;
+            d[k] = s[i].fill == 0 ? 0x3F : s[i].fill == 1 && (k & 1) ? (uint8_t)(0x3C + (x >> 30))
+                                                                      : (uint8_t)(x >> 24);
+        }
+        size_t est, n;
+        check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
+        kvs_layout bl;
+        check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
+        check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
+        check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
+        const uint8_t *b = dst->data;
+        size_t h = (size_t)(b[6] | b[7] << 8);
+        buf out;
+        out.n = 0;
+        b_u8(&out, s[i].opt);
+        b_mem(&out, b + h, n - h - 4);
+        char name[64];
+        snprintf(name, sizeof name, "%s-payload", s[i].name);
+        put("lossless", name, out.b, out.n);
+        out.n = 0;
+        b_u8(&out, s[i].opt | 4);
+        b_mem(&out, src->data, src->capacity < 4000 ? src->capacity : 4000);
+        snprintf(name, sizeof name, "%s-data", s[i].name);
+        put("lossless", name, out.b, out.n);
+        kvs_memobj_free(src);
+        kvs_memobj_free(dst);
+    }
+    kvs_serde_pair_destroy(&p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -416,5 +476,6 @@ int main(int argc, char **argv)
     safetensors_seed();
     frame_seeds();
     roundtrip_seeds();
+    lossless_seeds();
     return 0;
 }

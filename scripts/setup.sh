@@ -23,6 +23,8 @@ packages=(
   python3-numpy     # the Python binding's tests: numpy arrays as buffers
   python3-torch     # the Python binding's tests and bench: CPU tensors (bfloat16, float16)
   python3-pytest    # the Python binding's test runner (ctest test python_binding)
+  libzstd-dev       # the lossless stage (zstd on byte planes) and eval's zstd baselines
+  liblz4-dev        # bench_lossless: the LZ4 baselines
 )
 
 missing=()

@@ -16,7 +16,7 @@ int kvs_cmd_list(int argc, char **argv)
                 "usage: kvserde list\n\nLists the registered serde types with their kind "
                 "(single: one tensor per blob; multi: a group of\ntensors per blob, such as "
                 "K and V), the stage types of pipelines, the L2 adapter types and the fp8\n"
-                "kernel variants.\n");
+                "kernel variants, and the serde presets `kvserde eval --sweep` runs.\n");
         return help ? 0 : 2;
     }
     const char *names[MAX_LISTED];
@@ -43,6 +43,11 @@ int kvs_cmd_list(int argc, char **argv)
     if (n > MAX_LISTED) n = MAX_LISTED;
     printf("\nL2 adapter types:\n");
     for (size_t i = 0; i < n; i++) printf("  %s\n", names[i]);
+
+    printf("\nserde presets (kvserde eval --sweep):\n");
+    for (size_t i = 0; i < kvs_eval_npresets; i++)
+        printf("  %-13s %s\n                %s\n", kvs_eval_presets[i].name,
+               kvs_eval_presets[i].summary, kvs_eval_presets[i].serde);
 
     printf("\nfp8 kernels:\n");
     static const char *const isas[] = {"scalar", "avx2", "avx512"};

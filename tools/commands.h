@@ -10,5 +10,18 @@ int kvs_cmd_encode(int argc, char **argv);
 int kvs_cmd_decode(int argc, char **argv);
 int kvs_cmd_inspect(int argc, char **argv);
 int kvs_cmd_verify(int argc, char **argv);
+int kvs_cmd_eval(int argc, char **argv);
+
+#include <stddef.h>
+
+/* The serde presets the project ships (cmd_eval.c): `kvserde list` shows
+ * them, `kvserde eval --sweep` evaluates every one. */
+typedef struct kvs_eval_preset {
+    const char *name;
+    const char *serde; /* the serde's JSON */
+    const char *summary;
+} kvs_eval_preset;
+extern const kvs_eval_preset kvs_eval_presets[];
+extern const size_t kvs_eval_npresets;
 
 #endif

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"decode", kvs_cmd_decode, "decode a file written by `kvserde encode`"},
     {"bench", kvs_cmd_bench, "measure fp8 conversion speed against memcpy (--help)"},
     {"inspect", kvs_cmd_inspect, "list a safetensors file's tensors; --compare for accuracy"},
+    {"eval", kvs_cmd_eval, "size, speed and fidelity of serdes on KV safetensors files"},
     {"verify", kvs_cmd_verify, "scrub a filesystem store: count ok, damaged and foreign objects"},
 };
 

@@ -20,6 +20,11 @@
  *         "saturate": true}  one fp8 code per element, the fp8 serde's
  *                            numbers (fp8.h)
  *   2. then bytes -> bytes stages:
+ *        {"type": "lossless", "level": 1}
+ *                            exact compression: the typed stage's elements
+ *                            split into byte planes per 64 Ki-element block,
+ *                            each plane zstd (level -7 to 19, not 0) or raw,
+ *                            whichever is smaller (docs/frame_format.md)
  *        {"type": "crc32c"}  appends a CRC-32C of the bytes (4 bytes)
  *        {"type": "xxh3"}    appends an XXH3-64 of the bytes (8 bytes)
  *        {"type": "aes_gcm", "key_files": ["/etc/kv/k1", ...]}

@@ -291,7 +291,9 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
             n += t->digest_size;
             continue;
         }
-        kvs_stage_ctx ctx = {key, NULL, 0, NULL};
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0};
+        if (i == 1) kvs_stage_typed_shape(self->stages[0]->type->id, &src->layout,
+                                          &ctx.elem_size, &ctx.channels);
         if (t->needs_header) {
             kvs_frame_write_header(header, &src->layout, src->format, key, t->bytes_bound(st, n),
                                    bp.ids, bp.ptr, bp.n, self->nstages);
@@ -421,7 +423,9 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
             break;
         }
-        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring};
+        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0};
+        if (i == 1) kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
+                                          &ctx.channels);
         size_t got;
         rc = t->transform_decode(fs->params, fs->nparams, &ctx, cur, n, next, m, &got);
         if (rc == KVS_OK && got != m)

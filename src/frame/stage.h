@@ -28,7 +28,8 @@ enum kvs_stage_id {
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
     KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
-    KVS_STAGE_AES_GCM = 66 /* transform: AES-256-GCM, 16-byte tag appended */
+    KVS_STAGE_AES_GCM = 66, /* transform: AES-256-GCM, 16-byte tag appended */
+    KVS_STAGE_LOSSLESS = 80 /* transform: exact compression by byte planes (zstd) */
 };
 
 /* What a stage does to the bytes, which fixes where it may stand. */
@@ -43,13 +44,21 @@ typedef enum kvs_stage_kind {
 
 /* What decoding needs beyond the bytes: the object key the caller passed
  * (NULL = none), the frame header (authenticated by encryption), and the
- * secret keys the pipeline was configured with. */
+ * secret keys the pipeline was configured with. What the typed stage
+ * produced, for a transform that models it (lossless): the pipeline fills
+ * elem_size and channels, on encode and on decode alike, for the bytes stage
+ * right after the typed stage, from the frame's layout: elem_size is 1 for
+ * fp8 codes, the dtype's size for `bytes` when every group has the same one
+ * (else 1); channels is the last dim of the layout when every group has the
+ * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
 typedef struct kvs_stage_ctx {
     const kvs_object_key *key;
     const uint8_t *header; /* the frame header, its CRC included */
     size_t header_len;
     const kvs_keyring *keyring; /* NULL when no key files were configured */
+    unsigned elem_size;         /* bytes per element the typed stage wrote; 0 unknown */
+    uint64_t channels;          /* elements per row (the layout's last dim); 0 unknown */
 } kvs_stage_ctx;
 
 typedef struct kvs_stage kvs_stage;
@@ -142,7 +151,7 @@ const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
 /* Names in registry order, for messages and listings: up to cap into
  * names; returns the total count. */
 size_t kvs_stage_type_names(const char **names, size_t cap);
-/* "bytes, fp8, crc32c, xxh3, aes_gcm" (a static string). */
+/* "bytes, fp8, crc32c, xxh3, aes_gcm, lossless" (a static string). */
 const char *kvs_stage_type_list_text(void);
 /* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm)": the ids a
  * frame may name (a static string). */
@@ -154,6 +163,11 @@ extern const kvs_stage_type kvs_stage_fp8_type;
 extern const kvs_stage_type kvs_stage_crc32c_type;
 extern const kvs_stage_type kvs_stage_xxh3_type;
 extern const kvs_stage_type kvs_stage_aes_gcm_type;
+extern const kvs_stage_type kvs_stage_lossless_type;
+
+/* What the typed stage `typed_id` writes for `layout` (kvs_stage_ctx). */
+void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned *elem_size,
+                           uint64_t *channels);
 
 /* The secret keys of aes_gcm, from the key files of a pipeline's config
  * (stage_aes_gcm.c). kvs_keyring_from_config collects the key files of

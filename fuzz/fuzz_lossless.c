@@ -1,0 +1,129 @@
+/* fuzz_lossless.c - the lossless stage (src/frame/stage_lossless.c) alone:
+ * its decoder on arbitrary payloads, and its encoder on arbitrary data.
+ *
+ * Input: byte 0 options, the rest the data (an exact-size heap block).
+ *   bits 0-1  the element size the typed stage announces in kvs_stage_ctx:
+ *             0 unknown, 1, 2, 4
+ *   bit 2     encode mode: the data is the typed stage's output; encode it
+ *             (level from bits 3-4: 1, -7, 3, 19 only for data <= 4 KiB),
+ *             then decode that
+ *   else      decode mode: the data is a stage payload
+ * Properties:
+ *   - decoded_size and decode refuse (a KVS_E* code and a message) or
+ *     succeed; decode never accepts what decoded_size refuses and writes
+ *     exactly the size decoded_size announced;
+ *   - a refused decode leaves nothing read past the input (ASan) and a
+ *     decoded payload re-encodes (same element size) to one that decodes to
+ *     the same bytes;
+ *   - encode: the output is at most bytes_bound(n), and at most its block
+ *     headers over n; decoding it gives the data back bit for bit; every
+ *     truncation of it is refused.
+ */
+#include "frame/stage.h"
+#include "fuzz_common.h"
+#include "kvserde/error.h"
+#include <jansson.h>
+
+#define MAX_OUT ((size_t)4 << 20)
+
+static kvs_stage *g_stage[4];
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    static const int levels[4] = {1, -7, 3, 19};
+    for (int i = 0; i < 4; i++) {
+        json_t *cfg = json_pack("{s:s,s:i}", "type", "lossless", "level", levels[i]);
+        if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
+        json_decref(cfg);
+    }
+    return 0;
+}
+
+static const kvs_stage_type *T = &kvs_stage_lossless_type;
+static const uint8_t PARAMS[2] = {1, 0};
+
+/* Decode in[0..n): KVS_OK with *out (malloc'd, *m bytes) or a refusal. */
+static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, size_t *m)
+{
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1};
+    *out = NULL;
+    int rc = T->transform_decoded_size(PARAMS, 2, in, n, m);
+    if (rc) {
+        FZ_ASSERT_REFUSAL(rc, "lossless decoded_size");
+        return rc;
+    }
+    if (*m > MAX_OUT) return KVS_ENOMEM;
+    *out = malloc(*m ? *m : 1);
+    size_t got = 0;
+    rc = T->transform_decode(PARAMS, 2, &ctx, in, n, *out, *m, &got);
+    if (rc) {
+        FZ_ASSERT_REFUSAL(rc, "lossless decode");
+        free(*out);
+        *out = NULL;
+        return rc;
+    }
+    FZ_ASSERT(got == *m, "decode wrote %zu bytes, announced %zu", got, *m);
+    return KVS_OK;
+}
+
+static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
+                       size_t *m)
+{
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1};
+    size_t cap = T->bytes_bound(st, n);
+    uint8_t *out = malloc(cap);
+    int rc = T->transform_encode(st, PARAMS, 2, &ctx, in, n, out, cap, m);
+    FZ_ASSERT(rc == KVS_OK, "encode of %zu bytes refused: %s", n, kvs_last_error());
+    FZ_ASSERT(*m <= cap, "encode wrote %zu bytes, bound %zu", *m, cap);
+    return out;
+}
+
+static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem)
+{
+    size_t m, back_n;
+    uint8_t *enc = encode(st, in, n, elem, &m);
+    unsigned s = elem == 1 || elem == 2 || elem == 4 ? elem : 1;
+    size_t blocks = (n / s + 65535) / 65536;
+    FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
+    uint8_t *back;
+    int rc = decode(enc, m, elem, &back, &back_n);
+    FZ_ASSERT(rc == KVS_OK, "own output refused: %s", kvs_last_error());
+    FZ_ASSERT(back_n == n && (n == 0 || memcmp(back, in, n) == 0), "round trip differs");
+    free(back);
+    for (size_t k = 0; k < m; k += 1 + k / 8) {
+        uint8_t *cut = malloc(k ? k : 1);
+        memcpy(cut, enc, k);
+        uint8_t *o;
+        size_t on;
+        FZ_ASSERT(decode(cut, k, elem, &o, &on) != KVS_OK, "truncation to %zu of %zu accepted",
+                  k, m);
+        free(cut);
+    }
+    free(enc);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    static const unsigned elems[4] = {0, 1, 2, 4};
+    unsigned opt = data[0], elem = elems[opt & 3];
+    size_t n = size - 1;
+    uint8_t *in = malloc(n ? n : 1);
+    memcpy(in, data + 1, n);
+    if (opt & 4) {
+        int li = (opt >> 3) & 3;
+        if (li == 3 && n > 4096) li = 0;
+        roundtrip(g_stage[li], in, n, elem);
+    } else {
+        uint8_t *out;
+        size_t m;
+        if (decode(in, n, elem, &out, &m) == KVS_OK) {
+            roundtrip(g_stage[0], out, m, elem);
+            free(out);
+        }
+    }
+    free(in);
+    return 0;
+}

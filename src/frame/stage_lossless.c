@@ -1,0 +1,600 @@
+/* stage_lossless.c - the "lossless" bytes stage (id 80): exact compression
+ * of the typed stage's output, knowing its element size (kvs_stage_ctx).
+ *
+ * The elements are cut into blocks of LL_BLOCK_ELEMS elements (128 KiB of
+ * bfloat16: a block, its planes and zstd's tables stay in a 1 MiB L2). In a
+ * block, byte b of every element goes to plane b (bfloat16 / float16: the
+ * mantissa-low plane and the sign+exponent plane; float32: four planes; fp8
+ * codes and uint8: one plane). Each plane is stored raw or as one zstd frame,
+ * whichever is smaller (the top plane with matches of at least 7 bytes:
+ * LL_MIN_MATCH); a plane whose order-0 entropy estimate is above
+ * LL_RAW_BITS bits per byte (the bfloat16 low byte of real KV: 7.97) is
+ * stored raw without trying zstd, below level LL_TRY_ALL_LEVEL (zstd -1
+ * gains 0.06% on that plane at the cost of a second compression; -19 gains
+ * 0.8% from matches, so slow levels try every plane). Blocks are independent: encode and decode
+ * run them through kvs_serde_parallel_for, and a damaged block is refused by
+ * its own lengths, by zstd, and by the frame's checksum after this stage.
+ *
+ * Payload (docs/frame_format.md, little-endian):
+ *   u8 version (1) | u8 element size s (1, 2, 4) | u16 0 | u32 block elements E
+ *   | u64 decoded bytes n | u32 stored bytes of each block (nblocks =
+ *   ceil(floor(n / s) / E)) | the blocks | the n mod s tail bytes, raw.
+ *   A block of k elements is s plane records: u32 (bit 31: zstd frame, else
+ *   raw; bits 0-30 the record's byte count, exactly k when raw) and the bytes.
+ * So the output is at most n + 16 + (4 + 4 s) x nblocks bytes.
+ *
+ * Parameters (2 bytes): i8 zstd level (-7 to 19, encoder only, recorded for
+ * inspect), u8 0.
+ *
+ * Why zstd: Debian's libzstd is maintained, fuzzed and fast, its literal
+ * Huffman coder does the order-0 work on the exponent plane, and its match
+ * finder picks up repeats (all-equal blocks, repeated rows) a plain entropy
+ * coder misses. Its Huffman coder is not public API, so per-channel tables
+ * (docs/performance.md measures what they would add) would need our own
+ * coder; this stage does not have one yet. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+#ifdef __SSE2__
+#include <emmintrin.h> /* x86-64 baseline: the bfloat16 plane split and join */
+#endif
+
+#include "frame/stage.h"
+#include "kvserde/error.h"
+#include "kvserde/registry.h"
+#include "kvserde/serde.h"
+
+#define LL_VERSION 1
+#define LL_BLOCK_ELEMS 65536u
+#define LL_HEADER 16u
+#define LL_MAX_ELEM 4u
+#define LL_MAX_BLOCK_BYTES ((uint64_t)16 << 20) /* refused above: 16 MiB */
+#define LL_RAW_BITS 7.9
+#define LL_TRY_ALL_LEVEL 10 /* from this level every plane is tried */
+#define LL_ZSTD_FLAG 0x80000000u
+#define LL_LEVEL_MIN (-7)
+#define LL_LEVEL_MAX 19
+#define LL_DEFAULT_LEVEL 1
+/* The top plane of multi-byte elements (sign and exponent bits) is coded
+ * with matches of at least 7 bytes (zstd's longest minimum): there the
+ * short matches cost more than the literals they replace (kvdata, layers
+ * 1-5: 1.529x instead of 1.502x at level 1, and faster; at level 19 the
+ * high plane gains too). The other planes and fp8 codes lose by it. */
+#define LL_MIN_MATCH 7
+
+typedef struct lossless_stage {
+    kvs_stage base;
+    int level;
+} lossless_stage;
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+static int ll_create(const json_t *config, kvs_stage **out)
+{
+    static const char *const known[] = {"type", "level", NULL};
+    int rc = kvs_json_check_keys(config, "lossless", "member", known);
+    if (rc) return rc;
+    int level = LL_DEFAULT_LEVEL;
+    const json_t *lv = json_object_get(config, "level");
+    if (lv != NULL) {
+        if (!json_is_integer(lv) || json_integer_value(lv) < LL_LEVEL_MIN ||
+            json_integer_value(lv) > LL_LEVEL_MAX || json_integer_value(lv) == 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "lossless: \"level\" must be an integer from %d to %d other "
+                                 "than 0 (zstd's level; default %d), got %s",
+                                 LL_LEVEL_MIN, LL_LEVEL_MAX, LL_DEFAULT_LEVEL,
+                                 json_is_integer(lv) ? "an out-of-range integer"
+                                                     : kvs_json_type_name(lv));
+        level = (int)json_integer_value(lv);
+    }
+    lossless_stage *s = calloc(1, sizeof *s);
+    if (s == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory creating the stage");
+    s->base.type = &kvs_stage_lossless_type;
+    s->level = level;
+    *out = &s->base;
+    return KVS_OK;
+}
+
+static size_t ll_bound(const kvs_stage *self, size_t n)
+{
+    (void)self;
+    /* Worst case over element sizes: one-byte elements have the most blocks
+     * (n / E) at 8 bytes each; s-byte ones n / (s E) at 4 + 4 s. */
+    size_t blocks = n / LL_BLOCK_ELEMS + 1;
+    size_t extra = LL_HEADER + 4 * LL_MAX_ELEM + 8 * blocks + 4;
+    return n > SIZE_MAX - extra ? SIZE_MAX : n + extra;
+}
+
+/* One zstd context of each kind kept for the next call: creating one per
+ * blob (its workspace allocated and set up) cost as much as coding a
+ * 64 KiB plane. A call takes the kept one or makes its own, and keeps it
+ * afterwards if the slot is free (else frees it); the kept ones are
+ * reachable from here until the process ends. */
+static _Atomic(ZSTD_CCtx *) cctx_kept;
+static _Atomic(ZSTD_DCtx *) dctx_kept;
+
+static ZSTD_CCtx *cctx_take(void)
+{
+    ZSTD_CCtx *c = atomic_exchange(&cctx_kept, NULL);
+    return c ? c : ZSTD_createCCtx();
+}
+
+static void cctx_give(ZSTD_CCtx *c)
+{
+    ZSTD_CCtx *none = NULL;
+    if (c && !atomic_compare_exchange_strong(&cctx_kept, &none, c)) ZSTD_freeCCtx(c);
+}
+
+static ZSTD_DCtx *dctx_take(void)
+{
+    ZSTD_DCtx *d = atomic_exchange(&dctx_kept, NULL);
+    return d ? d : ZSTD_createDCtx();
+}
+
+static void dctx_give(ZSTD_DCtx *d)
+{
+    ZSTD_DCtx *none = NULL;
+    if (d && !atomic_compare_exchange_strong(&dctx_kept, &none, d)) ZSTD_freeDCtx(d);
+}
+
+/* The same for one plane buffer of LL_KEPT_BUF bytes (a block's planes of
+ * up to 4-byte elements): malloc would map and fault in 128 KiB and more
+ * afresh on every call. Larger needs (a payload's own E) get their own. */
+#define LL_KEPT_BUF ((size_t)LL_MAX_ELEM * LL_BLOCK_ELEMS)
+static _Atomic(uint8_t *) buf_kept;
+
+static uint8_t *buf_take(size_t need)
+{
+    if (need > LL_KEPT_BUF) return malloc(need);
+    uint8_t *b = atomic_exchange(&buf_kept, NULL);
+    return b ? b : malloc(LL_KEPT_BUF);
+}
+
+static void buf_give(uint8_t *b, size_t need)
+{
+    uint8_t *none = NULL;
+    if (b && (need > LL_KEPT_BUF || !atomic_compare_exchange_strong(&buf_kept, &none, b)))
+        free(b);
+}
+
+/* ---- encode ---------------------------------------------------------- */
+
+typedef struct enc_job {
+    const uint8_t *in;
+    uint8_t *out;       /* block b is written at slot b: out + base + b * slot */
+    size_t base, slot;  /* slot = 4 s + s E: a block never needs more */
+    uint32_t *stored;   /* bytes block b used */
+    uint64_t nelems;
+    unsigned s;
+    int level;
+} enc_job;
+
+/* Order-0 entropy estimate of a plane, bits per byte. */
+static double plane_bits(const uint8_t *p, size_t k)
+{
+    uint32_t h[4][256];
+    memset(h, 0, sizeof h);
+    size_t i = 0;
+    for (; i + 4 <= k; i += 4) {
+        h[0][p[i]]++;
+        h[1][p[i + 1]]++;
+        h[2][p[i + 2]]++;
+        h[3][p[i + 3]]++;
+    }
+    for (; i < k; i++) h[0][p[i]]++;
+    double bits = 0;
+    for (int v = 0; v < 256; v++) {
+        uint32_t c = h[0][v] + h[1][v] + h[2][v] + h[3][v];
+        if (c) bits -= (double)c * log2((double)c / (double)k);
+    }
+    return bits / (double)k;
+}
+
+/* One plane record at rec: zstd if smaller, else raw. Returns its bytes. */
+static size_t put_plane(ZSTD_CCtx *cc, int level, int top, const uint8_t *plane, size_t k,
+                        uint8_t *rec)
+{
+    if (k > 64 && (level >= LL_TRY_ALL_LEVEL || plane_bits(plane, k) < LL_RAW_BITS)) {
+        /* the level is set on cc by enc_range; 0 is zstd's own minimum */
+        size_t z = ZSTD_CCtx_setParameter(cc, ZSTD_c_minMatch, top ? LL_MIN_MATCH : 0);
+        if (!ZSTD_isError(z)) z = ZSTD_compress2(cc, rec + 4, k - 1, plane, k);
+        if (!ZSTD_isError(z) && z < k) {
+            put32(rec, LL_ZSTD_FLAG | (uint32_t)z);
+            return 4 + z;
+        }
+    }
+    put32(rec, (uint32_t)k);
+    memcpy(rec + 4, plane, k);
+    return 4 + k;
+}
+
+static void split_planes(const uint8_t *src, size_t k, unsigned s, uint8_t *planes)
+{
+    if (s == 2) {
+        uint8_t *p0 = planes, *p1 = planes + k;
+        size_t i = 0;
+#ifdef __SSE2__
+        const __m128i lo = _mm_set1_epi16(0x00FF);
+        for (; i + 16 <= k; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+            _mm_storeu_si128((__m128i *)(p0 + i),
+                             _mm_packus_epi16(_mm_and_si128(a, lo), _mm_and_si128(b, lo)));
+            _mm_storeu_si128((__m128i *)(p1 + i),
+                             _mm_packus_epi16(_mm_srli_epi16(a, 8), _mm_srli_epi16(b, 8)));
+        }
+#endif
+        for (; i < k; i++) {
+            p0[i] = src[2 * i];
+            p1[i] = src[2 * i + 1];
+        }
+        return;
+    }
+    for (size_t i = 0; i < k; i++)
+        for (unsigned b = 0; b < s; b++) planes[b * k + i] = src[s * i + b];
+}
+
+static int enc_range(void *vctx, uint64_t begin, uint64_t end)
+{
+    const enc_job *j = vctx;
+    uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
+    ZSTD_CCtx *cc = cctx_take();
+    size_t need = (size_t)j->s * LL_BLOCK_ELEMS;
+    uint8_t *planes = j->s > 1 ? buf_take(need) : NULL;
+    if (cc == NULL || (j->s > 1 && planes == NULL)) {
+        cctx_give(cc);
+        buf_give(planes, need);
+        return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's planes");
+    }
+    size_t e1 = ZSTD_CCtx_reset(cc, ZSTD_reset_session_and_parameters);
+    size_t e2 = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, j->level);
+    if (ZSTD_isError(e1) || ZSTD_isError(e2)) {
+        cctx_give(cc);
+        buf_give(planes, need);
+        return kvs_set_error(KVS_EINVAL, "lossless: zstd refuses level %d: %s", j->level,
+                             ZSTD_getErrorName(ZSTD_isError(e2) ? e2 : e1));
+    }
+    for (uint64_t b = b0; b < b1; b++) {
+        uint64_t e0 = b * LL_BLOCK_ELEMS;
+        size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
+        const uint8_t *src = j->in + e0 * j->s;
+        uint8_t *rec = j->out + j->base + (size_t)b * j->slot;
+        size_t used = 0;
+        if (j->s == 1) {
+            used = put_plane(cc, j->level, 0, src, k, rec);
+        } else {
+            split_planes(src, k, j->s, planes);
+            for (unsigned p = 0; p < j->s; p++)
+                used += put_plane(cc, j->level, p == j->s - 1, planes + (size_t)p * k, k,
+                                  rec + used);
+        }
+        j->stored[b] = (uint32_t)used;
+    }
+    cctx_give(cc);
+    buf_give(planes, need);
+    return KVS_OK;
+}
+
+static unsigned ctx_elem_size(const kvs_stage_ctx *ctx)
+{
+    unsigned s = ctx ? ctx->elem_size : 0;
+    return s == 1 || s == 2 || s == 4 ? s : 1;
+}
+
+static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                     const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
+                     size_t cap, size_t *outn)
+{
+    (void)params;
+    (void)nparams;
+    const lossless_stage *st = KVS_CONTAINER_OF(self, const lossless_stage, base);
+    unsigned s = ctx_elem_size(ctx);
+    uint64_t nelems = n / s;
+    uint64_t nblocks = (nelems + LL_BLOCK_ELEMS - 1) / LL_BLOCK_ELEMS;
+    size_t base = LL_HEADER + 4 * (size_t)nblocks;
+    size_t slot = 4 * s + (size_t)s * LL_BLOCK_ELEMS;
+    size_t tail = n - (size_t)nelems * s;
+    /* The slots: every block but the last is full; the last at most one. */
+    size_t need = base + (size_t)nblocks * slot + tail;
+    if (nblocks > 0) need -= slot - (4 * s + (size_t)(nelems - (nblocks - 1) * LL_BLOCK_ELEMS) * s);
+    if (cap < need || cap < ll_bound(self, n))
+        return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %zu", cap,
+                             ll_bound(self, n));
+    uint32_t *stored = malloc(nblocks ? (size_t)nblocks * sizeof *stored : 1);
+    if (stored == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
+    enc_job job = {in, out, base, slot, stored, nelems, s, st->level};
+    int rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
+    if (rc) {
+        free(stored);
+        return rc;
+    }
+    /* Close the gaps: block b moves down to its final offset (never up). */
+    size_t at = base;
+    for (uint64_t b = 0; b < nblocks; b++) {
+        uint8_t *from = out + base + (size_t)b * slot;
+        if (from != out + at) memmove(out + at, from, stored[b]);
+        put32(out + LL_HEADER + 4 * (size_t)b, stored[b]);
+        at += stored[b];
+    }
+    free(stored);
+    if (tail) memcpy(out + at, in + (size_t)nelems * s, tail);
+    at += tail;
+    out[0] = LL_VERSION;
+    out[1] = (uint8_t)s;
+    out[2] = out[3] = 0;
+    put32(out + 4, LL_BLOCK_ELEMS);
+    put64(out + 8, n);
+    *outn = at;
+    return KVS_OK;
+}
+
+/* ---- decode ---------------------------------------------------------- */
+
+typedef struct ll_head {
+    unsigned s;
+    uint32_t E;
+    uint64_t n, nelems, nblocks;
+    size_t table, tail;
+} ll_head;
+
+/* The header and the block table's lengths against in[0..len). */
+static int read_head(const uint8_t *in, size_t len, ll_head *h)
+{
+    if (len < LL_HEADER)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: %zu bytes, shorter than the %u-byte header",
+                             len, LL_HEADER);
+    if (in[0] != LL_VERSION)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u", in[0], LL_VERSION);
+    h->s = in[1];
+    if ((h->s != 1 && h->s != 2 && h->s != 4) || in[2] || in[3])
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: element size %u (1, 2 or 4) or reserved bytes %u %u",
+                             in[1], in[2], in[3]);
+    h->E = get32(in + 4);
+    if (h->E == 0 || (uint64_t)h->E * h->s > LL_MAX_BLOCK_BYTES)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block of %u elements of %u bytes (1 to %llu bytes)",
+                             h->E, h->s, (unsigned long long)LL_MAX_BLOCK_BYTES);
+    h->n = get64(in + 8);
+    h->nelems = h->n / h->s;
+    h->nblocks = (h->nelems + h->E - 1) / h->E;
+    h->tail = (size_t)(h->n % h->s);
+    if (h->nblocks > (len - LL_HEADER) / 4)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: %llu decoded bytes need %llu blocks; the %zu stored "
+                             "bytes cannot hold their table",
+                             (unsigned long long)h->n, (unsigned long long)h->nblocks, len);
+    h->table = LL_HEADER;
+    uint64_t sum = LL_HEADER + 4 * h->nblocks + h->tail;
+    for (uint64_t b = 0; b < h->nblocks; b++) sum += get32(in + LL_HEADER + 4 * b);
+    if (sum != len)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: the block table accounts for %llu bytes, %zu stored",
+                             (unsigned long long)sum, len);
+    return KVS_OK;
+}
+
+static int ll_decoded_size(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
+                           size_t *outn)
+{
+    (void)params;
+    (void)nparams;
+    ll_head h;
+    int rc = read_head(in, n, &h);
+    if (rc) return rc;
+    if (h.n > SIZE_MAX) return kvs_set_error(KVS_ECORRUPT, "lossless: decoded size too large");
+    *outn = (size_t)h.n;
+    return KVS_OK;
+}
+
+typedef struct dec_job {
+    const uint8_t *in;
+    const size_t *offset; /* of each block in `in` */
+    const uint32_t *len;
+    uint8_t *out;
+    const ll_head *h;
+} dec_job;
+
+static int get_plane(ZSTD_DCtx *dc, const uint8_t *rec, size_t avail, size_t k, uint8_t *plane,
+                     size_t *used, uint64_t b, unsigned p)
+{
+    if (avail < 4)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: plane %u record truncated",
+                             (unsigned long long)b, p);
+    uint32_t w = get32(rec);
+    size_t m = w & ~LL_ZSTD_FLAG;
+    if (m > avail - 4)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: plane %u claims %zu bytes, %zu left",
+                             (unsigned long long)b, p, m, avail - 4);
+    if (!(w & LL_ZSTD_FLAG)) {
+        if (m != k)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: raw plane %u of %zu bytes, expected %zu",
+                                 (unsigned long long)b, p, m, k);
+        memcpy(plane, rec + 4, k);
+    } else {
+        size_t got = ZSTD_decompressDCtx(dc, plane, k, rec + 4, m);
+        if (ZSTD_isError(got) || got != k)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: plane %u does not decode to %zu bytes: %s",
+                                 (unsigned long long)b, p, k,
+                                 ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
+    }
+    *used = 4 + m;
+    return KVS_OK;
+}
+
+static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *dst)
+{
+    if (s == 2) {
+        const uint8_t *p0 = planes, *p1 = planes + k;
+        size_t i = 0;
+#ifdef __SSE2__
+        for (; i + 16 <= k; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(p1 + i));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i), _mm_unpacklo_epi8(a, b));
+            _mm_storeu_si128((__m128i *)(dst + 2 * i + 16), _mm_unpackhi_epi8(a, b));
+        }
+#endif
+        for (; i < k; i++) {
+            dst[2 * i] = p0[i];
+            dst[2 * i + 1] = p1[i];
+        }
+        return;
+    }
+    for (size_t i = 0; i < k; i++)
+        for (unsigned b = 0; b < s; b++) dst[s * i + b] = planes[b * k + i];
+}
+
+static int dec_range(void *vctx, uint64_t begin, uint64_t end)
+{
+    const dec_job *j = vctx;
+    const ll_head *h = j->h;
+    uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
+    ZSTD_DCtx *dc = dctx_take();
+    size_t need = (size_t)h->s * h->E;
+    uint8_t *planes = h->s > 1 ? buf_take(need) : NULL;
+    int rc = KVS_OK;
+    if (dc == NULL || (h->s > 1 && planes == NULL))
+        rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's planes");
+    for (uint64_t b = b0; b < b1 && rc == KVS_OK; b++) {
+        uint64_t e0 = b * h->E;
+        size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
+        const uint8_t *rec = j->in + j->offset[b];
+        size_t avail = j->len[b], used = 0;
+        uint8_t *dst = j->out + e0 * h->s;
+        for (unsigned p = 0; p < h->s && rc == KVS_OK; p++) {
+            rc = get_plane(dc, rec, avail, k, h->s == 1 ? dst : planes + (size_t)p * k, &used,
+                           b, p);
+            rec += used;
+            avail -= rc ? 0 : used;
+        }
+        if (rc == KVS_OK && avail != 0)
+            rc = kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %zu bytes after its planes",
+                               (unsigned long long)b, avail);
+        if (rc == KVS_OK && h->s > 1) join_planes(planes, k, h->s, dst);
+    }
+    dctx_give(dc);
+    buf_give(planes, need);
+    return rc;
+}
+
+static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                     const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
+{
+    (void)params;
+    (void)nparams;
+    ll_head h;
+    int rc = read_head(in, n, &h);
+    if (rc) return rc;
+    if (ctx && ctx->elem_size && ctx_elem_size(ctx) != h.s)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: stored with %u-byte elements; the typed stage before "
+                             "it produces %u-byte elements",
+                             h.s, ctx_elem_size(ctx));
+    if (cap < h.n)
+        return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %llu", cap,
+                             (unsigned long long)h.n);
+    size_t *offset = malloc(h.nblocks ? (size_t)h.nblocks * sizeof *offset : 1);
+    uint32_t *len = malloc(h.nblocks ? (size_t)h.nblocks * sizeof *len : 1);
+    if (offset == NULL || len == NULL) {
+        free(offset);
+        free(len);
+        return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for %llu blocks",
+                             (unsigned long long)h.nblocks);
+    }
+    size_t at = LL_HEADER + 4 * (size_t)h.nblocks;
+    for (uint64_t b = 0; b < h.nblocks; b++) {
+        len[b] = get32(in + LL_HEADER + 4 * b);
+        offset[b] = at;
+        at += len[b];
+    }
+    dec_job job = {in, offset, len, out, &h};
+    rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_range, &job);
+    free(offset);
+    free(len);
+    if (rc) return rc;
+    if (h.tail) memcpy(out + h.nelems * h.s, in + at, h.tail);
+    *outn = (size_t)h.n;
+    return KVS_OK;
+}
+
+/* ---- parameters ------------------------------------------------------ */
+
+static size_t ll_params_size(const kvs_stage *self)
+{
+    (void)self;
+    return 2;
+}
+
+static int ll_write_params(const kvs_stage *self, uint8_t *params)
+{
+    const lossless_stage *st = KVS_CONTAINER_OF(self, const lossless_stage, base);
+    params[0] = (uint8_t)(int8_t)st->level;
+    params[1] = 0;
+    return KVS_OK;
+}
+
+static int ll_check_params(const uint8_t *params, size_t nparams)
+{
+    if (nparams != 2)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: %zu parameter bytes in the frame, expected 2", nparams);
+    int level = (int8_t)params[0];
+    if (level < LL_LEVEL_MIN || level > LL_LEVEL_MAX || level == 0 || params[1] != 0)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: parameters level %d (%d to %d, not 0), reserved %u (0)",
+                             level, LL_LEVEL_MIN, LL_LEVEL_MAX, params[1]);
+    return KVS_OK;
+}
+
+static json_t *ll_describe(const uint8_t *params, size_t nparams)
+{
+    (void)nparams;
+    return json_pack("{s:i}", "level", (int)(int8_t)params[0]);
+}
+
+static void ll_destroy(kvs_stage *self)
+{
+    free(KVS_CONTAINER_OF(self, lossless_stage, base));
+}
+
+const kvs_stage_type kvs_stage_lossless_type = {
+    .name = "lossless",
+    .id = KVS_STAGE_LOSSLESS,
+    .kind = KVS_STAGE_TRANSFORM,
+    .create = ll_create,
+    .bytes_bound = ll_bound,
+    .in_place = 0,
+    .needs_header = 0,
+    .transform_encode = ll_encode,
+    .transform_decoded_size = ll_decoded_size,
+    .transform_decode = ll_decode,
+    .params_size = ll_params_size,
+    .write_params = ll_write_params,
+    .check_params = ll_check_params,
+    .describe_params = ll_describe,
+    .destroy = ll_destroy,
+};

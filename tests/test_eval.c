@@ -1,0 +1,171 @@
+/* test_eval.c - `kvserde eval` on a file small enough that every figure is
+ * computed by hand here: kv [2, 1, 2, 4] bfloat16 and q [1, 2, 4], one head
+ * of dim 4.
+ *
+ *   K = [[1.0625, 1, 1, 1], [1, 1, 1, 1]]  V = [[2, 2, 2, 2], [4, 4, 4, 4]]
+ *   q = [[1, 1, 1, 1], [2, 0, 0, 0]]
+ *
+ * fp8 e4m3 has 3 mantissa bits: 1.0625 = 1.0001b is the tie between 1.000b
+ * and 1.001b and rounds to even, 1.0; every other value is exact. So K's
+ * error is 0.0625 in one element: K SNR = 10 log10((1.0625^2 + 7) /
+ * 0.0625^2); V is exact. Attention (causal): token 0 sees only itself, out =
+ * V[0] for both; token 1 scores q1.k / sqrt(4) = 1.0625 and 1 (original),
+ * 1 and 1 (restored): out = 2 p + 4 (1 - p), p = 1 / (1 + e^-0.0625), and 3.
+ * Sizes: the plain fp8 serde stores 8 bytes per slice (8 bits per
+ * element, 2x); the pipeline [bytes, crc32c] stores a 58-byte header
+ * (28 + 2 + 2 x 8 + 4 + 4 + 4) and 16 + 4 payload bytes per slice. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvs_test.h"
+
+static char tool[4096];
+static char file[4096];
+
+static void write_file(const char *path)
+{
+    static const uint16_t kv[16] = {0x3F88, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80,
+                                    0x4000, 0x4000, 0x4000, 0x4000, 0x4080, 0x4080, 0x4080, 0x4080};
+    static const uint16_t q[8] = {0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x4000, 0, 0, 0};
+    char hdr[512];
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"__metadata__\":{\"head_dim\":\"4\",\"num_heads\":\"1\","
+                     "\"num_kv_heads\":\"1\"},\"kv\":{\"dtype\":\"BF16\",\"shape\":[2,1,2,4],"
+                     "\"data_offsets\":[0,32]},\"q\":{\"dtype\":\"BF16\",\"shape\":[1,2,4],"
+                     "\"data_offsets\":[32,48]}}");
+    while (n % 8) hdr[n++] = ' ';
+    FILE *f = fopen(path, "wb");
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, (size_t)n, f);
+    for (int i = 0; i < 16; i++) fputc(kv[i] & 255, f), fputc(kv[i] >> 8, f);
+    for (int i = 0; i < 8; i++) fputc(q[i] & 255, f), fputc(q[i] >> 8, f);
+    fclose(f);
+}
+
+static char *run(const char *args)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "%s eval %s %s 2>&1", tool, args, file);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) n += r;
+    buf[n] = 0;
+    int st = pclose(p);
+    if (st != 0) {
+        fprintf(stderr, "%s: exit %d\n%s\n", cmd, st, buf);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static double num(const json_t *r, const char *k) { return json_number_value(json_object_get(r, k)); }
+
+#define NEAR(a, b) (fabs((a) - (b)) <= 1e-6 * (1 + fabs(b)))
+
+static void test_fp8_figures(void)
+{
+    char *out = run("--json --serde '{\"type\": \"fp8\"}'");
+    REQUIRE(out != NULL);
+    json_t *doc = json_loads(out, 0, NULL);
+    REQUIRE(doc != NULL);
+    CHECK(json_integer_value(json_object_get(doc, "files")) == 1);
+    const json_t *r = json_array_get(json_object_get(doc, "results"), 0);
+    REQUIRE(r != NULL);
+    CHECK(json_is_null(json_object_get(r, "preset")));
+    CHECK(json_is_object(json_object_get(r, "serde")));
+    CHECK(NEAR(num(r, "bits_per_element"), 8.0));
+    CHECK(NEAR(num(r, "ratio"), 2.0));
+    CHECK(json_is_false(json_object_get(r, "lossless")));
+    double k_snr = 10 * log10((1.0625 * 1.0625 + 7) / (0.0625 * 0.0625));
+    CHECK(NEAR(num(r, "k_snr_db"), k_snr));
+    CHECK(json_is_null(json_object_get(r, "v_snr_db"))); /* V is exact */
+    CHECK(NEAR(num(r, "max_abs_err"), 0.0625));
+    double p = 1 / (1 + exp(-0.0625)), o1 = 2 * p + 4 * (1 - p);
+    double sig = 4 * 4 + 4 * o1 * o1, noise = 4 * (o1 - 3) * (o1 - 3);
+    double cosv = (4 * 4 + 4 * o1 * 3) / sqrt(sig * (4 * 4 + 4 * 9));
+    /* the tool keeps attention outputs in float: allow float rounding */
+    CHECK(fabs(num(r, "attn_snr_db") - 10 * log10(sig / noise)) < 1e-3);
+    CHECK(fabs(num(r, "attn_cosine") - cosv) < 1e-7);
+    CHECK(num(r, "encode_gbps") > 0 && num(r, "decode_gbps") > 0);
+    json_decref(doc);
+    free(out);
+}
+
+static void test_lossless_figures(void)
+{
+    char *out = run("--json --serde "
+                    "'{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"crc32c\"}]}'");
+    REQUIRE(out != NULL);
+    json_t *doc = json_loads(out, 0, NULL);
+    REQUIRE(doc != NULL);
+    const json_t *r = json_array_get(json_object_get(doc, "results"), 0);
+    CHECK(NEAR(num(r, "bits_per_element"), 8.0 * 2 * 78 / 16));
+    CHECK(NEAR(num(r, "ratio"), 32.0 / 156));
+    CHECK(json_is_true(json_object_get(r, "lossless")));
+    CHECK(json_is_null(json_object_get(r, "k_snr_db")));
+    CHECK(json_is_null(json_object_get(r, "v_snr_db")));
+    CHECK(json_is_null(json_object_get(r, "attn_snr_db")));
+    CHECK(NEAR(num(r, "attn_cosine"), 1.0));
+    CHECK(NEAR(num(r, "max_abs_err"), 0.0));
+    json_decref(doc);
+    free(out);
+}
+
+static void test_sweep_and_table(void)
+{
+    char *out = run("--json --sweep");
+    REQUIRE(out != NULL);
+    json_t *doc = json_loads(out, 0, NULL);
+    REQUIRE(doc != NULL);
+    const json_t *res = json_object_get(doc, "results");
+    CHECK(json_array_size(res) >= 4);
+    int saw_lossless = 0;
+    for (size_t i = 0; i < json_array_size(res); i++) {
+        const json_t *r = json_array_get(res, i);
+        CHECK(json_is_string(json_object_get(r, "preset")));
+        if (strcmp(json_string_value(json_object_get(r, "preset")), "lossless") == 0) {
+            saw_lossless = 1;
+            CHECK(json_is_true(json_object_get(r, "lossless")));
+        }
+    }
+    CHECK(saw_lossless);
+    json_decref(doc);
+    free(out);
+    out = run("--sweep --per-slice --skip v0");
+    REQUIRE(out != NULL);
+    CHECK(strstr(out, "1 file(s)") != NULL);
+    CHECK(strstr(out, "serde             bits   ratio exact") != NULL);
+    CHECK(strstr(out, "    K0   ratio") != NULL);
+    CHECK(strstr(out, "    V0   ratio") == NULL); /* skipped */
+    free(out);
+}
+
+int main(void)
+{
+    const char *bin = getenv("KVS_TEST_BIN_DIR");
+    if (bin == NULL) {
+        fprintf(stderr, "KVS_TEST_BIN_DIR is not set (ctest sets it)\n");
+        return 1;
+    }
+    snprintf(tool, sizeof tool, "%s/kvserde", bin);
+    char dir[] = "/tmp/kvs_test_eval_XXXXXX";
+    if (mkdtemp(dir) == NULL) return 1;
+    snprintf(file, sizeof file, "%s/small.safetensors", dir);
+    write_file(file);
+    RUN(test_fp8_figures);
+    RUN(test_lossless_figures);
+    RUN(test_sweep_and_table);
+    unlink(file);
+    rmdir(dir);
+    return TEST_SUMMARY();
+}

@@ -1,0 +1,463 @@
+/* kvserde eval - run serdes over KV safetensors files and report size,
+ * speed and fidelity (docs/cli.md). Each (K or V, layer) slice of the `kv`
+ * tensor [2, layers, tokens, hidden] is one object [tokens, hidden] (what a
+ * connector stores per layer), serialized and deserialized on this thread. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "kvserde/kvserde.h"
+#include "safetensors.h"
+
+#define MAX_LAYERS 256
+
+const kvs_eval_preset kvs_eval_presets[] = {
+    {"raw", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"}]}",
+     "the tensor's bytes and a CRC-32C"},
+    {"lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\"}]}",
+     "byte planes, zstd -1 or raw per plane"},
+    {"lossless-max",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"level\":19}]}",
+     "byte planes, zstd -19 (slow encode)"},
+    {"fp8", "{\"type\":\"fp8\"}", "the plain fp8 serde, e4m3, saturating"},
+    {"fp8-pipeline", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}",
+     "fp8 codes in a frame"},
+    {"fp8-lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}",
+     "fp8 codes, then the lossless stage"},
+};
+const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    float f;
+    if (e == 0) {
+        f = ldexpf((float)m, -24);
+        return s ? -f : f;
+    }
+    uint32_t bits = e == 31 ? s | 0x7F800000u | m << 13 : s | (e + 112) << 23 | m << 13;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float to_float(const uint8_t *p, kvs_dtype dt)
+{
+    uint16_t h;
+    uint32_t u;
+    float f;
+    switch (dt) {
+    case KVS_DTYPE_BFLOAT16:
+        memcpy(&h, p, 2);
+        u = (uint32_t)h << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    case KVS_DTYPE_FLOAT16: memcpy(&h, p, 2); return half_to_float(h);
+    case KVS_DTYPE_FLOAT32: memcpy(&f, p, 4); return f;
+    default: return 0;
+    }
+}
+
+/* What one config accumulates. */
+typedef struct acc {
+    double raw, stored, elems, enc_s, dec_s;
+    int exact;
+    double sig[2], noise[2], maxabs;
+    double asig, anoise, adot, aa, ab;
+    int attn;
+    double slice_raw[2][MAX_LAYERS], slice_stored[2][MAX_LAYERS];
+    int slice_exact[2][MAX_LAYERS];
+} acc;
+
+typedef struct opts {
+    int json, sweep, per_slice;
+    const char *serde;
+    int heads, kv_heads, head_dim;
+    int skip[2][MAX_LAYERS];
+} opts;
+
+static int usage(FILE *out, int rc)
+{
+    fprintf(out,
+            "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
+            "                    [--kv-heads N] [--head-dim N] (--serde JSON | --sweep) FILE...\n\n"
+            "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
+            "tensor [2, layers, tokens, hidden] of each file, one object per (K or V, layer)\n"
+            "slice, and reports bits per element (every header and scale included), the ratio\n"
+            "to the raw bytes, encode and decode GB/s of the raw side on one thread, whether\n"
+            "the round trip is bit-exact, K and V SNR, the max abs error and, when the file\n"
+            "has `q` [layers, tokens, heads*head_dim], the attention output's SNR and cosine\n"
+            "(causal within the chunk). --skip leaves slices out (v0: layer 0 V); --per-slice\n"
+            "adds each slice's ratio. Head counts come from __metadata__ (num_heads,\n"
+            "num_kv_heads, head_dim) or the flags.\n");
+    return rc;
+}
+
+static int parse_skip(const char *s, opts *o)
+{
+    while (*s) {
+        int kv = *s == 'k' || *s == 'K' ? 0 : *s == 'v' || *s == 'V' ? 1 : -1;
+        char *end;
+        long l = strtol(s + 1, &end, 10);
+        if (kv < 0 || end == s + 1 || l < 0 || l >= MAX_LAYERS || (*end && *end != ',')) {
+            fprintf(stderr, "kvserde eval: --skip takes a list such as k0,v0; got '%s'\n", s);
+            return -1;
+        }
+        o->skip[kv][l] = 1;
+        s = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int meta_int(const kvs_st_file *f, const char *key, int flag)
+{
+    if (flag > 0) return flag;
+    const char *v = kvs_st_meta_get(f, key);
+    return v ? atoi(v) : 0;
+}
+
+/* softmax(q k^T / sqrt(d)) v for every head of one layer, causal. q:
+ * [T, heads*d], k and v: [T, kvh*d] (floats). out: [T, heads*d]. */
+static void attention(const float *q, const float *k, const float *v, int T, int heads, int kvh,
+                      int d, float *out)
+{
+    double *w = malloc((size_t)T * sizeof *w);
+    int group = heads / kvh;
+    double scale = 1.0 / sqrt((double)d);
+    for (int h = 0; h < heads; h++) {
+        int g = h / group;
+        for (int t = 0; t < T; t++) {
+            const float *qt = q + (size_t)t * heads * d + (size_t)h * d;
+            double mx = -INFINITY;
+            for (int s = 0; s <= t; s++) {
+                const float *ks = k + (size_t)s * kvh * d + (size_t)g * d;
+                double dot = 0;
+                for (int i = 0; i < d; i++) dot += (double)qt[i] * ks[i];
+                w[s] = dot * scale;
+                if (w[s] > mx) mx = w[s];
+            }
+            double sum = 0;
+            for (int s = 0; s <= t; s++) sum += (w[s] = exp(w[s] - mx));
+            float *o = out + (size_t)t * heads * d + (size_t)h * d;
+            for (int i = 0; i < d; i++) {
+                double a = 0;
+                for (int s = 0; s <= t; s++) a += w[s] * v[(size_t)s * kvh * d + (size_t)g * d + i];
+                o[i] = (float)(a / sum);
+            }
+        }
+    }
+    free(w);
+}
+
+static void progress(int on, size_t done, size_t total)
+{
+    if (!on) return;
+    int width = 40, fill = total ? (int)(width * done / total) : width;
+    fprintf(stderr, "\r[%.*s%*s] %zu/%zu", fill, "========================================",
+            width - fill, "", done, total);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* One file through one config. */
+static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
+                     const opts *o, acc *a)
+{
+    const kvs_st_tensor *kv = kvs_st_find(f, "kv");
+    kvs_dtype dt;
+    if (kv == NULL || kv->ndim != 4 || kv->shape[0] != 2 || kvs_st_dtype_to_kvs(kv->dtype, &dt) ||
+        (dt != KVS_DTYPE_BFLOAT16 && dt != KVS_DTYPE_FLOAT16 && dt != KVS_DTYPE_FLOAT32) ||
+        kv->shape[1] > MAX_LAYERS) {
+        fprintf(stderr, "kvserde eval: %s: no `kv` tensor [2, layers, tokens, hidden] of "
+                        "bfloat16, float16 or float32 (at most %d layers)\n",
+                path, MAX_LAYERS);
+        return -1;
+    }
+    int L = (int)kv->shape[1], T = (int)kv->shape[2], H = (int)kv->shape[3];
+    size_t es = kvs_dtype_size(dt), slice = (size_t)T * H * es;
+    kvs_serde_pair p;
+    if (kvs_serde_create_pair(serde_json, &p) != KVS_OK) {
+        fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
+        return -1;
+    }
+    kvs_layout l = {0};
+    const int64_t dims[2] = {T, H};
+    int rc = kvs_layout_add_group(&l, 2, dims, dt);
+    size_t cap = 0;
+    if (rc == KVS_OK) rc = kvs_estimate_serialized_size(p.serializer, &l, &cap);
+    uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(slice ? slice : 1);
+    float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
+    float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
+    if (rc || !blob || !back || !orig || !rest) {
+        fprintf(stderr, "kvserde eval: %s\n", rc ? kvs_last_error() : "out of memory");
+        rc = -1;
+        goto out;
+    }
+    for (int kvi = 0; kvi < 2 && rc == 0; kvi++)
+        for (int layer = 0; layer < L && rc == 0; layer++) {
+            size_t idx = (size_t)kvi * L + layer;
+            const uint8_t *src = kv->data + idx * slice;
+            float *of = orig + idx * T * H, *rf = rest + idx * T * H;
+            for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(src + i * es, dt);
+            if (o->skip[kvi][layer]) {
+                memcpy(rf, of, sizeof(float) * T * H);
+                continue;
+            }
+            kvs_memobj in, bo, out;
+            size_t n = 0;
+            kvs_memobj_init(&in, (void *)src, slice, &l, KVS_FMT_BINARY);
+            kvs_layout bl;
+            kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
+            kvs_memobj_init(&bo, blob, cap, &bl, KVS_FMT_BINARY);
+            kvs_memobj_init(&out, back, slice, &l, KVS_FMT_BINARY);
+            double t0 = now_s();
+            rc = kvs_serialize(p.serializer, &in, &bo, NULL, &n);
+            double t1 = now_s();
+            if (rc == KVS_OK) {
+                kvs_memobj_set_used_size(&bo, n);
+                rc = kvs_deserialize(p.deserializer, &bo, &out, NULL);
+            }
+            double t2 = now_s();
+            if (rc) {
+                fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
+                rc = -1;
+                break;
+            }
+            a->enc_s += t1 - t0;
+            a->dec_s += t2 - t1;
+            a->raw += (double)slice;
+            a->stored += (double)n;
+            a->elems += (double)T * H;
+            int ex = memcmp(src, back, slice) == 0;
+            a->exact &= ex;
+            a->slice_raw[kvi][layer] += (double)slice;
+            a->slice_stored[kvi][layer] += (double)n;
+            a->slice_exact[kvi][layer] &= ex;
+            for (size_t i = 0; i < (size_t)T * H; i++) {
+                rf[i] = to_float(back + i * es, dt);
+                double x = of[i], y = rf[i], e = x - y;
+                if (isnan(x) && isnan(y)) e = 0;
+                a->sig[kvi] += x * x;
+                a->noise[kvi] += e * e;
+                if (fabs(e) > a->maxabs || isnan(e)) a->maxabs = isnan(e) ? INFINITY : fabs(e);
+            }
+        }
+    const kvs_st_tensor *q = kvs_st_find(f, "q");
+    kvs_dtype qdt;
+    int heads = meta_int(f, "num_heads", o->heads), kvh = meta_int(f, "num_kv_heads", o->kv_heads),
+        hd = meta_int(f, "head_dim", o->head_dim);
+    if (rc == 0 && q && q->ndim == 3 && kvs_st_dtype_to_kvs(q->dtype, &qdt) == 0 &&
+        (qdt == KVS_DTYPE_BFLOAT16 || qdt == KVS_DTYPE_FLOAT16 || qdt == KVS_DTYPE_FLOAT32) &&
+        (int)q->shape[0] == L && (int)q->shape[1] == T && heads > 0 && kvh > 0 && hd > 0 &&
+        heads % kvh == 0 && (int)q->shape[2] == heads * hd && H == kvh * hd) {
+        size_t qn = (size_t)T * heads * hd, qes = kvs_dtype_size(qdt);
+        float *qf = malloc(sizeof(float) * qn), *ao = malloc(sizeof(float) * qn),
+              *ar = malloc(sizeof(float) * qn);
+        for (int layer = 0; qf && ao && ar && layer < L; layer++) {
+            if (o->skip[0][layer] || o->skip[1][layer]) continue;
+            for (size_t i = 0; i < qn; i++)
+                qf[i] = to_float(q->data + ((size_t)layer * qn + i) * qes, qdt);
+            float *ko = orig + (size_t)layer * T * H, *vo = orig + ((size_t)L + layer) * T * H;
+            float *kr = rest + (size_t)layer * T * H, *vr = rest + ((size_t)L + layer) * T * H;
+            attention(qf, ko, vo, T, heads, kvh, hd, ao);
+            attention(qf, kr, vr, T, heads, kvh, hd, ar);
+            for (size_t i = 0; i < qn; i++) {
+                double x = ao[i], y = ar[i];
+                a->asig += x * x;
+                a->anoise += (x - y) * (x - y);
+                a->adot += x * y;
+                a->aa += x * x;
+                a->ab += y * y;
+            }
+            a->attn = 1;
+        }
+        free(qf);
+        free(ao);
+        free(ar);
+    }
+out:
+    free(blob);
+    free(back);
+    free(orig);
+    free(rest);
+    kvs_serde_pair_destroy(&p);
+    return rc;
+}
+
+static json_t *num_or_null(int ok, double v)
+{
+    return ok && isfinite(v) ? json_real(v) : json_null();
+}
+
+static double snr_db(double sig, double noise) { return 10 * log10(sig / noise); }
+
+static json_t *result_json(const char *serde, const char *preset, const acc *a, int L,
+                           const opts *o)
+{
+    json_t *cfg = json_loads(serde, 0, NULL);
+    json_t *r = json_object();
+    json_object_set_new(r, "serde", cfg ? cfg : json_string(serde));
+    json_object_set_new(r, "preset", preset ? json_string(preset) : json_null());
+    int any = a->elems > 0;
+    json_object_set_new(r, "bits_per_element", num_or_null(any, 8 * a->stored / a->elems));
+    json_object_set_new(r, "ratio", num_or_null(any, a->raw / a->stored));
+    json_object_set_new(r, "lossless", any ? json_boolean(a->exact) : json_null());
+    json_object_set_new(r, "k_snr_db",
+                        num_or_null(any && a->noise[0] > 0, snr_db(a->sig[0], a->noise[0])));
+    json_object_set_new(r, "v_snr_db",
+                        num_or_null(any && a->noise[1] > 0, snr_db(a->sig[1], a->noise[1])));
+    json_object_set_new(r, "max_abs_err", num_or_null(any, a->maxabs));
+    json_object_set_new(r, "attn_snr_db",
+                        num_or_null(a->attn && a->anoise > 0, snr_db(a->asig, a->anoise)));
+    json_object_set_new(r, "attn_cosine",
+                        num_or_null(a->attn && a->aa > 0 && a->ab > 0,
+                                    a->adot / sqrt(a->aa * a->ab)));
+    json_object_set_new(r, "encode_gbps", num_or_null(any && a->enc_s > 0, a->raw / a->enc_s / 1e9));
+    json_object_set_new(r, "decode_gbps", num_or_null(any && a->dec_s > 0, a->raw / a->dec_s / 1e9));
+    if (o->per_slice) {
+        json_t *sl = json_array();
+        for (int kvi = 0; kvi < 2; kvi++)
+            for (int layer = 0; layer < L; layer++) {
+                if (a->slice_raw[kvi][layer] == 0) continue;
+                json_array_append_new(
+                    sl, json_pack("{s:s,s:i,s:f,s:b}", "kv", kvi ? "V" : "K", "layer", layer,
+                                  "ratio", a->slice_raw[kvi][layer] / a->slice_stored[kvi][layer],
+                                  "lossless", a->slice_exact[kvi][layer]));
+            }
+        json_object_set_new(r, "slices", sl);
+    }
+    return r;
+}
+
+/* prec digits after the point; a negative prec: that many significant. */
+static void fmt(char *buf, size_t n, const json_t *v, int prec)
+{
+    if (!json_is_number(v)) snprintf(buf, n, "-");
+    else if (prec >= 0) snprintf(buf, n, "%.*f", prec, json_number_value(v));
+    else snprintf(buf, n, "%.*g", -prec, json_number_value(v));
+}
+
+static void print_row(const json_t *r, const char *name)
+{
+    char c[8][32];
+    fmt(c[0], 32, json_object_get(r, "bits_per_element"), 3);
+    fmt(c[1], 32, json_object_get(r, "ratio"), 4);
+    fmt(c[2], 32, json_object_get(r, "k_snr_db"), 2);
+    fmt(c[3], 32, json_object_get(r, "v_snr_db"), 2);
+    fmt(c[4], 32, json_object_get(r, "max_abs_err"), -4);
+    fmt(c[5], 32, json_object_get(r, "attn_snr_db"), 2);
+    fmt(c[6], 32, json_object_get(r, "encode_gbps"), 3);
+    fmt(c[7], 32, json_object_get(r, "decode_gbps"), 3);
+    char cos[32];
+    fmt(cos, 32, json_object_get(r, "attn_cosine"), 6);
+    printf("%-14s %7s %7s %-5s %7s %7s %9s %8s %9s %7s %7s\n", name, c[0], c[1],
+           json_is_true(json_object_get(r, "lossless")) ? "yes" : "no", c[2], c[3], c[4], c[5],
+           cos, c[6], c[7]);
+    const json_t *sl = json_object_get(r, "slices");
+    for (size_t i = 0; i < json_array_size(sl); i++) {
+        const json_t *s = json_array_get(sl, i);
+        printf("    %s%-3d ratio %.4f%s\n", json_string_value(json_object_get(s, "kv")),
+               (int)json_integer_value(json_object_get(s, "layer")),
+               json_real_value(json_object_get(s, "ratio")),
+               json_is_true(json_object_get(s, "lossless")) ? "" : " (lossy)");
+    }
+}
+
+int kvs_cmd_eval(int argc, char **argv)
+{
+    opts o;
+    memset(&o, 0, sizeof o);
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout, 0);
+        if (strcmp(a, "--json") == 0) o.json = 1;
+        else if (strcmp(a, "--sweep") == 0) o.sweep = 1;
+        else if (strcmp(a, "--per-slice") == 0) o.per_slice = 1;
+        else if (i + 1 < argc && strcmp(a, "--serde") == 0) o.serde = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--skip") == 0) {
+            if (parse_skip(argv[++i], &o)) return 2;
+        } else if (i + 1 < argc && strcmp(a, "--heads") == 0) o.heads = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(a, "--kv-heads") == 0) o.kv_heads = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(a, "--head-dim") == 0) o.head_dim = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "kvserde eval: unknown or incomplete option '%s'\n\n", a);
+            return usage(stderr, 2);
+        }
+    }
+    if (i >= argc || (o.sweep == (o.serde != NULL))) {
+        fprintf(stderr, "kvserde eval: give --serde JSON or --sweep, and at least one file\n\n");
+        return usage(stderr, 2);
+    }
+    int nfiles = argc - i;
+    size_t ncfg = o.sweep ? kvs_eval_npresets : 1;
+    acc *accs = calloc(ncfg, sizeof *accs);
+    kvs_st_mapped *maps = calloc((size_t)nfiles, sizeof *maps);
+    kvs_st_file *files = calloc((size_t)nfiles, sizeof *files);
+    if (!accs || !maps || !files) {
+        fprintf(stderr, "kvserde eval: out of memory\n");
+        return 1;
+    }
+    int rc = 0, L = 0, opened = 0;
+    for (int f = 0; f < nfiles && rc == 0; f++, opened++)
+        if (kvs_st_open(argv[i + f], &maps[f], &files[f]) != KVS_OK) {
+            fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
+            rc = 1;
+        } else {
+            const kvs_st_tensor *kv = kvs_st_find(&files[f], "kv");
+            if (kv && kv->ndim == 4 && (int)kv->shape[1] > L) L = (int)kv->shape[1];
+        }
+    int bar = !o.json && isatty(STDERR_FILENO) && ncfg * (size_t)nfiles > 4;
+    for (size_t c = 0; c < ncfg && rc == 0; c++) {
+        accs[c].exact = 1;
+        for (int kvi = 0; kvi < 2; kvi++)
+            for (int l = 0; l < MAX_LAYERS; l++) accs[c].slice_exact[kvi][l] = 1;
+        const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
+        for (int f = 0; f < nfiles && rc == 0; f++) {
+            if (eval_file(argv[i + f], &files[f], json, &o, &accs[c])) rc = 1;
+            progress(bar, c * (size_t)nfiles + (size_t)f + 1, ncfg * (size_t)nfiles);
+        }
+    }
+    if (rc == 0) {
+        json_t *results = json_array();
+        for (size_t c = 0; c < ncfg; c++)
+            json_array_append_new(results,
+                                  result_json(o.sweep ? kvs_eval_presets[c].serde : o.serde,
+                                              o.sweep ? kvs_eval_presets[c].name : NULL,
+                                              &accs[c], L, &o));
+        if (o.json) {
+            json_t *doc = json_pack("{s:i,s:o}", "files", nfiles, "results", results);
+            char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+            printf("%s\n", text);
+            free(text);
+            json_decref(doc);
+        } else {
+            printf("%d file(s); bits/elt and ratio include every header; GB/s of the raw side, "
+                   "one thread\n",
+                   nfiles);
+            printf("%-14s %7s %7s %-5s %7s %7s %9s %8s %9s %7s %7s\n", "serde", "bits", "ratio",
+                   "exact", "K dB", "V dB", "max err", "attn dB", "attn cos", "enc", "dec");
+            for (size_t c = 0; c < ncfg; c++)
+                print_row(json_array_get(results, c),
+                          o.sweep ? kvs_eval_presets[c].name : "--serde");
+            json_decref(results);
+        }
+    }
+    for (int f = 0; f < opened; f++)
+        if (maps[f].data) kvs_st_close(&maps[f], &files[f]);
+    free(maps);
+    free(files);
+    free(accs);
+    return rc;
+}
