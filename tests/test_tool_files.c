@@ -1866,6 +1866,220 @@ static void test_header_cap(void)
     CHECK_EQ_STR(listing(), "cap.safetensors");
 }
 
+/* ----- kv_split: K and V as tensors of their own ------------------------ */
+
+#define KV_L 3
+#define KV_T 4
+#define KV_H 8
+#define KV_HALF (KV_L * KV_T * KV_H)
+
+static uint16_t kv_in[2 * KV_HALF]; /* bf16 [2, 3, 4, 8] */
+
+/* An input with the bf16 tensor "kv" [2, 3, 4, 8] (V values spread over
+ * several binades, so the scales matter) and an untouched U8 "ids". */
+static const char *write_kv_input(void)
+{
+    for (size_t i = 0; i < 2 * KV_HALF; i++) {
+        float x = (float)((int)(i * 37 % 23) - 11) * (0.03f + (float)(i % KV_H) * 0.4f);
+        kv_in[i] = kvs_f32_to_bf16(x);
+    }
+    const char *in = path_in("kv_in.safetensors");
+    tdesc t[] = {{"kv", "BF16", "[2,3,4,8]", kv_in, sizeof kv_in}, {"ids", "U8", "[7]", ids, 7}};
+    return write_st(in, t, 2, "{\"format\":\"pt\"}", 1) == 0 ? in : NULL;
+}
+
+/* The library's own kv_split round trip of kv_in with `config`: the blob
+ * and its description, and K / V read back as `dtype` into out (2 halves). */
+static int lib_kv_split(const char *config, kvs_dtype dtype, uint8_t **blob, size_t *blob_len,
+                        kvs_kv_split_info *info, void *out)
+{
+    kvs_multi_serde_pair pair;
+    if (kvs_multi_serde_create_pair(config, &pair) != KVS_OK) return -1;
+    int64_t dims[3] = {KV_L, KV_T, KV_H};
+    kvs_layout half, dhalf, bl;
+    kvs_memobj k, v, dst, dk, dv;
+    memset(&dhalf, 0, sizeof dhalf);
+    memset(&half, 0, sizeof half);
+    kvs_layout_add_group(&half, 3, dims, KVS_DTYPE_BFLOAT16);
+    kvs_layout_add_group(&dhalf, 3, dims, dtype);
+    int v_only = strstr(config, "v_only") != NULL;
+    const kvs_layout *layouts[2] = {v_only ? NULL : &half, &half};
+    size_t est = 0, nw = 0, hb = KV_HALF * kvs_dtype_size(dtype);
+    int rc = kvs_multi_estimate_serialized_size(pair.serializer, layouts, 2, &est);
+    *blob = malloc(est);
+    kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8);
+    rc |= kvs_memobj_init(&k, kv_in, sizeof kv_in / 2, &half, KVS_FMT_UNDEFINED);
+    rc |= kvs_memobj_init(&v, kv_in + KV_HALF, sizeof kv_in / 2, &half, KVS_FMT_UNDEFINED);
+    rc |= kvs_memobj_init(&dst, *blob, est, &bl, KVS_FMT_BINARY_BUFFER);
+    kvs_memobj *src[2] = {v_only ? NULL : &k, &v};
+    if (rc == KVS_OK) rc = kvs_multi_serialize(pair.serializer, src, 2, &dst, NULL, &nw);
+    *blob_len = nw;
+    if (rc == KVS_OK) rc = kvs_kv_split_inspect(*blob, nw, info);
+    dst.used_size = nw;
+    rc |= kvs_memobj_init(&dk, out, hb, &dhalf, KVS_FMT_UNDEFINED);
+    rc |= kvs_memobj_init(&dv, (uint8_t *)out + hb, hb, &dhalf, KVS_FMT_UNDEFINED);
+    kvs_memobj *dg[2] = {v_only ? NULL : &dk, &dv};
+    if (rc == KVS_OK) rc = kvs_multi_deserialize(pair.deserializer, &dst, dg, 2, NULL);
+    kvs_multi_serde_pair_destroy(&pair);
+    return rc;
+}
+
+/* Encode kv_in with `config`, check the parts against the library's blob,
+ * decode (to bfloat16 and to float32) and check against the library's own
+ * round trip. scope_json is the "v" entry of the kv_split metadata. */
+static void check_kv_split(const char *config, const char *v_shape_json, const char *v_entry)
+{
+    clear_dir(work);
+    const char *in = write_kv_input();
+    REQUIRE(in);
+    const char *enc = path_in("kv_enc.safetensors"), *dec = path_in("kv_dec.safetensors");
+    char *serde = strf("--serde=%s", config);
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("encode", serde, in, enc)), 0);
+    uint8_t *blob = NULL;
+    size_t blob_len = 0;
+    kvs_kv_split_info info;
+    static uint16_t want16[2 * KV_HALF];
+    static float want32[2 * KV_HALF];
+    REQUIRE(lib_kv_split(config, KVS_DTYPE_BFLOAT16, &blob, &blob_len, &info, want16) == 0);
+    free(blob);
+    REQUIRE(lib_kv_split(config, KVS_DTYPE_FLOAT32, &blob, &blob_len, &info, want32) == 0);
+    const kvs_kv_split_slot_info *vs = &info.slots[1];
+    stf f;
+    REQUIRE(st_load(enc, &f) == 0);
+    CHECK_EQ_U64(json_object_size(f.hdr), 5); /* __metadata__ + 4 tensors */
+    const uint8_t *p;
+    /* K native, exactly the input's K half. */
+    if ((p = st_get(&f, "kv.k", "BF16", "[3,4,8]", sizeof kv_in / 2)))
+        CHECK(memcmp(p, kv_in, sizeof kv_in / 2) == 0);
+    /* V: the blob's codes, and its scales beside them. */
+    uint64_t codes_at = vs->offset + (vs->nscales ? 24 + 4 * vs->nscales : 0);
+    if ((p = st_get(&f, "kv.v", "F8_E4M3", "[3,4,8]", KV_HALF)))
+        CHECK(memcmp(p, blob + codes_at, KV_HALF) == 0);
+    size_t nscales = vs->nscales ? (size_t)vs->nscales : 1;
+    if ((p = st_get(&f, "kv.v_scale", "F32", v_shape_json, 4 * nscales))) {
+        if (vs->nscales)
+            CHECK(memcmp(p, blob + vs->scales_offset, 4 * nscales) == 0);
+        else
+            CHECK(memcmp(p, &vs->scale, 4) == 0);
+    }
+    if ((p = st_get(&f, "ids", "U8", "[7]", 7))) CHECK(memcmp(p, ids, 7) == 0);
+    char *m = st_meta(&f);
+    char *canon = NULL;
+    json_t *cj = json_loads(config, 0, NULL);
+    canon = json_dumps(cj, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(cj);
+    json_t *want_meta = json_pack("{s:s,s:s,s:s,s:s}", "format", "pt", "kvserde.format", "1",
+                                  "kvserde.serde", canon, "kvserde.kv_split.kv", "");
+    char *entry = strf("{\"dtype\":\"bfloat16\",\"k\":{\"tensor\":\"kv.k\"},\"shape\":[2,3,4,8],"
+                       "\"v\":%s}", v_entry);
+    json_object_set_new(want_meta, "kvserde.kv_split.kv", json_string(entry));
+    char *wm = json_dumps(want_meta, JSON_COMPACT | JSON_SORT_KEYS);
+    CHECK_EQ_STR(m, wm);
+    free(wm);
+    json_decref(want_meta);
+    free(canon);
+    free(m);
+    st_free(&f);
+    free(blob);
+
+    /* decode: the [2, ...] tensor, byte for byte what kv_split gives. */
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("decode", enc, dec)), 0);
+    REQUIRE(st_load(dec, &f) == 0);
+    CHECK_EQ_U64(json_object_size(f.hdr), 3);
+    if ((p = st_get(&f, "kv", "BF16", "[2,3,4,8]", sizeof kv_in))) {
+        CHECK(memcmp(p, want16, sizeof want16) == 0);
+        CHECK(memcmp(p, kv_in, sizeof kv_in / 2) == 0); /* K exact */
+        const uint16_t *got = (const uint16_t *)p;
+        for (size_t i = KV_HALF; i < 2 * KV_HALF; i++) { /* V within fp8 error */
+            float x = kvs_bf16_to_f32(kv_in[i]), y = kvs_bf16_to_f32(got[i]);
+            if (!(fabsf(y - x) <= fabsf(x) * (0.0625f + 0.008f) + 1e-3f)) {
+                KVS_FAIL_("V element %zu: %g read back as %g", i - KV_HALF, x, y);
+                break;
+            }
+        }
+    }
+    if ((p = st_get(&f, "ids", "U8", "[7]", 7))) CHECK(memcmp(p, ids, 7) == 0);
+    m = st_meta(&f);
+    CHECK_EQ_STR(m, "{\"format\":\"pt\"}");
+    free(m);
+    st_free(&f);
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("decode", "--dtype", "float32", enc, dec)), 0);
+    REQUIRE(st_load(dec, &f) == 0);
+    if ((p = st_get(&f, "kv", "F32", "[2,3,4,8]", sizeof want32)))
+        CHECK(memcmp(p, want32, sizeof want32) == 0);
+    st_free(&f);
+}
+
+static void test_kv_split_roundtrip(void)
+{
+    check_kv_split("{\"type\": \"kv_split\"}", "[1]",
+                   "{\"scale\":\"kv.v_scale\",\"scope\":\"per_tensor\",\"tensor\":\"kv.v\"}");
+}
+
+static void test_kv_split_per_token(void)
+{
+    /* one scale per token of each layer: 3 x 4 = 12 */
+    check_kv_split("{\"type\": \"kv_split\", \"scale\": \"per_token\"}", "[12]",
+                   "{\"grid\":[8,1,8],\"scale\":\"kv.v_scale\",\"scope\":\"per_token\","
+                   "\"tensor\":\"kv.v\"}");
+}
+
+static void test_kv_split_refusals(void)
+{
+    clear_dir(work);
+    uint16_t x[12] = {0};
+    const char *in = path_in("x.safetensors"), *out = path_in("x_enc.safetensors");
+    tdesc t[] = {{"x", "BF16", "[3,4]", x, sizeof x}};
+    REQUIRE(write_st(in, t, 1, NULL, 1) == 0);
+    CHECK_FAILS(ARGS("encode", "--serde", "{\"type\":\"kv_split\"}", in, out), 1,
+                "kvserde encode: tensor 'x' is [3x4] bfloat16; the kv_split serde needs a K/V "
+                "axis of size 2 first ([2, ...])\n");
+    CHECK(!exists(out));
+    CHECK_FAILS(ARGS("encode", "--raw", "--serde", "{\"type\":\"kv_split\"}", in, out), 2,
+                "kvserde encode: --raw does not apply to the kv_split serde, which writes K and "
+                "V as tensors of their own\n");
+    CHECK(!exists(out));
+}
+
+static void test_kv_split_v_only(void)
+{
+    clear_dir(work);
+    const char *in = write_kv_input();
+    REQUIRE(in);
+    const char *config = "{\"type\":\"kv_split\",\"mode\":\"v_only\"}";
+    const char *enc = path_in("vo.safetensors"), *dec = path_in("vo_dec.safetensors");
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("encode", "--serde", config, in, enc)), 0);
+    uint8_t *blob = NULL;
+    size_t blob_len = 0;
+    kvs_kv_split_info info;
+    static uint16_t want16[2 * KV_HALF];
+    REQUIRE(lib_kv_split(config, KVS_DTYPE_BFLOAT16, &blob, &blob_len, &info, want16) == 0);
+    CHECK(!info.slots[0].present);
+    stf f;
+    REQUIRE(st_load(enc, &f) == 0);
+    CHECK_EQ_U64(json_object_size(f.hdr), 4); /* __metadata__, kv.v, kv.v_scale, ids */
+    CHECK(json_object_get(f.hdr, "kv.k") == NULL);
+    const uint8_t *p;
+    if ((p = st_get(&f, "kv.v", "F8_E4M3", "[3,4,8]", KV_HALF)))
+        CHECK(memcmp(p, blob + info.slots[1].offset, KV_HALF) == 0);
+    if ((p = st_get(&f, "kv.v_scale", "F32", "[1]", 4))) CHECK(memcmp(p, &info.slots[1].scale, 4) == 0);
+    st_get(&f, "ids", "U8", "[7]", 7);
+    char *m = st_meta(&f);
+    CHECK_EQ_STR(m, "{\"format\":\"pt\",\"kvserde.format\":\"1\",\"kvserde.kv_split.kv\":"
+                    "\"{\\\"dtype\\\":\\\"bfloat16\\\",\\\"shape\\\":[2,3,4,8],\\\"v\\\":"
+                    "{\\\"scale\\\":\\\"kv.v_scale\\\",\\\"scope\\\":\\\"per_tensor\\\","
+                    "\\\"tensor\\\":\\\"kv.v\\\"}}\",\"kvserde.serde\":"
+                    "\"{\\\"mode\\\":\\\"v_only\\\",\\\"type\\\":\\\"kv_split\\\"}\"}");
+    free(m);
+    st_free(&f);
+    free(blob);
+    char *msg = strf("kvserde decode: %s: tensor 'kv' cannot be restored: it was encoded with "
+                     "kv_split mode v_only, so only V is stored ('kv.v'); K was never stored\n",
+                     enc);
+    CHECK_FAILS(ARGS("decode", enc, dec), 1, msg);
+    CHECK(!exists(dec));
+}
+
 int main(int argc, char **argv)
 {
     const char *bin = getenv("KVS_TEST_BIN_DIR");
@@ -1910,6 +2124,10 @@ int main(int argc, char **argv)
         RUN(test_frames_aes_gcm);
         RUN(test_frames_inspect);
         RUN(test_plain_fp8);
+        RUN(test_kv_split_roundtrip);
+        RUN(test_kv_split_per_token);
+        RUN(test_kv_split_refusals);
+        RUN(test_kv_split_v_only);
     }
 
     clear_dir(root_dir);

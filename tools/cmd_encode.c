@@ -1,6 +1,7 @@
 /* kvserde encode - put every float tensor of a safetensors file through a
  * serde. docs/cli.md describes the command and the file it writes. */
 #include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,10 @@ static const char encode_usage[] =
     "[{\"type\": \"fp8\"}, {\"type\": \"crc32c\"}]}') each blob is a frame that records\n"
     "its own stages and layout; the entries above are written for it too. For\n"
     "aes_gcm, kvserde.serde records the key file paths, never a key.\n"
+    "With kv_split ('{\"type\": \"kv_split\"}') every float tensor must be [2, ...]\n"
+    "(K/V axis first); it becomes NAME.k (K, native by default), NAME.v (F8_E4M3 or\n"
+    "F8_E5M2) and NAME.v_scale (F32 scales; NAME.k_scale for an fp8 K), recorded in\n"
+    "kvserde.kv_split.NAME. With mode v_only only V is written (not decodable).\n"
     "`kvserde decode` reads them back. OUT is written to a temporary file next to\n"
     "it and renamed into place, so a failed run leaves no partial OUT.\n"
     "\n"
@@ -49,6 +54,23 @@ typedef struct encode_ctx {
     size_t scratch_cap;
     void *aligned;          /* an aligned copy of a misaligned source */
 } encode_ctx;
+
+/* The bytes of tensor t for the kernels: its own, or (a file written
+ * without alignment: the kernels want aligned elements) an aligned copy in
+ * ctx->aligned, valid until the next call. */
+static int aligned_source(encode_ctx *ctx, const kvs_st_tensor *t, kvs_dtype dtype,
+                          const void **data)
+{
+    size_t nbytes = (size_t)(t->end - t->begin);
+    free(ctx->aligned);
+    ctx->aligned = NULL;
+    *data = t->data;
+    if (((uintptr_t)t->data % kvs_dtype_size(dtype)) == 0 || nbytes == 0) return KVS_OK;
+    if ((ctx->aligned = malloc(nbytes)) == NULL)
+        return kvs_set_error(KVS_ENOMEM, "out of memory: %zu bytes", nbytes);
+    *data = memcpy(ctx->aligned, t->data, nbytes);
+    return KVS_OK;
+}
 
 /* Serialize input tensor `ti` (a float tensor) into ctx->scratch. */
 static int serialize_tensor(encode_ctx *ctx, size_t ti, kvs_dtype dtype, size_t *nwritten)
@@ -69,16 +91,7 @@ static int serialize_tensor(encode_ctx *ctx, size_t ti, kvs_dtype dtype, size_t 
     }
     size_t nbytes = (size_t)(t->end - t->begin);
     const void *data = t->data;
-    free(ctx->aligned);
-    ctx->aligned = NULL;
-    if (rc == KVS_OK && ((uintptr_t)data % kvs_dtype_size(dtype)) != 0 && nbytes > 0) {
-        /* A file written without alignment: the kernels want aligned
-         * elements, so work on a copy. */
-        if ((ctx->aligned = malloc(nbytes)) == NULL)
-            rc = kvs_set_error(KVS_ENOMEM, "out of memory: %zu bytes", nbytes);
-        else
-            data = memcpy(ctx->aligned, data, nbytes);
-    }
+    if (rc == KVS_OK) rc = aligned_source(ctx, t, dtype, &data);
     kvs_memobj src, dst;
     if (rc == KVS_OK)
         rc = kvs_memobj_init(&src, (void *)(uintptr_t)data, nbytes, &layout, KVS_FMT_UNDEFINED);
@@ -107,6 +120,157 @@ static int produce_fp8(void *vctx, size_t index, const void **data)
                              ctx->in_path, ctx->in->tensors[ti].name, n,
                              (unsigned long long)ctx->in->tensors[ti].numel);
     *data = ctx->scratch;
+    return KVS_OK;
+}
+
+/* What encode keeps of one tensor split by the kv_split serde until the
+ * file is written: the blob (the output tensors point into it), the
+ * tensor-wide scales, the scale tensors' shapes and the output names. */
+typedef struct kv_part {
+    uint8_t *blob;
+    float scale[2];
+    uint64_t scale_shape[2];
+    char *names[4]; /* NAME.k, NAME.k_scale, NAME.v, NAME.v_scale */
+} kv_part;
+
+static void kv_part_free(kv_part *p)
+{
+    free(p->blob);
+    for (int i = 0; i < 4; i++) free(p->names[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* "[3x4]" (sizes joined by 'x'), written into buf. */
+static const char *x_shape(uint32_t ndim, const uint64_t *shape, char *buf, size_t size)
+{
+    size_t pos = 0;
+    pos += (size_t)snprintf(buf, size, "[");
+    for (uint32_t d = 0; d < ndim && pos < size; d++)
+        pos += (size_t)snprintf(buf + pos, size - pos, d ? "x%llu" : "%llu",
+                                (unsigned long long)shape[d]);
+    if (pos < size) snprintf(buf + pos, size - pos, "]");
+    return buf;
+}
+
+static const char *scope_name(kvs_kv_split_scale s)
+{
+    switch (s) {
+    case KVS_KV_SPLIT_SCALE_PER_LAYER: return "per_layer";
+    case KVS_KV_SPLIT_SCALE_PER_LAYER_HEAD: return "per_layer_head";
+    case KVS_KV_SPLIT_SCALE_PER_TOKEN: return "per_token";
+    default: return "per_tensor";
+    }
+}
+
+static char *name_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name) + strlen(suffix) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s", name, suffix);
+    return s;
+}
+
+/* Split float tensor `ti` ([2, ...]) into K and V with the kv_split
+ * serializer `ser` (k_present: 0 in mode v_only), append its output tensors
+ * to outs[*nout..] and set *meta_value to its kvserde.kv_split entry. */
+static int encode_kv_split(encode_ctx *ctx, size_t ti, kvs_dtype dt, kvs_multi_serializer *ser,
+                           int k_present, kv_part *part, kvs_st_out *outs, size_t *nout,
+                           char **meta_value)
+{
+    const kvs_st_tensor *t = &ctx->in->tensors[ti];
+    char sbuf[256];
+    if (t->ndim < 1 || t->shape[0] != 2)
+        return kvs_set_error(KVS_EINVAL,
+                             "tensor '%s' is %s %s; the kv_split serde needs a K/V axis of size "
+                             "2 first ([2, ...])",
+                             t->name, x_shape(t->ndim, t->shape, sbuf, sizeof sbuf),
+                             kvs_dtype_name(dt));
+    static const uint64_t one = 1;
+    kvs_layout half;
+    int rc = t->ndim == 1 ? kvs_enc_layout(1, &one, dt, &half)
+                          : kvs_enc_layout(t->ndim - 1, t->shape + 1, dt, &half);
+    size_t half_bytes = (size_t)(t->end - t->begin) / 2;
+    const void *src = t->data;
+    if (rc == KVS_OK) rc = aligned_source(ctx, t, dt, &src);
+    const uint8_t *data = src;
+    kvs_memobj k, v, dst;
+    if (rc == KVS_OK)
+        rc = kvs_memobj_init(&k, (void *)(uintptr_t)data, half_bytes, &half, KVS_FMT_UNDEFINED);
+    if (rc == KVS_OK)
+        rc = kvs_memobj_init(&v, (void *)(uintptr_t)(data + half_bytes), half_bytes, &half,
+                             KVS_FMT_UNDEFINED);
+    const kvs_layout *layouts[2] = {k_present ? &half : NULL, &half};
+    kvs_memobj *group[2] = {k_present ? &k : NULL, &v};
+    size_t est = 0, nw = 0;
+    if (rc == KVS_OK) rc = kvs_multi_estimate_serialized_size(ser, layouts, 2, &est);
+    kvs_layout blob_layout;
+    if (rc == KVS_OK) rc = kvs_layout_flat(&blob_layout, est, KVS_DTYPE_UINT8);
+    if (rc == KVS_OK && (part->blob = malloc(est ? est : 1)) == NULL)
+        rc = kvs_set_error(KVS_ENOMEM, "out of memory: %zu bytes", est);
+    if (rc == KVS_OK)
+        rc = kvs_memobj_init(&dst, part->blob, est, &blob_layout, KVS_FMT_BINARY_BUFFER);
+    if (rc == KVS_OK) rc = kvs_multi_serialize(ser, group, 2, &dst, NULL, &nw);
+    kvs_kv_split_info info;
+    if (rc == KVS_OK) rc = kvs_kv_split_inspect(part->blob, nw, &info);
+    if (rc) {
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        return kvs_set_error(rc, "%s: tensor '%s': %s", ctx->in_path, t->name, msg);
+    }
+
+    json_t *root = json_object();
+    json_object_set_new(root, "dtype", json_string(kvs_dtype_name(dt)));
+    json_t *shape = json_array();
+    for (uint32_t d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
+    json_object_set_new(root, "shape", shape);
+    size_t first = *nout;
+    static const char *const slot_key[2] = {"k", "v"};
+    static const char *const suffix[4] = {".k", ".k_scale", ".v", ".v_scale"};
+    for (int s = 0; s < 2; s++) {
+        const kvs_kv_split_slot_info *si = &info.slots[s];
+        if (!si->present) continue;
+        int fp8 = si->stored_dtype == KVS_DTYPE_FLOAT8_E4M3FN ||
+                  si->stored_dtype == KVS_DTYPE_FLOAT8_E5M2;
+        int scoped = fp8 && si->scope != KVS_KV_SPLIT_SCALE_PER_TENSOR;
+        json_t *slot = json_object();
+        part->names[2 * s] = name_with(t->name, suffix[2 * s]);
+        kvs_st_out *o = &outs[(*nout)++];
+        o->name = part->names[2 * s];
+        o->dtype = kvs_st_dtype_from_kvs(si->stored_dtype);
+        o->ndim = t->ndim - 1;
+        o->shape = t->ndim > 1 ? t->shape + 1 : NULL;
+        o->nbytes = si->numel * kvs_dtype_size(si->stored_dtype);
+        o->data = part->blob + si->offset + (scoped ? 24 + 4 * si->nscales : 0);
+        json_object_set_new(slot, "tensor", json_string(o->name ? o->name : ""));
+        if (fp8) {
+            part->names[2 * s + 1] = name_with(t->name, suffix[2 * s + 1]);
+            kvs_st_out *so = &outs[(*nout)++];
+            part->scale[s] = si->scale;
+            part->scale_shape[s] = scoped ? si->nscales : 1;
+            so->name = part->names[2 * s + 1];
+            so->dtype = KVS_ST_F32;
+            so->ndim = 1;
+            so->shape = &part->scale_shape[s];
+            so->nbytes = 4 * part->scale_shape[s];
+            so->data = scoped ? (const void *)(part->blob + si->scales_offset)
+                              : (const void *)&part->scale[s];
+            json_object_set_new(slot, "scale", json_string(so->name ? so->name : ""));
+            json_object_set_new(slot, "scope", json_string(scope_name(si->scope)));
+            if (scoped) {
+                json_t *grid = json_array();
+                json_array_append_new(grid, json_integer((json_int_t)si->cols));
+                json_array_append_new(grid, json_integer((json_int_t)si->rows_per_scale));
+                json_array_append_new(grid, json_integer((json_int_t)si->cols_per_scale));
+                json_object_set_new(slot, "grid", grid);
+            }
+        }
+        json_object_set_new(root, slot_key[s], slot);
+    }
+    *meta_value = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(root);
+    int missing = *meta_value == NULL;
+    for (size_t i = first; i < *nout; i++) missing |= outs[i].name == NULL;
+    if (missing) return kvs_set_error(KVS_ENOMEM, "out of memory");
     return KVS_OK;
 }
 
@@ -168,16 +332,40 @@ int kvs_cmd_encode(int argc, char **argv)
     /* The serde config is part of the command line: a bad one is a usage
      * error, reported before any file is touched. */
     kvs_serde_pair serde = {0};
+    kvs_multi_serde_pair multi = {0};
     char *canon = NULL;
     kvs_dtype fp8 = KVS_DTYPE_FLOAT8_E4M3FN;
-    int is_fp8 = 0;
-    if (kvs_serde_create_pair(serde_text, &serde) != KVS_OK ||
+    int is_fp8 = 0, is_multi = 0, k_present = 1;
+    if ((is_multi = kvs_serde_config_multi(serde_text)) < 0 ||
+        (is_multi ? kvs_multi_serde_create_pair(serde_text, &multi)
+                  : kvs_serde_create_pair(serde_text, &serde)) != KVS_OK ||
         kvs_serde_config_canonical(serde_text, &canon) != KVS_OK ||
         (is_fp8 = kvs_serde_config_fp8(serde_text, &fp8)) < 0) {
         fprintf(stderr, "kvserde encode: --serde: %s\n", kvs_last_error());
         kvs_serde_pair_destroy(&serde);
+        kvs_multi_serde_pair_destroy(&multi);
         free(canon);
         return 2;
+    }
+    if (is_multi) {
+        json_t *cfg = json_loads(serde_text, 0, NULL);
+        const char *type = json_string_value(json_object_get(cfg, "type"));
+        const char *mode = json_string_value(json_object_get(cfg, "mode"));
+        int bad_type = type == NULL || strcmp(type, "kv_split") != 0;
+        k_present = mode == NULL || strcmp(mode, "v_only") != 0;
+        if (bad_type || raw)
+            fprintf(stderr,
+                    bad_type ? "kvserde encode: --serde: the multi-output serde '%s' is not "
+                               "supported; encode splits tensors with kv_split only\n"
+                             : "kvserde encode: --raw does not apply to the %s serde, which "
+                               "writes K and V as tensors of their own\n",
+                    type ? type : "?");
+        json_decref(cfg);
+        if (bad_type || raw) {
+            kvs_multi_serde_pair_destroy(&multi);
+            free(canon);
+            return 2;
+        }
     }
     int native = is_fp8 && !raw;
 
@@ -189,11 +377,13 @@ int kvs_cmd_encode(int argc, char **argv)
     kvs_st_meta *meta = NULL;
     uint8_t **blobs = NULL;
     uint64_t *blob_sizes = NULL;
-    size_t nmeta = 0, nencoded = 0;
+    kv_part *parts = NULL;
+    size_t nmeta = 0, nencoded = 0, nout = 0;
     uint64_t in_bytes = 0, out_bytes = 0;
     if (kvs_st_open(in_path, &map, &in) != KVS_OK) {
         fprintf(stderr, "kvserde encode: %s\n", kvs_last_error());
         kvs_serde_pair_destroy(&serde);
+        kvs_multi_serde_pair_destroy(&multi);
         free(canon);
         return 1;
     }
@@ -210,13 +400,15 @@ int kvs_cmd_encode(int argc, char **argv)
     }
 
     size_t n = in.ntensors;
-    outs = calloc(n ? n : 1, sizeof *outs);
-    ctx.orig_dtype = calloc(n ? n : 1, sizeof *ctx.orig_dtype);
-    ctx.src_index = calloc(n ? n : 1, sizeof *ctx.src_index);
+    /* A kv_split tensor becomes up to 4 output tensors. */
+    outs = calloc(n ? 4 * n : 1, sizeof *outs);
+    ctx.orig_dtype = calloc(n ? 4 * n : 1, sizeof *ctx.orig_dtype);
+    ctx.src_index = calloc(n ? 4 * n : 1, sizeof *ctx.src_index);
     blobs = calloc(n ? n : 1, sizeof *blobs);
     blob_sizes = calloc(n ? n : 1, sizeof *blob_sizes);
+    parts = calloc(n ? n : 1, sizeof *parts);
     meta = calloc(in.nmeta + 2 + 2 * n, sizeof *meta);
-    if (!outs || !ctx.orig_dtype || !ctx.src_index || !blobs || !blob_sizes || !meta) {
+    if (!outs || !ctx.orig_dtype || !ctx.src_index || !blobs || !blob_sizes || !parts || !meta) {
         fprintf(stderr, "kvserde encode: out of memory\n");
         goto out;
     }
@@ -233,21 +425,34 @@ int kvs_cmd_encode(int argc, char **argv)
 
     for (size_t i = 0; i < n; i++) {
         const kvs_st_tensor *t = &in.tensors[i];
-        kvs_st_out *o = &outs[i];
         kvs_dtype dt;
+        int is_float = kvs_st_dtype_to_kvs(t->dtype, &dt) == 0 &&
+                       (dt == KVS_DTYPE_FLOAT32 || dt == KVS_DTYPE_FLOAT16 ||
+                        dt == KVS_DTYPE_BFLOAT16);
+        in_bytes += t->end - t->begin;
+        if (is_float && is_multi) {
+            /* K and V as tensors of their own, and one metadata entry. */
+            size_t from = nout;
+            nencoded++;
+            meta[nmeta].key = key_for(KVS_META_KV_SPLIT, t->name);
+            if (encode_kv_split(&ctx, i, dt, multi.serializer, k_present, &parts[i], outs,
+                                &nout, &meta[nmeta++].value) != KVS_OK) {
+                fprintf(stderr, "kvserde encode: %s\n", kvs_last_error());
+                goto out;
+            }
+            for (size_t j = from; j < nout; j++) out_bytes += outs[j].nbytes;
+            continue;
+        }
+        kvs_st_out *o = &outs[nout];
         o->name = t->name;
         o->dtype = t->dtype;
         o->ndim = t->ndim;
         o->shape = t->shape;
         o->nbytes = t->end - t->begin;
         o->data = t->data;
-        ctx.src_index[i] = i;
-        in_bytes += o->nbytes;
-        int is_float = kvs_st_dtype_to_kvs(t->dtype, &dt) == 0 &&
-                       (dt == KVS_DTYPE_FLOAT32 || dt == KVS_DTYPE_FLOAT16 ||
-                        dt == KVS_DTYPE_BFLOAT16);
+        ctx.src_index[nout++] = i;
         if (is_float) {
-            ctx.orig_dtype[i] = dt;
+            ctx.orig_dtype[nout - 1] = dt;
             nencoded++;
             meta[nmeta].key = key_for(KVS_META_DTYPE, t->name);
             meta[nmeta++].value = strdup(kvs_dtype_name(dt));
@@ -286,7 +491,7 @@ int kvs_cmd_encode(int argc, char **argv)
         }
     }
 
-    if (kvs_safetensors_write(out_path, outs, n, meta, nmeta, produce_fp8, &ctx) != KVS_OK) {
+    if (kvs_safetensors_write(out_path, outs, nout, meta, nmeta, produce_fp8, &ctx) != KVS_OK) {
         fprintf(stderr, "kvserde encode: %s\n", kvs_last_error());
         goto out;
     }
@@ -302,6 +507,8 @@ out:
         }
     }
     for (size_t i = 0; blobs && i < in.ntensors; i++) free(blobs[i]);
+    for (size_t i = 0; parts && i < in.ntensors; i++) kv_part_free(&parts[i]);
+    free(parts);
     free(blobs);
     free(blob_sizes);
     free(meta);
@@ -312,6 +519,7 @@ out:
     free(ctx.aligned);
     kvs_st_close(&map, &in);
     kvs_serde_pair_destroy(&serde);
+    kvs_multi_serde_pair_destroy(&multi);
     free(canon);
     return status;
 }

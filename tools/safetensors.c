@@ -884,6 +884,7 @@ void kvs_enc_close(kvs_enc_file *enc)
 {
     if (enc == NULL) return;
     kvs_serde_pair_destroy(&enc->serde);
+    kvs_multi_serde_pair_destroy(&enc->multi_serde);
     for (size_t i = 0; enc->info && i < enc->ntensors; i++) free(enc->info[i].shape);
     free(enc->info);
     memset(enc, 0, sizeof *enc);
@@ -1023,6 +1024,18 @@ static long tensor_index(const kvs_st_file *file, const char *name)
     return t ? (long)(t - file->tensors) : -1;
 }
 
+int kvs_serde_config_multi(const char *json_text)
+{
+    json_t *root = load_object(json_text, "serde config");
+    if (root == NULL) return KVS_EINVAL;
+    const char *type = json_string_value(json_object_get(root, "type"));
+    kvs_serde_kind kind;
+    int rc = type == NULL ? kvs_set_error(KVS_EINVAL, "serde config: 'type' must be a string")
+             : kvs_serde_type_kind(type, &kind) == KVS_OK && kind == KVS_SERDE_MULTI;
+    json_decref(root);
+    return rc;
+}
+
 /* 1 if a serde config's "type" is "pipeline", 0 if not, KVS_EINVAL if the
  * text is not a JSON object. */
 static int serde_config_pipeline(const char *json_text)
@@ -1071,7 +1084,21 @@ int kvs_enc_open(const kvs_st_file *file, kvs_deserializer *frames, kvs_enc_file
             rc = enc_corrupt("%s: %s", KVS_META_SERDE, msg);
         }
     }
-    if (rc == KVS_OK && !out->pipeline &&
+    if (rc == KVS_OK && !out->pipeline) {
+        out->multi = kvs_serde_config_multi(serde);
+        if (out->multi < 0) {
+            char msg[KVS_ERROR_MSG_MAX];
+            snprintf(msg, sizeof msg, "%s", kvs_last_error());
+            rc = enc_corrupt("%s: %s", KVS_META_SERDE, msg);
+        }
+    }
+    if (rc == KVS_OK && out->multi &&
+        (rc = kvs_multi_serde_create_pair(serde, &out->multi_serde)) != KVS_OK) {
+        char msg[KVS_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvs_last_error());
+        rc = enc_corrupt("%s: %s", KVS_META_SERDE, msg);
+    }
+    if (rc == KVS_OK && !out->pipeline && !out->multi &&
         (rc = kvs_serde_create_pair(serde, &out->serde)) != KVS_OK) {
         char msg[KVS_ERROR_MSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
@@ -1087,7 +1114,11 @@ int kvs_enc_open(const kvs_st_file *file, kvs_deserializer *frames, kvs_enc_file
         if (!has_prefix(key, KVS_META_PREFIX) || strcmp(key, KVS_META_SERDE) == 0 ||
             strcmp(key, KVS_META_FORMAT) == 0)
             continue;
-        if (has_prefix(key, KVS_META_DTYPE)) {
+        if (out->multi) {
+            /* checked by the reader of the entry (kvserde decode) */
+            if (!has_prefix(key, KVS_META_KV_SPLIT))
+                rc = enc_corrupt("unknown key '%s' (kvserde.serde is a multi-output serde)", key);
+        } else if (has_prefix(key, KVS_META_DTYPE)) {
             const char *name = key + strlen(KVS_META_DTYPE);
             long ti = tensor_index(file, name);
             if (ti < 0)

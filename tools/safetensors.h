@@ -204,6 +204,11 @@ int kvs_safetensors_write(const char *path, const kvs_st_out *tensors,
 #define KVS_META_SERDE "kvserde.serde"
 #define KVS_META_DTYPE "kvserde.dtype."
 #define KVS_META_SHAPE "kvserde.shape."
+/* kvserde.kv_split.<name>: a tensor the kv_split serde (a multi-output
+ * serde) split into <name>.k / <name>.v (+ <name>.k_scale / <name>.v_scale
+ * for fp8 slots); the value is compact JSON with sorted keys recording the
+ * original dtype and shape and each stored slot (docs/cli.md). */
+#define KVS_META_KV_SPLIT "kvserde.kv_split."
 
 /* How one tensor of a file was stored by `kvserde encode`. */
 typedef enum kvs_enc_kind {
@@ -237,6 +242,11 @@ int kvs_serde_config_canonical(const char *json_text, char **out);
  * is not a JSON object with a string "type". */
 int kvs_serde_config_fp8(const char *json_text, kvs_dtype *fp8);
 
+/* Whether a serde config names a multi-output serde (registry.h): 1 if so,
+ * 0 for a single-tensor or unknown type, KVS_EINVAL if the text is not a
+ * JSON object with a string "type". */
+int kvs_serde_config_multi(const char *json_text);
+
 /* An opened encoded file: its serde and per-tensor encoding info. */
 typedef struct kvs_enc_file {
     int encoded;          /* the file has kvserde.serde metadata */
@@ -245,6 +255,10 @@ typedef struct kvs_enc_file {
                            * the pipeline serde, whose config may name key
                            * files this machine does not have) */
     kvs_deserializer *frames; /* borrowed: reads the KVS_ENC_FRAME tensors */
+    int multi;            /* kvserde.serde is a multi-output serde (kv_split):
+                           * its tensors are described by kvserde.kv_split.*
+                           * entries, every info[] entry is KVS_ENC_NONE */
+    kvs_multi_serde_pair multi_serde; /* built from kvserde.serde when multi */
     size_t ntensors;
     kvs_enc_info *info;   /* ntensors entries, parallel to file->tensors */
 } kvs_enc_file;
