@@ -970,11 +970,29 @@ static int only_store_entries(int dfd, char *foreign, size_t size)
     return ok;
 }
 
+/* One look: KVS_OK or a refusal, or 1 when the marker appeared between the
+ * look for it and the listing. */
+static int check_marker_once(int dfd, const char *root, int adopt, int *present);
+
 /* Look for the marker; without one, refuse a directory that holds other
  * things than kvserde's unless `adopt`. *present says whether it is there. */
 static int check_marker(int dfd, const char *root, int adopt, int *present)
 {
     *present = 0;
+    /* Another process opening the same fresh directory may rename its
+     * marker into place between the look for it and the listing: the
+     * listing then finds it, and the look is made again (the marker never
+     * goes away once written, so a second look settles it). */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int rc = check_marker_once(dfd, root, adopt, present);
+        if (rc <= 0) return rc;
+    }
+    return kvs_set_error(KVS_EIO, "fs: the store marker '%s/" MARKER_NAME
+                                  "' appears in the listing but cannot be opened", root);
+}
+
+static int check_marker_once(int dfd, const char *root, int adopt, int *present)
+{
     int fd = openat(dfd, MARKER_NAME, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd >= 0) {
         char text[sizeof MARKER_TEXT];
@@ -998,6 +1016,8 @@ static int check_marker(int dfd, const char *root, int adopt, int *present)
     if (only < 0)
         return kvs_set_error(KVS_EIO, "fs: cannot read directory '%s': %s", root,
                              strerror(errno));
+    if (only == 0 && strcmp(foreign, MARKER_NAME) == 0)
+        return 1; /* the marker appeared meanwhile: look again */
     if (only == 0)
         return kvs_set_error(KVS_EEXIST,
                              "fs: directory '%s' is not a kvserde store: no " MARKER_NAME
