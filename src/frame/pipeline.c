@@ -344,19 +344,20 @@ static const struct kvs_serializer_ops pipeline_serializer_ops = {
 static int check_key(const kvs_frame *f, const kvs_object_key *key)
 {
     if (key == NULL) return KVS_OK; /* nothing to bind to (pipeline.h) */
+    int keyed = (f->flags & KVS_FRAME_FLAG_KEYED) != 0;
+    if (keyed && kvs_object_key_fingerprint(key) == f->key_fingerprint) return KVS_OK;
+    /* Only a refusal describes the key (its fingerprint again, and text):
+     * a load that passes pays for one fingerprint. */
     char who[128];
     kvs_key_describe(key, who, sizeof who);
-    if (!(f->flags & KVS_FRAME_FLAG_KEYED))
+    if (!keyed)
         return kvs_set_error(KVS_EKEY,
                              "pipeline: blob was written without an object key, loaded for %s",
                              who);
-    uint64_t fp = kvs_object_key_fingerprint(key);
-    if (fp != f->key_fingerprint)
-        return kvs_set_error(KVS_EKEY,
-                             "pipeline: blob was written for another key: stored key "
-                             "fingerprint %016llx, loading %s",
-                             (unsigned long long)f->key_fingerprint, who);
-    return KVS_OK;
+    return kvs_set_error(KVS_EKEY,
+                         "pipeline: blob was written for another key: stored key fingerprint "
+                         "%016llx, loading %s",
+                         (unsigned long long)f->key_fingerprint, who);
 }
 
 static int check_layout(const kvs_frame *f, const kvs_layout *dst)
@@ -383,8 +384,7 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
     size_t n = (size_t)f->payload_len;
     uint8_t *held = NULL;
     *owned = NULL; /* kvs_pipeline_verify frees it whatever the outcome */
-    char who[128];
-    kvs_key_describe(key, who, sizeof who);
+    char who[128]; /* the key, described only for a refusal's message */
     int rc = KVS_OK;
     for (uint32_t i = f->nstages; i-- > 1 && rc == KVS_OK;) {
         const kvs_frame_stage *fs = &f->stages[i];
@@ -393,6 +393,7 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
             size_t d = t->digest_size;
             uint8_t digest[16];
             if (n < d) {
+                kvs_key_describe(key, who, sizeof who);
                 rc = kvs_set_error(KVS_ECORRUPT,
                                    "pipeline: %s: payload damaged: %zu bytes, shorter than the "
                                    "%zu-byte checksum; loading %s",
@@ -407,6 +408,7 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
                     got = got << 8 | digest[b];
                     want = want << 8 | cur[n + b];
                 }
+                kvs_key_describe(key, who, sizeof who);
                 rc = kvs_set_error(KVS_ECORRUPT,
                                    "pipeline: %s: payload damaged: checksum %0*llx over %zu "
                                    "bytes, stored %0*llx; loading %s",
