@@ -254,7 +254,7 @@ static void test_create_refused(void)
          "aes_gcm, lossless"},
         {ST("[{\"type\":\"crc32c\"}]"),
          "pipeline: stage 0 'crc32c' is a bytes -> bytes stage; the chain starts with one "
-         "typed stage (bytes or fp8)"},
+         "typed stage (bytes, fp8 or transform)"},
         {ST("[{\"type\":\"fp8\"},{\"type\":\"bytes\"}]"),
          "pipeline: stage 1 'bytes' is a typed stage; only stage 0 may be typed (tensor -> "
          "bytes), the rest are bytes -> bytes stages"},

@@ -2,7 +2,9 @@
  * speed and fidelity (docs/cli.md). Each (K or V, layer) slice of the `kv`
  * tensor [2, layers, tokens, hidden] is one object [tokens, hidden] (what a
  * connector stores per layer), serialized and deserialized on this thread. */
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,25 @@ const kvs_eval_preset kvs_eval_presets[] = {
      "fp8 codes in a frame"},
     {"fp8-lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}",
      "fp8 codes, then the lossless stage"},
+    /* The calibrated ladder: "@calibration" stands for the transform file
+     * `kvserde eval --calibration` writes; without it these are left out.
+     * Steps (in units of each layer's RMS) from docs/fidelity.md. */
+    {"xform-1b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.5}]}",
+     "calibrated transform, coarse step (about 1.3 bits)"},
+    {"xform-2b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.125}]}",
+     "calibrated transform, step 1/8 RMS (about 2.4 bits)"},
+    {"xform-4b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.03}]}",
+     "calibrated transform, fine step (about 4.4 bits)"},
 };
+
+/* The placeholder of the calibrated presets. */
+#define CALIBRATION_PLACEHOLDER "@calibration"
 const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
 
 static double now_s(void)
@@ -85,13 +105,17 @@ typedef struct opts {
     const char *serde;
     int heads, kv_heads, head_dim;
     int skip[2][MAX_LAYERS];
+    const char *calibration[MAX_LAYERS]; /* --calibration files */
+    int ncalibration;
+    char transform_path[64]; /* the transform they gave (a temporary file) */
 } opts;
 
 static int usage(FILE *out, int rc)
 {
     fprintf(out,
             "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
-            "                    [--kv-heads N] [--head-dim N] (--serde JSON | --sweep) FILE...\n\n"
+            "                    [--kv-heads N] [--head-dim N] [--calibration FILE]...\n"
+            "                    (--serde JSON | --sweep) FILE...\n\n"
             "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
             "tensor [2, layers, tokens, hidden] of each file, one object per (K or V, layer)\n"
             "slice, and reports bits per element (every header and scale included), the ratio\n"
@@ -100,7 +124,13 @@ static int usage(FILE *out, int rc)
             "has `q` [layers, tokens, heads*head_dim], the attention output's SNR and cosine\n"
             "(causal within the chunk). --skip leaves slices out (v0: layer 0 V); --per-slice\n"
             "adds each slice's ratio. Head counts come from __metadata__ (num_heads,\n"
-            "num_kv_heads, head_dim) or the flags.\n");
+            "num_kv_heads, head_dim) or the flags.\n\n"
+            "--calibration FILE (repeatable, or FILE,FILE,...) first calibrates the transform\n"
+            "stage on those files (never on the files evaluated: a file given both ways is\n"
+            "refused); --sweep then adds the calibrated presets (xform-*), and \"%s\"\n"
+            "in --serde stands for that transform. A serde whose typed stage is the\n"
+            "transform gets each file's whole `kv` tensor as one KV_2LTD object; each row\n"
+            "says \"calibrated\": true for those.\n", CALIBRATION_PLACEHOLDER);
     return rc;
 }
 
@@ -170,6 +200,42 @@ static void progress(int on, size_t done, size_t total)
     fflush(stderr);
 }
 
+/* 1 if the serde is a pipeline whose typed stage is the transform: it
+ * takes the whole [2, layers, tokens, hidden] tensor as one object. */
+static int takes_whole_chunk(const char *serde_json)
+{
+    json_t *cfg = json_loads(serde_json, 0, NULL);
+    const json_t *first = json_array_get(json_object_get(cfg, "stages"), 0);
+    const char *type = json_string_value(json_object_get(first, "type"));
+    int whole = type && strcmp(type, "transform") == 0;
+    json_decref(cfg);
+    return whole;
+}
+
+/* Serialize and deserialize one object, timing both. */
+static int round_trip(const kvs_serde_pair *p, const void *src, size_t nbytes,
+                      const kvs_layout *l, kvs_memory_format fmt, uint8_t *blob, size_t cap,
+                      void *back, size_t *n, acc *a)
+{
+    kvs_memobj in, bo, out;
+    kvs_memobj_init(&in, (void *)src, nbytes, l, fmt);
+    kvs_layout bl;
+    kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
+    kvs_memobj_init(&bo, blob, cap, &bl, KVS_FMT_BINARY);
+    kvs_memobj_init(&out, back, nbytes, l, fmt);
+    double t0 = now_s();
+    int rc = kvs_serialize(p->serializer, &in, &bo, NULL, n);
+    double t1 = now_s();
+    if (rc == KVS_OK) {
+        kvs_memobj_set_used_size(&bo, *n);
+        rc = kvs_deserialize(p->deserializer, &bo, &out, NULL);
+    }
+    double t2 = now_s();
+    a->enc_s += t1 - t0;
+    a->dec_s += t2 - t1;
+    return rc;
+}
+
 /* One file through one config. */
 static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
                      const opts *o, acc *a)
@@ -191,12 +257,13 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
         return -1;
     }
+    int whole = takes_whole_chunk(serde_json);
     kvs_layout l = {0};
-    const int64_t dims[2] = {T, H};
-    int rc = kvs_layout_add_group(&l, 2, dims, dt);
-    size_t cap = 0;
+    const int64_t dims[2] = {T, H}, wdims[4] = {2, L, T, H};
+    int rc = whole ? kvs_layout_add_group(&l, 4, wdims, dt) : kvs_layout_add_group(&l, 2, dims, dt);
+    size_t cap = 0, wn = 0, bsize = whole ? 2 * (size_t)L * slice : slice;
     if (rc == KVS_OK) rc = kvs_estimate_serialized_size(p.serializer, &l, &cap);
-    uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(slice ? slice : 1);
+    uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(bsize ? bsize : 1);
     float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     if (rc || !blob || !back || !orig || !rest) {
@@ -204,48 +271,47 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         rc = -1;
         goto out;
     }
+    if (rc == 0 && whole) {
+        /* one KV_2LTD object; each slice is charged its share of the blob */
+        rc = round_trip(&p, kv->data, bsize, &l, KVS_FMT_KV_2LTD, blob, cap, back, &wn, a);
+        if (rc) {
+            fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
+            rc = -1;
+        }
+    }
     for (int kvi = 0; kvi < 2 && rc == 0; kvi++)
         for (int layer = 0; layer < L && rc == 0; layer++) {
             size_t idx = (size_t)kvi * L + layer;
             const uint8_t *src = kv->data + idx * slice;
             float *of = orig + idx * T * H, *rf = rest + idx * T * H;
             for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(src + i * es, dt);
-            if (o->skip[kvi][layer]) {
+            if (o->skip[kvi][layer] && !whole) {
                 memcpy(rf, of, sizeof(float) * T * H);
                 continue;
             }
-            kvs_memobj in, bo, out;
             size_t n = 0;
-            kvs_memobj_init(&in, (void *)src, slice, &l, KVS_FMT_BINARY);
-            kvs_layout bl;
-            kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
-            kvs_memobj_init(&bo, blob, cap, &bl, KVS_FMT_BINARY);
-            kvs_memobj_init(&out, back, slice, &l, KVS_FMT_BINARY);
-            double t0 = now_s();
-            rc = kvs_serialize(p.serializer, &in, &bo, NULL, &n);
-            double t1 = now_s();
-            if (rc == KVS_OK) {
-                kvs_memobj_set_used_size(&bo, n);
-                rc = kvs_deserialize(p.deserializer, &bo, &out, NULL);
+            uint8_t *back_slice = back;
+            if (whole) {
+                back_slice = back + idx * slice;
+                n = wn / (2 * (size_t)L) + (idx < wn % (2 * (size_t)L));
+            } else {
+                rc = round_trip(&p, src, slice, &l, KVS_FMT_BINARY, blob, cap, back, &n, a);
             }
-            double t2 = now_s();
             if (rc) {
                 fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
                 rc = -1;
                 break;
             }
-            a->enc_s += t1 - t0;
-            a->dec_s += t2 - t1;
             a->raw += (double)slice;
             a->stored += (double)n;
             a->elems += (double)T * H;
-            int ex = memcmp(src, back, slice) == 0;
+            int ex = memcmp(src, back_slice, slice) == 0;
             a->exact &= ex;
             a->slice_raw[kvi][layer] += (double)slice;
             a->slice_stored[kvi][layer] += (double)n;
             a->slice_exact[kvi][layer] &= ex;
             for (size_t i = 0; i < (size_t)T * H; i++) {
-                rf[i] = to_float(back + i * es, dt);
+                rf[i] = to_float(back_slice + i * es, dt);
                 double x = of[i], y = rf[i], e = x - y;
                 if (isnan(x) && isnan(y)) e = 0;
                 a->sig[kvi] += x * x;
@@ -309,6 +375,7 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
     json_t *r = json_object();
     json_object_set_new(r, "serde", cfg ? cfg : json_string(serde));
     json_object_set_new(r, "preset", preset ? json_string(preset) : json_null());
+    json_object_set_new(r, "calibrated", json_boolean(takes_whole_chunk(serde)));
     int any = a->elems > 0;
     json_object_set_new(r, "bits_per_element", num_or_null(any, 8 * a->stored / a->elems));
     json_object_set_new(r, "ratio", num_or_null(any, a->raw / a->stored));
@@ -374,6 +441,74 @@ static void print_row(const json_t *r, const char *name)
     }
 }
 
+static int has_skip(const opts *o)
+{
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < MAX_LAYERS; l++)
+            if (o->skip[kv][l]) return 1;
+    return 0;
+}
+
+/* Calibrating on a file that is also evaluated would flatter the figures. */
+static int check_calibration_files(const opts *o, char **files, int nfiles)
+{
+    for (int c = 0; c < o->ncalibration; c++) {
+        char *a = realpath(o->calibration[c], NULL);
+        for (int f = 0; a && f < nfiles; f++) {
+            char *b = realpath(files[f], NULL);
+            int same = b && strcmp(a, b) == 0;
+            free(b);
+            if (same) {
+                fprintf(stderr, "kvserde eval: %s is both a calibration file and a file to "
+                                "evaluate; calibrate on other chunks\n",
+                        files[f]);
+                free(a);
+                return -1;
+            }
+        }
+        free(a);
+    }
+    return 0;
+}
+
+static int calibrate_to_temp(opts *o)
+{
+    snprintf(o->transform_path, sizeof o->transform_path, "/tmp/kvserde-eval-XXXXXX");
+    int fd = mkstemp(o->transform_path);
+    if (fd < 0) {
+        fprintf(stderr, "kvserde eval: cannot create a temporary transform file: %s\n",
+                strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (kvs_tool_calibrate(o->calibration, (size_t)o->ncalibration, o->transform_path, 1)) {
+        unlink(o->transform_path);
+        return -1;
+    }
+    return 0;
+}
+
+/* json with every CALIBRATION_PLACEHOLDER replaced by path (malloc'd). */
+static char *replace_placeholder(const char *json, const char *path)
+{
+    size_t pl = strlen(CALIBRATION_PLACEHOLDER), n = strlen(json) + 1;
+    for (const char *p = json; (p = strstr(p, CALIBRATION_PLACEHOLDER)); p += pl)
+        n += strlen(path);
+    char *out = malloc(n), *w = out;
+    if (out == NULL) return NULL;
+    for (const char *p = json;;) {
+        const char *hit = strstr(p, CALIBRATION_PLACEHOLDER);
+        size_t k = hit ? (size_t)(hit - p) : strlen(p);
+        memcpy(w, p, k);
+        w += k;
+        if (!hit) break;
+        w += sprintf(w, "%s", path);
+        p = hit + pl;
+    }
+    *w = 0;
+    return out;
+}
+
 int kvs_cmd_eval(int argc, char **argv)
 {
     opts o;
@@ -386,6 +521,10 @@ int kvs_cmd_eval(int argc, char **argv)
         else if (strcmp(a, "--sweep") == 0) o.sweep = 1;
         else if (strcmp(a, "--per-slice") == 0) o.per_slice = 1;
         else if (i + 1 < argc && strcmp(a, "--serde") == 0) o.serde = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--calibration") == 0) {
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ","))
+                if (o.ncalibration < MAX_LAYERS) o.calibration[o.ncalibration++] = tok;
+        }
         else if (i + 1 < argc && strcmp(a, "--skip") == 0) {
             if (parse_skip(argv[++i], &o)) return 2;
         } else if (i + 1 < argc && strcmp(a, "--heads") == 0) o.heads = atoi(argv[++i]);
@@ -401,7 +540,33 @@ int kvs_cmd_eval(int argc, char **argv)
         return usage(stderr, 2);
     }
     int nfiles = argc - i;
-    size_t ncfg = o.sweep ? kvs_eval_npresets : 1;
+    if (check_calibration_files(&o, argv + i, nfiles)) return 2;
+    /* The configs: --serde, or the presets (the calibrated ones only with a
+     * calibration), with the placeholder replaced by the transform file. */
+    size_t ncfg = 0;
+    char *configs[64];
+    const char *names[64];
+    if (o.ncalibration && calibrate_to_temp(&o)) return 1;
+    for (size_t c = 0; c < (o.sweep ? kvs_eval_npresets : 1); c++) {
+        const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
+        int needs = strstr(json, CALIBRATION_PLACEHOLDER) != NULL;
+        if (needs && !o.ncalibration) {
+            if (o.sweep) continue;
+            fprintf(stderr, "kvserde eval: --serde names \"%s\" but no --calibration was given\n",
+                    CALIBRATION_PLACEHOLDER);
+            return 2;
+        }
+        configs[ncfg] = needs ? replace_placeholder(json, o.transform_path) : strdup(json);
+        names[ncfg++] = o.sweep ? kvs_eval_presets[c].name : NULL;
+    }
+    for (size_t c = 0; c < ncfg; c++)
+        if (takes_whole_chunk(configs[c]) && has_skip(&o)) {
+            fprintf(stderr, "kvserde eval: --skip cannot leave slices out of a transform serde "
+                            "(it encodes each chunk whole)\n");
+            for (size_t d = 0; d < ncfg; d++) free(configs[d]);
+            if (o.ncalibration) unlink(o.transform_path);
+            return 2;
+        }
     acc *accs = calloc(ncfg, sizeof *accs);
     kvs_st_mapped *maps = calloc((size_t)nfiles, sizeof *maps);
     kvs_st_file *files = calloc((size_t)nfiles, sizeof *files);
@@ -423,7 +588,7 @@ int kvs_cmd_eval(int argc, char **argv)
         accs[c].exact = 1;
         for (int kvi = 0; kvi < 2; kvi++)
             for (int l = 0; l < MAX_LAYERS; l++) accs[c].slice_exact[kvi][l] = 1;
-        const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
+        const char *json = configs[c];
         for (int f = 0; f < nfiles && rc == 0; f++) {
             if (eval_file(argv[i + f], &files[f], json, &o, &accs[c])) rc = 1;
             progress(bar, c * (size_t)nfiles + (size_t)f + 1, ncfg * (size_t)nfiles);
@@ -433,9 +598,7 @@ int kvs_cmd_eval(int argc, char **argv)
         json_t *results = json_array();
         for (size_t c = 0; c < ncfg; c++)
             json_array_append_new(results,
-                                  result_json(o.sweep ? kvs_eval_presets[c].serde : o.serde,
-                                              o.sweep ? kvs_eval_presets[c].name : NULL,
-                                              &accs[c], L, &o));
+                                  result_json(configs[c], names[c], &accs[c], L, &o));
         if (o.json) {
             json_t *doc = json_pack("{s:i,s:o}", "files", nfiles, "results", results);
             char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
@@ -449,8 +612,7 @@ int kvs_cmd_eval(int argc, char **argv)
             printf("%-14s %7s %7s %-5s %7s %7s %9s %8s %9s %7s %7s\n", "serde", "bits", "ratio",
                    "exact", "K dB", "V dB", "max err", "attn dB", "attn cos", "enc", "dec");
             for (size_t c = 0; c < ncfg; c++)
-                print_row(json_array_get(results, c),
-                          o.sweep ? kvs_eval_presets[c].name : "--serde");
+                print_row(json_array_get(results, c), names[c] ? names[c] : "--serde");
             json_decref(results);
         }
     }
@@ -459,5 +621,7 @@ int kvs_cmd_eval(int argc, char **argv)
     free(maps);
     free(files);
     free(accs);
+    for (size_t c = 0; c < ncfg; c++) free(configs[c]);
+    if (o.ncalibration) unlink(o.transform_path);
     return rc;
 }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/transform.h"
 #include "frame/frame.h"
 #include "frame/stage.h"
 #include "kvserde/error.h"
@@ -41,6 +42,7 @@ typedef struct pipeline_serializer {
 typedef struct pipeline_deserializer {
     kvs_deserializer base;
     kvs_keyring *keyring; /* NULL: no key files configured */
+    kvs_transform *transform; /* NULL: the config has no transform stage */
 } pipeline_deserializer;
 
 /* ---------------------------------------------------------------------
@@ -66,7 +68,7 @@ static int check_order(const kvs_stage_type *const *types, uint32_t i)
         if (i == 0)
             return kvs_set_error(KVS_EINVAL,
                                  "pipeline: stage 0 '%s' is a bytes -> bytes stage; the chain "
-                                 "starts with one typed stage (bytes or fp8)",
+                                 "starts with one typed stage (bytes, fp8 or transform)",
                                  t->name);
         return kvs_set_error(KVS_EINVAL,
                              "pipeline: stage %u '%s' is a typed stage; only stage 0 may be "
@@ -291,7 +293,7 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
             n += t->digest_size;
             continue;
         }
-        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0};
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0, NULL};
         if (i == 1) kvs_stage_typed_shape(self->stages[0]->type->id, &src->layout,
                                           &ctx.elem_size, &ctx.channels);
         if (t->needs_header) {
@@ -425,7 +427,7 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
             break;
         }
-        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0};
+        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
         if (i == 1) kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
                                           &ctx.channels);
         size_t got;
@@ -469,7 +471,8 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
     if (rc) return rc;
     const kvs_frame_stage *typed = &f.stages[0];
-    rc = typed->type->typed_decode(typed->params, typed->nparams, bytes, n, dst);
+    kvs_stage_ctx ctx = {key, f.header, f.header_len, self->keyring, 0, 0, self->transform};
+    rc = typed->type->typed_decode(typed->params, typed->nparams, &ctx, bytes, n, dst);
     free(owned);
     return rc;
 }
@@ -498,6 +501,7 @@ static void pipeline_deserializer_destroy(kvs_deserializer *d)
 {
     pipeline_deserializer *self = KVS_CONTAINER_OF(d, pipeline_deserializer, base);
     kvs_keyring_free(self->keyring);
+    kvs_transform_free(self->transform);
     free(self);
 }
 
@@ -523,7 +527,10 @@ int kvs_pipeline_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *o
     }
     int rc = parse_stages(kwargs, s->stages, &s->nstages);
     if (rc == KVS_OK) rc = kvs_keyring_from_config(json_object_get(kwargs, "stages"), &d->keyring);
+    if (rc == KVS_OK)
+        rc = kvs_transform_from_config(json_object_get(kwargs, "stages"), &d->transform);
     if (rc) {
+        kvs_keyring_free(d->keyring);
         stages_destroy(s->stages, s->nstages);
         free(s);
         free(d);
