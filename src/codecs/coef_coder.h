@@ -6,14 +6,16 @@
  * order (a row is a token, a column a component of the transform's basis).
  * Each column has a context class from 0 to KVS_COEF_CLASSES - 1 (the
  * encoder picks it from the column's spread and stores it beside the
- * stream); the columns of one class share adaptive
- * probabilities, so the statistics are per component class, learnt from the
- * stream itself: no table is stored. The coder is an adaptive binary range
- * coder (the LZMA one: 11-bit probabilities, shift 5, carry propagation
- * through a cached byte). A coefficient q is coded as: q == 0 (adaptive),
+ * stream); the columns of one class share adaptive probabilities, split
+ * further by the magnitude of the same column one row before (0, 1, 2, 3 or
+ * more), so the statistics are per component class and neighbourhood,
+ * learnt from the stream itself: no table is stored. The coder is an adaptive binary range
+ * coder (LZMA's range coder: carry propagation through a cached byte;
+ * 15-bit probabilities whose rate slows from 1/4 to 1/128 as a context
+ * learns). A coefficient q is coded as: q == 0 (adaptive),
  * the sign (equiprobable), the bit length e of |q| (0 to 15, unary,
- * adaptive), the bit below the leading one (adaptive), the other e - 1 bits
- * (equiprobable). |q| is at most KVS_COEF_MAX.
+ * adaptive), the two bits below the leading one (adaptive, as a tree), the
+ * other e - 3 bits (equiprobable). |q| is at most KVS_COEF_MAX.
  *
  * Hostile input: the decoder reads nothing outside in[0..n), refuses a
  * stream whose first byte is not 0, whose code does not start below the
