@@ -37,15 +37,15 @@ const kvs_eval_preset kvs_eval_presets[] = {
     {"xform-1b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
      "\"step\":0.5}]}",
-     "calibrated transform, coarse step (about 1.3 bits)"},
+     "calibrated transform, step 1/2 RMS (kvdata: 1.64 bits, attention 20.2 dB)"},
     {"xform-2b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
-     "\"step\":0.125}]}",
-     "calibrated transform, step 1/8 RMS (about 2.4 bits)"},
+     "\"step\":0.16}]}",
+     "calibrated transform, step 0.16 RMS (kvdata: 2.65 bits, 29.2 dB)"},
     {"xform-4b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
-     "\"step\":0.03}]}",
-     "calibrated transform, fine step (about 4.4 bits)"},
+     "\"step\":0.028}]}",
+     "calibrated transform, step 0.028 RMS (kvdata: 4.51 bits, 42.8 dB)"},
 };
 
 /* The placeholder of the calibrated presets. */
@@ -103,6 +103,7 @@ typedef struct acc {
 typedef struct opts {
     int json, sweep, per_slice;
     const char *serde;
+    const char *plot; /* --plot FILE.svg */
     int heads, kv_heads, head_dim;
     int skip[2][MAX_LAYERS];
     const char *calibration[MAX_LAYERS]; /* --calibration files */
@@ -115,6 +116,7 @@ static int usage(FILE *out, int rc)
     fprintf(out,
             "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
             "                    [--kv-heads N] [--head-dim N] [--calibration FILE]...\n"
+            "                    [--plot FILE.svg]\n"
             "                    (--serde JSON | --sweep) FILE...\n\n"
             "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
             "tensor [2, layers, tokens, hidden] of each file, one object per (K or V, layer)\n"
@@ -130,7 +132,8 @@ static int usage(FILE *out, int rc)
             "refused); --sweep then adds the calibrated presets (xform-*), and \"%s\"\n"
             "in --serde stands for that transform. A serde whose typed stage is the\n"
             "transform gets each file's whole `kv` tensor as one KV_2LTD object; each row\n"
-            "says \"calibrated\": true for those.\n", CALIBRATION_PLACEHOLDER);
+            "says \"calibrated\": true for those. --plot writes an SVG of bits per element\n"
+            "against SNR (attention output, K and V) for each row.\n", CALIBRATION_PLACEHOLDER);
     return rc;
 }
 
@@ -441,6 +444,57 @@ static void print_row(const json_t *r, const char *name)
     }
 }
 
+/* The rate-distortion picture: bits per element (x) against SNR (y) of
+ * the attention output (filled), K and V (open) for each result row. */
+static int write_plot(const char *path, const json_t *results, const char *const *names)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "kvserde eval: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const double W = 720, Hh = 480, x0 = 60, y0 = 420, xs = 620 / 17.0, ys = 380 / 60.0;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
+               "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" "
+               "height=\"100%%\" fill=\"white\"/>\n", W, Hh);
+    for (int b = 0; b <= 16; b += 2)
+        fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>"
+                   "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%d</text>\n",
+                x0 + b * xs, y0, x0 + b * xs, y0 - 60 * ys, x0 + b * xs, y0 + 15, b);
+    for (int d = 0; d <= 60; d += 10)
+        fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>"
+                   "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%d</text>\n",
+                x0, y0 - d * ys, x0 + 17 * xs, y0 - d * ys, x0 - 5, y0 - d * ys + 4, d);
+    fprintf(f, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">bits per element (every "
+               "header counted)</text>\n<text x=\"15\" y=\"%g\" transform=\"rotate(-90 15 "
+               "%g)\" text-anchor=\"middle\">SNR dB (filled: attention output; open: K, V)"
+               "</text>\n",
+            x0 + 8.5 * xs, y0 + 35, y0 - 30 * ys, y0 - 30 * ys);
+    static const char *const keys[3] = {"attn_snr_db", "k_snr_db", "v_snr_db"};
+    static const char *const colors[3] = {"#1f77b4", "#d62728", "#2ca02c"};
+    for (size_t r = 0; r < json_array_size(results); r++) {
+        const json_t *row = json_array_get(results, r);
+        double bits = json_number_value(json_object_get(row, "bits_per_element"));
+        double x = x0 + (bits > 17 ? 17 : bits) * xs;
+        for (int k = 0; k < 3; k++) {
+            const json_t *v = json_object_get(row, keys[k]);
+            if (!json_is_number(v)) continue;
+            double db = json_number_value(v), y = y0 - (db > 60 ? 60 : db < 0 ? 0 : db) * ys;
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" stroke=\"%s\" fill=\"%s\"/>\n",
+                    x, y, colors[k], k ? "none" : colors[k]);
+            if (k == 0)
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 6, y - 4,
+                        names[r] ? names[r] : "--serde");
+        }
+    }
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "kvserde eval: cannot write %s\n", path);
+        return -1;
+    }
+    return 0;
+}
+
 static int has_skip(const opts *o)
 {
     for (int kv = 0; kv < 2; kv++)
@@ -521,6 +575,7 @@ int kvs_cmd_eval(int argc, char **argv)
         else if (strcmp(a, "--sweep") == 0) o.sweep = 1;
         else if (strcmp(a, "--per-slice") == 0) o.per_slice = 1;
         else if (i + 1 < argc && strcmp(a, "--serde") == 0) o.serde = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--plot") == 0) o.plot = argv[++i];
         else if (i + 1 < argc && strcmp(a, "--calibration") == 0) {
             for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ","))
                 if (o.ncalibration < MAX_LAYERS) o.calibration[o.ncalibration++] = tok;
@@ -557,7 +612,13 @@ int kvs_cmd_eval(int argc, char **argv)
             return 2;
         }
         configs[ncfg] = needs ? replace_placeholder(json, o.transform_path) : strdup(json);
-        names[ncfg++] = o.sweep ? kvs_eval_presets[c].name : NULL;
+        names[ncfg] = o.sweep ? kvs_eval_presets[c].name : NULL;
+        if (configs[ncfg++] == NULL) {
+            fprintf(stderr, "kvserde eval: out of memory\n");
+            for (size_t d = 0; d < ncfg; d++) free(configs[d]);
+            if (o.ncalibration) unlink(o.transform_path);
+            return 1;
+        }
     }
     for (size_t c = 0; c < ncfg; c++)
         if (takes_whole_chunk(configs[c]) && has_skip(&o)) {
@@ -599,6 +660,7 @@ int kvs_cmd_eval(int argc, char **argv)
         for (size_t c = 0; c < ncfg; c++)
             json_array_append_new(results,
                                   result_json(configs[c], names[c], &accs[c], L, &o));
+        if (o.plot && write_plot(o.plot, results, names)) rc = 1;
         if (o.json) {
             json_t *doc = json_pack("{s:i,s:o}", "files", nfiles, "results", results);
             char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));

@@ -19,6 +19,19 @@
  *        {"type": "fp8", "fp8_dtype": "float8_e4m3fn" | "float8_e5m2",
  *         "saturate": true}  one fp8 code per element, the fp8 serde's
  *                            numbers (fp8.h)
+ *        {"type": "transform", "path": "T.safetensors", "step": 0.125,
+ *         "k_step": ..., "v_step": ...}
+ *                            lossy, for KV_2LTD chunks [2, layers, tokens,
+ *                            hidden] of bfloat16 / float16 / float32 with
+ *                            the transform's layers and hidden: the
+ *                            calibrated basis `kvserde calibrate` wrote,
+ *                            one uniform step per K / V (in units of the
+ *                            layer's RMS; "step" sets both, default 0.125,
+ *                            1e-4 to 64), entropy-coded coefficients
+ *                            (docs/frame_format.md, docs/fidelity.md). The
+ *                            deserializer loads the same file from its own
+ *                            config; a blob made with another transform,
+ *                            or read without one, is KVS_EKEY
  *   2. then bytes -> bytes stages:
  *        {"type": "lossless", "level": 1}
  *                            exact compression: the typed stage's elements
@@ -54,7 +67,10 @@
  *                     layout is [2x4x48x256 bfloat16] (196608 bytes)")
  *   KVS_EKEY          written for another object key: the fingerprint in
  *                     the frame is not the key's, or a frame written with
- *                     no key is loaded under one
+ *                     no key is loaded under one; or encoded with another
+ *                     transform than the deserializer's (or it has none):
+ *                     "transform: blob was encoded with transform
+ *                     99f680d834080eae, this reader has transform ..."
  *   KVS_EUNSUPPORTED  a frame format version or a stage id this build does
  *                     not know
  *   KVS_EAUTH         aes_gcm: no configured key matches, or the tag does

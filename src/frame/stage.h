@@ -157,7 +157,7 @@ const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
 size_t kvs_stage_type_names(const char **names, size_t cap);
 /* "bytes, fp8, transform, crc32c, xxh3, aes_gcm, lossless" (a static string). */
 const char *kvs_stage_type_list_text(void);
-/* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm)": the ids a
+/* "1 (bytes), 2 (fp8), 3 (transform), 64 (crc32c), ...": the ids a
  * frame may name (a static string). */
 const char *kvs_stage_type_id_list_text(void);
 
