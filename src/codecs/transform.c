@@ -19,13 +19,22 @@
 const char *const kvs_transform_tensor_names[KVS_TRANSFORM_NTENSORS] = {
     "k.mean", "k.basis", "k.var", "v.mean", "v.basis", "v.var"};
 
-int kvs_transform_alloc(uint32_t layers, uint32_t hidden, kvs_transform **out)
+/* The sizes a transform may have (`who` names the caller in the message). */
+static int check_dims(const char *who, uint32_t layers, uint32_t hidden)
 {
     if (layers == 0 || layers > KVS_TRANSFORM_MAX_LAYERS || hidden == 0 ||
         hidden > KVS_TRANSFORM_MAX_HIDDEN)
         return kvs_set_error(KVS_EINVAL,
-                             "transform: %u layers x hidden %u; 1 to %d layers, hidden 1 to %d",
-                             layers, hidden, KVS_TRANSFORM_MAX_LAYERS, KVS_TRANSFORM_MAX_HIDDEN);
+                             "%s: %u layers x hidden %u; 1 to %d layers, hidden 1 to %d",
+                             who, layers, hidden, KVS_TRANSFORM_MAX_LAYERS,
+                             KVS_TRANSFORM_MAX_HIDDEN);
+    return KVS_OK;
+}
+
+int kvs_transform_alloc(uint32_t layers, uint32_t hidden, kvs_transform **out)
+{
+    int rc = check_dims("transform", layers, hidden);
+    if (rc) return rc;
     kvs_transform *t = calloc(1, sizeof *t);
     if (t == NULL) return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
     t->layers = layers;
@@ -281,11 +290,8 @@ void kvs_calibration_free(kvs_calibration *c)
 
 int kvs_calibration_new(uint32_t layers, uint32_t hidden, kvs_calibration **out)
 {
-    if (layers == 0 || layers > KVS_TRANSFORM_MAX_LAYERS || hidden == 0 ||
-        hidden > KVS_TRANSFORM_MAX_HIDDEN)
-        return kvs_set_error(KVS_EINVAL,
-                             "calibrate: %u layers x hidden %u; 1 to %d layers, hidden 1 to %d",
-                             layers, hidden, KVS_TRANSFORM_MAX_LAYERS, KVS_TRANSFORM_MAX_HIDDEN);
+    int rc = check_dims("calibrate", layers, hidden);
+    if (rc) return rc;
     kvs_calibration *c = calloc(1, sizeof *c);
     if (c == NULL) return kvs_set_error(KVS_ENOMEM, "calibrate: out of memory");
     c->layers = layers;
