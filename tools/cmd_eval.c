@@ -36,16 +36,16 @@ const kvs_eval_preset kvs_eval_presets[] = {
      * Steps (in units of each layer's RMS) from docs/fidelity.md. */
     {"xform-1b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
-     "\"step\":0.5}]}",
-     "calibrated transform, step 1/2 RMS (kvdata: 1.64 bits, attention 20.2 dB)"},
+     "\"step\":0.52}]}",
+     "calibrated transform, step 0.52 RMS (kvdata: 1.19 bits, attention 19.6 dB)"},
     {"xform-2b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
-     "\"step\":0.16}]}",
-     "calibrated transform, step 0.16 RMS (kvdata: 2.65 bits, 29.2 dB)"},
+     "\"step\":0.15}]}",
+     "calibrated transform, step 0.15 RMS (kvdata: 2.17 bits, 29.5 dB)"},
     {"xform-4b",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
-     "\"step\":0.028}]}",
-     "calibrated transform, step 0.028 RMS (kvdata: 4.51 bits, 42.8 dB)"},
+     "\"step\":0.019}]}",
+     "calibrated transform, step 0.019 RMS (kvdata: 4.4 bits, 45.5 dB)"},
 };
 
 /* The placeholder of the calibrated presets. */

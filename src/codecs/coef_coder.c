@@ -51,13 +51,19 @@ static void probs_init(class_probs *p)
 }
 
 /* Move the probability toward the bit seen: by 1/2^rate, the rate growing
- * with the count 2, 3, 3, 3, 3, 4, ... 7 (1 + floor(log2(n + 2))). */
-static void adapt(prob *p, unsigned bit)
+ * with the count n of bits seen, 1 + floor(log2(n + 2)): 2, 2, 3, 3, 3, 3,
+ * 4, ... up to RATE_MAX. */
+#define RATE_COUNT 62 /* the count from which the rate is RATE_MAX */
+
+static const uint8_t rate_of_count[RATE_COUNT] = {
+    2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5,
+    5, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6,
+    6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6};
+
+static inline void adapt(prob *p, unsigned bit)
 {
-    unsigned rate = 1;
-    for (unsigned m = p->n + 2u; m > 1; m >>= 1) rate++;
-    if (rate >= RATE_MAX) rate = RATE_MAX;
-    else p->n++;
+    unsigned rate = RATE_MAX;
+    if (p->n < RATE_COUNT) rate = rate_of_count[p->n++];
     if (bit == 0)
         p->p = (uint16_t)(p->p + ((PROB_ONE - p->p) >> rate));
     else
