@@ -432,6 +432,10 @@ static void test_layouts_refused(void)
               "float16 or float32");
     layout_4d(&l, L, T, H, KVS_DTYPE_UINT8);
     CHECK(kvs_estimate_serialized_size(p.serializer, &l, &cap) == KVS_EINVAL);
+    layout_4d(&l, L, 134217728, H, KVS_DTYPE_BFLOAT16);
+    CHECK_ERR(kvs_estimate_serialized_size(p.serializer, &l, &cap), KVS_EINVAL,
+              "transform: the source has 134217728 tokens x hidden 16; at most 134217727 tokens "
+              "per chunk (a stream's size is 32-bit)");
     kvs_serde_pair_destroy(&p);
     kvs_serde_pair q;
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"pipeline\", \"stages\": [{\"type\": "

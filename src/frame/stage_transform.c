@@ -113,6 +113,14 @@ static int check_layout(const kvs_transform *t, const kvs_layout *layout, const 
                              "bfloat16, float16 or float32",
                              what, got, t->layers, t->hidden, t->layers, t->hidden);
     }
+    /* a stream's byte count is a u32 in the payload */
+    uint64_t stream_max = (uint64_t)g->shape.dims[2] * t->hidden * 2 + t->hidden;
+    if (stream_max > UINT32_MAX)
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: %s has %lld tokens x hidden %u; at most %llu tokens "
+                             "per chunk (a stream's size is 32-bit)",
+                             what, (long long)g->shape.dims[2], t->hidden,
+                             (unsigned long long)((UINT32_MAX - t->hidden) / (2ull * t->hidden)));
     *tokens = (uint64_t)g->shape.dims[2];
     return KVS_OK;
 }
