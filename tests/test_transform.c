@@ -454,6 +454,52 @@ static void test_layouts_refused(void)
               "number out of range");
 }
 
+/* The step a target resolves to (from the frame's parameters) and the
+ * blob's size for one chunk. */
+static double target_step(const char *extra, size_t *blob_bytes)
+{
+    kvs_serde_pair p;
+    if (make_pair(path_a, extra, &p) != KVS_OK) return -1;
+    float *kv = malloc(N * sizeof(float));
+    make_kv(31, kv);
+    kvs_layout l;
+    layout_4d(&l, L, T, H, KVS_DTYPE_FLOAT32);
+    size_t n = 0;
+    uint8_t *blob = encode(&p, kv, &l, &n);
+    kvs_frame_info info;
+    double step = -1;
+    if (blob && kvs_frame_inspect(blob, n, &info) == KVS_OK) {
+        json_t *j = json_loads(info.stages[0].params, 0, NULL);
+        step = json_number_value(json_object_get(j, "k_step"));
+        if (json_number_value(json_object_get(j, "v_step")) != step) step = -2;
+        json_decref(j);
+    }
+    *blob_bytes = n;
+    free(blob);
+    free(kv);
+    kvs_serde_pair_destroy(&p);
+    return step;
+}
+
+static void test_step_for_a_target(void)
+{
+    size_t n1, n4, s20, s40;
+    double b1 = target_step(", \"bits\": 1.0", &n1), b4 = target_step(", \"bits\": 4.0", &n4);
+    double d20 = target_step(", \"snr_db\": 20", &s20), d40 = target_step(", \"snr_db\": 40", &s40);
+    CHECK(b1 > 0 && b4 > 0 && b4 < b1 && n4 > n1);
+    CHECK(d20 > 0 && d40 > 0 && d40 < d20 && s40 > s20);
+    /* resolved once from the calibration: the same step every time */
+    size_t again;
+    CHECK(target_step(", \"bits\": 1.0", &again) == b1 && again == n1);
+    kvs_serde_pair p;
+    CHECK_ERR(make_pair(path_a, ", \"bits\": 2.0, \"step\": 0.1", &p), KVS_EINVAL,
+              "pipeline: stage 0: transform: give one of \"step\" (and \"k_step\" / "
+              "\"v_step\"), \"bits\" or \"snr_db\"");
+    CHECK_ERR(make_pair(path_a, ", \"snr_db\": 0.5", &p), KVS_EINVAL,
+              "pipeline: stage 0: transform: snr_db must be a number from 1 to 120, got a number "
+              "out of range");
+}
+
 /* ---- hostile payloads, straight into the stage's decoder --------------- */
 
 typedef struct fixture {
@@ -595,6 +641,7 @@ int main(void)
     RUN(test_round_trip_within_bound);
     RUN(test_wrong_transform_refused);
     RUN(test_layouts_refused);
+    RUN(test_step_for_a_target);
     RUN(test_damaged_payloads_refused);
     unlink(path_a);
     unlink(path_b);

@@ -20,14 +20,18 @@
  *         "saturate": true}  one fp8 code per element, the fp8 serde's
  *                            numbers (fp8.h)
  *        {"type": "transform", "path": "T.safetensors", "step": 0.125,
- *         "k_step": ..., "v_step": ...}
+ *         "k_step": ..., "v_step": ...}  (or "bits": 2.0, or "snr_db": 30)
  *                            lossy, for KV_2LTD chunks [2, layers, tokens,
  *                            hidden] of bfloat16 / float16 / float32 with
  *                            the transform's layers and hidden: the
  *                            calibrated basis `kvserde calibrate` wrote,
  *                            one uniform step per K / V (in units of the
  *                            layer's RMS; "step" sets both, default 0.125,
- *                            1e-4 to 64), entropy-coded coefficients
+ *                            1e-4 to 64; "bits" 0.05-16 or "snr_db"
+ *                            1-120 instead: the step whose predicted rate
+ *                            or K/V SNR on the calibration statistics
+ *                            meets it, resolved once at creation),
+ *                            entropy-coded coefficients
  *                            (docs/frame_format.md, docs/fidelity.md). The
  *                            deserializer loads the same file from its own
  *                            config; a blob made with another transform,

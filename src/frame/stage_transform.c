@@ -63,9 +63,87 @@ static int get_number(const json_t *config, const char *key, double def, double 
     return KVS_OK;
 }
 
+/* ---- a step for a target --------------------------------------------
+ * "bits" and "snr_db" are resolved once, when the stage is created, from
+ * the calibration variances alone (so the step, recorded in every frame, is
+ * the same for every blob): each component is modelled as a Gaussian of its
+ * calibration variance, rounded to the step; its entropy and its squared
+ * error are summed over components, layers, K and V. docs/fidelity.md
+ * measures how far the blobs land from the target. */
+
+static double phi(double x) { return exp(-0.5 * x * x) / sqrt(2 * M_PI); }
+static double cdf(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
+
+/* Entropy (bits) and mean squared error of N(0, sigma^2) rounded to delta. */
+static void gauss_rounded(double sigma, double delta, double *bits, double *mse)
+{
+    double r = sigma / delta;
+    if (r > 4) { /* high-rate: uniform error within the bin */
+        *bits = log2(r) + 0.5 * log2(2 * M_PI * M_E);
+        *mse = delta * delta / 12;
+        return;
+    }
+    if (sigma <= 0) {
+        *bits = 0;
+        *mse = 0;
+        return;
+    }
+    double h = 0, e = 0, s2 = sigma * sigma;
+    int kmax = (int)ceil(8 * r) + 1;
+    for (int k = -kmax; k <= kmax; k++) {
+        double a = (k - 0.5) * delta / sigma, b = (k + 0.5) * delta / sigma, c = k * delta;
+        double p = cdf(b) - cdf(a);
+        if (p > 0) h -= p * log2(p);
+        double m2 = s2 * p - s2 * (b * phi(b) - a * phi(a)); /* int x^2 */
+        double m1 = sigma * (phi(a) - phi(b));               /* int x */
+        e += m2 - 2 * c * m1 + c * c * p;
+    }
+    *bits = h;
+    *mse = e > 0 ? e : 0;
+}
+
+/* Predicted bits per element and SNR (dB, K and V together) at step s. */
+static void predict(const kvs_transform *t, double s, double *bits, double *snr_db)
+{
+    double b = 0, sig = 0, noise = 0;
+    for (int kv = 0; kv < 2; kv++)
+        for (uint32_t l = 0; l < t->layers; l++) {
+            const float *var = t->var[kv] + (size_t)l * t->hidden;
+            const float *mean = t->mean[kv] + (size_t)l * t->hidden;
+            double delta = s * t->rms[kv][l];
+            for (uint32_t j = 0; j < t->hidden; j++) {
+                double hb, e;
+                gauss_rounded(sqrt((double)var[j]), delta, &hb, &e);
+                b += hb;
+                noise += e;
+                sig += (double)var[j] + (double)mean[j] * mean[j];
+            }
+        }
+    *bits = b / (2.0 * t->layers * t->hidden);
+    *snr_db = noise > 0 ? 10 * log10(sig / noise) : INFINITY;
+}
+
+/* The step (bisection on its logarithm; the rate falls and the SNR falls
+ * as the step grows) meeting the target. */
+static double step_for_target(const kvs_transform *t, int want_bits, double target)
+{
+    double lo = log(STEP_MIN), hi = log(STEP_MAX);
+    for (int i = 0; i < 60; i++) {
+        double mid = 0.5 * (lo + hi), b, snr;
+        predict(t, exp(mid), &b, &snr);
+        int too_fine = want_bits ? b > target : snr > target;
+        if (too_fine)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return exp(want_bits ? hi : lo); /* the side that meets the target */
+}
+
 static int transform_create(const json_t *config, kvs_stage **out)
 {
-    static const char *const known[] = {"type", "path", "step", "k_step", "v_step", NULL};
+    static const char *const known[] = {"type",   "path", "step", "k_step",
+                                        "v_step", "bits", "snr_db", NULL};
     int rc = kvs_json_check_keys(config, "transform", "member", known);
     if (rc) return rc;
     const char *path = json_string_value(json_object_get(config, "path"));
@@ -73,10 +151,20 @@ static int transform_create(const json_t *config, kvs_stage **out)
         return kvs_set_error(KVS_EINVAL,
                              "transform: \"path\" is required: the transform file `kvserde "
                              "calibrate` wrote");
-    double step, ks, vs;
+    int ntargets = 0;
+    static const char *const exclusive[] = {"step", "k_step", "v_step", "bits", "snr_db"};
+    for (int i = 0; i < 5; i++) ntargets += json_object_get(config, exclusive[i]) != NULL;
+    int has_target = json_object_get(config, "bits") || json_object_get(config, "snr_db");
+    if (has_target && ntargets > 1)
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: give one of \"step\" (and \"k_step\" / \"v_step\"), "
+                             "\"bits\" or \"snr_db\"");
+    double step, ks, vs, bits = 0, snr = 0;
     rc = get_number(config, "step", 0.125, STEP_MIN, STEP_MAX, &step);
     if (rc == KVS_OK) rc = get_number(config, "k_step", step, STEP_MIN, STEP_MAX, &ks);
     if (rc == KVS_OK) rc = get_number(config, "v_step", step, STEP_MIN, STEP_MAX, &vs);
+    if (rc == KVS_OK) rc = get_number(config, "bits", 2.0, 0.05, 16.0, &bits);
+    if (rc == KVS_OK) rc = get_number(config, "snr_db", 30.0, 1.0, 120.0, &snr);
     if (rc) return rc;
     transform_stage *s = calloc(1, sizeof *s);
     if (s == NULL) return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
@@ -84,6 +172,10 @@ static int transform_create(const json_t *config, kvs_stage **out)
     if (rc) {
         free(s);
         return rc;
+    }
+    if (has_target) {
+        int want_bits = json_object_get(config, "bits") != NULL;
+        ks = vs = step_for_target(s->t, want_bits, want_bits ? bits : snr);
     }
     s->base.type = &kvs_stage_transform_type;
     s->step[0] = (float)ks;
