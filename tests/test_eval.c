@@ -78,6 +78,23 @@ static char *run(const char *args)
     return buf;
 }
 
+/* A file with only `kv` [2, 1, 2, 4] bfloat16 (what `kvserde encode` can
+ * put through the transform stage: it refuses every other shape). */
+static void write_kv_only(const char *path, const uint16_t *kv)
+{
+    char hdr[128];
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"kv\":{\"dtype\":\"BF16\",\"shape\":[2,1,2,4],\"data_offsets\":[0,32]}}");
+    while (n % 8) hdr[n++] = ' ';
+    FILE *f = fopen(path, "wb");
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, (size_t)n, f);
+    for (int i = 0; i < 16; i++) fputc(kv[i] & 255, f), fputc(kv[i] >> 8, f);
+    fclose(f);
+}
+
 /* Run a tool command line; its output (malloc'd) and exit status. */
 static char *run_status(const char *args, int *status)
 {
@@ -178,7 +195,7 @@ static void test_sweep_and_table(void)
 
 static void test_calibration(void)
 {
-    char args[9000], t1[4200], t2[4200];
+    char args[20000], t1[4200], t2[4200];
     snprintf(t1, sizeof t1, "%s/t1.safetensors", dir_path);
     snprintf(t2, sizeof t2, "%s/t2.safetensors", dir_path);
     int st;
@@ -193,6 +210,32 @@ static void test_calibration(void)
     /* deterministic: the same bytes */
     snprintf(args, sizeof args, "cmp %s %s", t1, t2);
     CHECK_EQ_INT(system(args), 0);
+    /* encode with the transform stage, decode with and without the file */
+    static const uint16_t kv[16] = {0x3F00, 0x3F80, 0x4000, 0x4040, 0xBF80, 0x3E80, 0x4080, 0x3F40,
+                                    0x4000, 0x3F80, 0x4040, 0x4000, 0x4080, 0x4000, 0x3F80, 0x40A0};
+    char kvf[4200], enc[4200], dec[4200];
+    snprintf(kvf, sizeof kvf, "%s/kv.safetensors", dir_path);
+    snprintf(enc, sizeof enc, "%s/enc.safetensors", dir_path);
+    snprintf(dec, sizeof dec, "%s/dec.safetensors", dir_path);
+    write_kv_only(kvf, kv);
+    snprintf(args, sizeof args,
+             "encode --serde '{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\","
+             "\"path\":\"%s\",\"step\":0.01}]}' %s %s",
+             t1, kvf, enc);
+    free(run_status(args, &st));
+    CHECK_EQ_INT(st, 0);
+    snprintf(args, sizeof args, "decode %s %s", enc, dec);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 1);
+    CHECK(out && strstr(out, "this reader has no transform configured") != NULL);
+    free(out);
+    snprintf(args, sizeof args, "decode --transform %s --dtype bfloat16 %s %s", t1, enc, dec);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 0);
+    free(out);
+    unlink(kvf);
+    unlink(enc);
+    unlink(dec);
     unlink(t1);
     unlink(t2);
     /* the calibrated presets, marked, only with a calibration */
