@@ -254,7 +254,9 @@ static void test_calibration(void)
         CHECK(json_is_true(json_object_get(r, "calibrated")) == xform);
         calibrated += xform;
         plain += !xform;
-        if (xform) CHECK(num(r, "bits_per_element") > 0 && !json_is_true(json_object_get(r, "lossless")));
+        if (xform)
+            CHECK(num(r, "bits_per_element") > 0 &&
+                  !json_is_true(json_object_get(r, "lossless")));
     }
     CHECK_EQ_INT(calibrated, 3);
     CHECK(plain >= 4);
@@ -262,7 +264,8 @@ static void test_calibration(void)
     free(out);
     snprintf(args, sizeof args, "eval --json --sweep %s", file);
     out = run_status(args, &st);
-    CHECK(st == 0 && out && strstr(out, "xform-") == NULL && strstr(out, "\"calibrated\": true") == NULL);
+    CHECK(st == 0 && out && strstr(out, "xform-") == NULL &&
+          strstr(out, "\"calibrated\": true") == NULL);
     free(out);
     /* never calibrate on a file that is evaluated */
     snprintf(args, sizeof args, "eval --calibration %s --sweep %s", file, file);
@@ -281,7 +284,8 @@ static void test_calibration(void)
              file);
     out = run_status(args, &st);
     CHECK_EQ_INT(st, 2);
-    CHECK_EQ_STR(out, "kvserde eval: --serde names \"@calibration\" but no --calibration was given\n");
+    CHECK_EQ_STR(out,
+                 "kvserde eval: --serde names \"@calibration\" but no --calibration was given\n");
     free(out);
 }
 

@@ -275,7 +275,8 @@ static int make_pair(const char *path, const char *extra, kvs_serde_pair *p)
 {
     char cfg[512];
     snprintf(cfg, sizeof cfg,
-             "{\"type\": \"pipeline\", \"stages\": [{\"type\": \"transform\", \"path\": \"%s\"%s}]}",
+             "{\"type\": \"pipeline\", \"stages\": [{\"type\": \"transform\", "
+             "\"path\": \"%s\"%s}]}",
              path, extra);
     return kvs_serde_create_pair(cfg, p);
 }
