@@ -28,6 +28,7 @@
 #include "frame/stage.h"
 #include "kvserde/error.h"
 #include "kvserde/registry.h"
+#include "util/le.h"
 
 #define PARAMS_SIZE 20
 #define PAYLOAD_HEADER 16
@@ -265,22 +266,20 @@ static uint8_t component_class(const int32_t *q, size_t rows, size_t cols, size_
     return (uint8_t)(c < 0 ? 0 : c >= KVS_COEF_CLASSES ? KVS_COEF_CLASSES - 1 : c);
 }
 
-static void put_u16(uint8_t *p, uint32_t v)
+/* A float's bits as a little-endian u32 in a frame's parameters. */
+static float get_le_float(const uint8_t *p)
 {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
+    uint32_t u = get_le32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-static void put_u32(uint8_t *p, uint32_t v)
+static void put_le_float(uint8_t *p, float f)
 {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
-}
-
-static uint32_t get_u16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put_le32(p, u);
 }
 
 static void load_rows(const void *src, kvs_dtype dtype, size_t offset, size_t n, float *out)
@@ -342,9 +341,9 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
     }
     out[0] = PAYLOAD_VERSION;
     out[1] = out[2] = out[3] = 0;
-    put_u32(out + 4, t->layers);
-    put_u32(out + 8, (uint32_t)T);
-    put_u32(out + 12, (uint32_t)h);
+    put_le32(out + 4, t->layers);
+    put_le32(out + 8, (uint32_t)T);
+    put_le32(out + 12, (uint32_t)h);
     uint8_t *rec = out + PAYLOAD_HEADER;
     size_t pos = PAYLOAD_HEADER + (size_t)2 * t->layers * RECORD_SIZE;
     for (int kv = 0; kv < 2; kv++)
@@ -374,15 +373,15 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
                     KVS_OK) {
                     mode = MODE_RAW; /* the coder would not save anything */
                     for (size_t i = 0; i < nq; i++)
-                        put_u16(out + pos + kept + 2 * i, (uint16_t)q[i]);
+                        put_le16(out + pos + kept + 2 * i, (uint16_t)q[i]);
                     written = nq * 2;
                 }
                 written += kept;
             }
-            put_u16(rec, kept);
+            put_le16(rec, (uint16_t)kept);
             rec[2] = (uint8_t)mode;
             rec[3] = 0;
-            put_u32(rec + 4, (uint32_t)written);
+            put_le32(rec + 4, (uint32_t)written);
             pos += written;
         }
     free(a), free(c), free(q), free(cls);
@@ -394,8 +393,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                             const uint8_t *in, size_t n, kvs_memobj *dst)
 {
     (void)nparams; /* checked by transform_check_params */
-    uint64_t fp = 0;
-    for (int i = 7; i >= 0; i--) fp = fp << 8 | params[i];
+    uint64_t fp = get_le64(params);
     const kvs_transform *t = ctx ? ctx->transform : NULL;
     if (t == NULL)
         return kvs_set_error(KVS_EKEY,
@@ -408,9 +406,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              "transform: blob was encoded with transform %016llx, this reader "
                              "has transform %016llx",
                              (unsigned long long)fp, (unsigned long long)t->fingerprint);
-    float step[2];
-    memcpy(&step[0], params + 8, 4);
-    memcpy(&step[1], params + 12, 4);
+    float step[2] = {get_le_float(params + 8), get_le_float(params + 12)};
     uint64_t tokens;
     int rc = check_layout(t, &dst->layout, "the destination", &tokens);
     if (rc) return rc;
@@ -429,17 +425,17 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              "transform: payload damaged: version %u (expected %d) or nonzero "
                              "reserved bytes",
                              in[0], PAYLOAD_VERSION);
-    if (get_u32(in + 4) != t->layers || get_u32(in + 8) != T || get_u32(in + 12) != h)
+    if (get_le32(in + 4) != t->layers || get_le32(in + 8) != T || get_le32(in + 12) != h)
         return kvs_set_error(KVS_ECORRUPT,
                              "transform: payload damaged: it says %u layers x %u tokens x hidden "
                              "%u, the layout %u x %zu x %zu",
-                             get_u32(in + 4), get_u32(in + 8), get_u32(in + 12), t->layers, T, h);
+                             get_le32(in + 4), get_le32(in + 8), get_le32(in + 12), t->layers, T, h);
     /* Every record checked, and the streams must account for the payload
      * exactly, before anything is decoded. */
     size_t total = table, coefs = 0;
     for (size_t i = 0; i < nstreams; i++) {
         const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
-        uint32_t kept = get_u16(rec), bytes = get_u32(rec + 4);
+        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
         const char *who = kv_name[i / t->layers];
         unsigned layer = (unsigned)(i % t->layers);
         if (kept > h || rec[2] > MODE_RAW || rec[3] != 0)
@@ -487,7 +483,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
     size_t pos = table, cpos = 0;
     for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
         const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
-        uint32_t kept = get_u16(rec), bytes = get_u32(rec + 4);
+        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
         int kv = (int)(i / t->layers);
         uint32_t l = (uint32_t)(i % t->layers);
         for (uint32_t j = 0; j < kept && rc == KVS_OK; j++)
@@ -503,7 +499,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                                  what);
         } else if (rc == KVS_OK) {
             for (size_t k = 0; k < (size_t)T * kept; k++)
-                coef[cpos + k] = (float)(int16_t)get_u16(in + pos + kept + 2 * k);
+                coef[cpos + k] = (float)(int16_t)get_le16(in + pos + kept + 2 * k);
         }
         pos += bytes;
         cpos += T * kept;
@@ -512,7 +508,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
     kvs_dtype dtype = dst->layout.groups[0].dtype;
     cpos = 0;
     for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
-        uint32_t kept = get_u16(in + PAYLOAD_HEADER + i * RECORD_SIZE);
+        uint32_t kept = get_le16(in + PAYLOAD_HEADER + i * RECORD_SIZE);
         int kv = (int)(i / t->layers);
         uint32_t l = (uint32_t)(i % t->layers);
         const float *mean = t->mean[kv] + (size_t)l * h;
@@ -540,9 +536,9 @@ static size_t transform_params_size(const kvs_stage *self)
 static int transform_write_params(const kvs_stage *self, uint8_t *params)
 {
     const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
-    for (int i = 0; i < 8; i++) params[i] = (uint8_t)(s->t->fingerprint >> 8 * i);
-    memcpy(params + 8, &s->step[0], 4);
-    memcpy(params + 12, &s->step[1], 4);
+    put_le64(params, s->t->fingerprint);
+    put_le_float(params + 8, s->step[0]);
+    put_le_float(params + 12, s->step[1]);
     memset(params + 16, 0, 4);
     return KVS_OK;
 }
@@ -554,8 +550,7 @@ static int transform_check_params(const uint8_t *params, size_t nparams)
                              "transform: %zu parameter bytes in the frame, expected %d", nparams,
                              PARAMS_SIZE);
     for (int kv = 0; kv < 2; kv++) {
-        float st;
-        memcpy(&st, params + 8 + 4 * kv, 4);
+        float st = get_le_float(params + 8 + 4 * kv);
         if (!(st >= (float)STEP_MIN && st <= (float)STEP_MAX))
             return kvs_set_error(KVS_ECORRUPT,
                                  "transform: frame names a %s step of %g, expected %g to %g",
@@ -569,11 +564,8 @@ static int transform_check_params(const uint8_t *params, size_t nparams)
 static json_t *transform_describe(const uint8_t *params, size_t nparams)
 {
     (void)nparams;
-    uint64_t fp = 0;
-    for (int i = 7; i >= 0; i--) fp = fp << 8 | params[i];
-    float ks, vs;
-    memcpy(&ks, params + 8, 4);
-    memcpy(&vs, params + 12, 4);
+    uint64_t fp = get_le64(params);
+    float ks = get_le_float(params + 8), vs = get_le_float(params + 12);
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
     return json_pack("{s:s,s:f,s:f}", "fingerprint", hex, "k_step", (double)ks, "v_step",
