@@ -29,24 +29,28 @@ static char file[4096];
 static char cal_file[4096]; /* other chunk values, for --calibration */
 static char dir_path[64];
 
-static void write_file_kv(const char *path, const uint16_t *kv);
+static void write_file_kv(const char *path, const uint16_t *kv, int with_q);
 
 static void write_file(const char *path)
 {
     static const uint16_t kv[16] = {0x3F88, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80,
                                     0x4000, 0x4000, 0x4000, 0x4000, 0x4080, 0x4080, 0x4080, 0x4080};
-    write_file_kv(path, kv);
+    write_file_kv(path, kv, 1);
 }
 
-static void write_file_kv(const char *path, const uint16_t *kv)
+/* kv [2, 1, 2, 4] and, with_q, q [1, 2, 4] (without: what `kvserde encode`
+ * can put through the transform stage, which refuses every other shape). */
+static void write_file_kv(const char *path, const uint16_t *kv, int with_q)
 {
     static const uint16_t q[8] = {0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x4000, 0, 0, 0};
     char hdr[512];
     int n = snprintf(hdr, sizeof hdr,
                      "{\"__metadata__\":{\"head_dim\":\"4\",\"num_heads\":\"1\","
                      "\"num_kv_heads\":\"1\"},\"kv\":{\"dtype\":\"BF16\",\"shape\":[2,1,2,4],"
-                     "\"data_offsets\":[0,32]},\"q\":{\"dtype\":\"BF16\",\"shape\":[1,2,4],"
-                     "\"data_offsets\":[32,48]}}");
+                     "\"data_offsets\":[0,32]}%s}",
+                     with_q ? ",\"q\":{\"dtype\":\"BF16\",\"shape\":[1,2,4],"
+                              "\"data_offsets\":[32,48]}"
+                            : "");
     while (n % 8) hdr[n++] = ' ';
     FILE *f = fopen(path, "wb");
     uint8_t len[8];
@@ -54,7 +58,7 @@ static void write_file_kv(const char *path, const uint16_t *kv)
     fwrite(len, 1, 8, f);
     fwrite(hdr, 1, (size_t)n, f);
     for (int i = 0; i < 16; i++) fputc(kv[i] & 255, f), fputc(kv[i] >> 8, f);
-    for (int i = 0; i < 8; i++) fputc(q[i] & 255, f), fputc(q[i] >> 8, f);
+    for (int i = 0; with_q && i < 8; i++) fputc(q[i] & 255, f), fputc(q[i] >> 8, f);
     fclose(f);
 }
 
@@ -76,23 +80,6 @@ static char *run(const char *args)
         return NULL;
     }
     return buf;
-}
-
-/* A file with only `kv` [2, 1, 2, 4] bfloat16 (what `kvserde encode` can
- * put through the transform stage: it refuses every other shape). */
-static void write_kv_only(const char *path, const uint16_t *kv)
-{
-    char hdr[128];
-    int n = snprintf(hdr, sizeof hdr,
-                     "{\"kv\":{\"dtype\":\"BF16\",\"shape\":[2,1,2,4],\"data_offsets\":[0,32]}}");
-    while (n % 8) hdr[n++] = ' ';
-    FILE *f = fopen(path, "wb");
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)((uint64_t)n >> (8 * i));
-    fwrite(len, 1, 8, f);
-    fwrite(hdr, 1, (size_t)n, f);
-    for (int i = 0; i < 16; i++) fputc(kv[i] & 255, f), fputc(kv[i] >> 8, f);
-    fclose(f);
 }
 
 /* Run a tool command line; its output (malloc'd) and exit status. */
@@ -217,7 +204,7 @@ static void test_calibration(void)
     snprintf(kvf, sizeof kvf, "%s/kv.safetensors", dir_path);
     snprintf(enc, sizeof enc, "%s/enc.safetensors", dir_path);
     snprintf(dec, sizeof dec, "%s/dec.safetensors", dir_path);
-    write_kv_only(kvf, kv);
+    write_file_kv(kvf, kv, 0);
     snprintf(args, sizeof args,
              "encode --serde '{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\","
              "\"path\":\"%s\",\"step\":0.01}]}' %s %s",
@@ -306,7 +293,7 @@ int main(void)
                                        0x3F40, 0x4000, 0x3F80, 0x4040, 0x4000, 0x4080, 0x4000,
                                        0x3F80, 0x40A0};
     snprintf(cal_file, sizeof cal_file, "%s/cal.safetensors", dir);
-    write_file_kv(cal_file, other);
+    write_file_kv(cal_file, other, 1);
     RUN(test_fp8_figures);
     RUN(test_lossless_figures);
     RUN(test_sweep_and_table);
