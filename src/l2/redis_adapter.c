@@ -19,8 +19,8 @@
  * processes would leak into them) that try every address of the host.
  *
  * Threads and locks:
- *   - The completion plumbing (ids, eventfds, unread results, closed flag)
- *     is the shared task queue (task_queue.h).
+ *   - The completion plumbing (ids, eventfds, unread results, the pool,
+ *     close) is the adapters' shared base (adapter_base.h).
  *   - A task's keys are cut into up to `connections` contiguous slices, one
  *     pool job each (the shared batch runner, batch_slices.h); each job
  *     borrows a connection set (one redisContext per node) from a free list
@@ -39,7 +39,6 @@
  *     it for reading from its EXISTS to its lock, a delete for writing from
  *     its lock check to its DEL, so a key a lookup reports found and locked
  *     is never deleted by this adapter in between.
- *   - close_mu serializes close() callers.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -67,13 +66,11 @@
 #include "kvserde/l2_fs.h"
 #include "kvserde/l2_redis.h"
 #include "kvserde/registry.h"
-#include "l2/batch_slices.h"
+#include "l2/adapter_base.h"
 #include "l2/builtins.h"
 #include "l2/lock_table.h"
 #include "l2/redis_bulk.h"
 #include "l2/redis_cluster.h"
-#include "l2/task_queue.h"
-#include "util/thread_pool.h"
 
 #define ERR_MAX 400              /* a node-level error ("127.0.0.1:6379: ...") */
 #define ADDR_MAX (KVS_REDIS_HOST_MAX + 16)
@@ -114,10 +111,7 @@ typedef struct connset {
 } connset;
 
 typedef struct redis_adapter {
-    kvs_l2_adapter base;
-    kvs_l2_task_queue q;
-    kvs_thread_pool *pool;
-    kvs_l2_batch_runner runner; /* runs tasks as slices on pool */
+    kvs_l2_adapter_base base;   /* runs tasks as slices on its pool */
 
     /* configuration (immutable after create) */
     char *prefix;
@@ -150,9 +144,6 @@ typedef struct redis_adapter {
     pthread_mutex_t lock_mu;    /* guards the lock table */
     kvs_l2_lock_table locks;    /* by kvs_fs_key_path */
     pthread_rwlock_t del_lock;
-
-    pthread_mutex_t close_mu;
-    int closed;                 /* guarded by close_mu */
 } redis_adapter;
 
 /* What a run of keys does. */
@@ -228,7 +219,7 @@ static const struct kvs_l2_adapter_ops redis_ops;
 
 static redis_adapter *redis_of(kvs_l2_adapter *a)
 {
-    return KVS_CONTAINER_OF(a, redis_adapter, base);
+    return KVS_CONTAINER_OF(a, redis_adapter, base.adapter);
 }
 
 /* ---------------------------------------------------------------------
@@ -1508,35 +1499,6 @@ static void run_slice(kvs_l2_slice *s)
  * Ops
  * ------------------------------------------------------------------ */
 
-static int rd_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_STORE); }
-static int rd_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_LOOKUP); }
-static int rd_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&redis_of(a)->q, KVS_L2_LOAD); }
-
-static int rd_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
-                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_STORE, keys, objects, n, id);
-}
-
-static int rd_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
-                                   size_t *count)
-{
-    kvs_l2_tq_pop_stores(&redis_of(a)->q, out, cap, count);
-    return KVS_OK;
-}
-
-static int rd_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
-                            kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_LOOKUP, keys, NULL, n, id);
-}
-
-static int rd_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&redis_of(a)->q, KVS_L2_LOOKUP, id, out);
-    return KVS_OK;
-}
-
 static int rd_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
 {
     redis_adapter *r = redis_of(a);
@@ -1550,20 +1512,6 @@ static int rd_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
     return KVS_OK;
 }
 
-static int rd_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
-                          kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&redis_of(a)->runner, KVS_L2_LOAD, keys, objects, n, id);
-}
-
-static int rd_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&redis_of(a)->q, KVS_L2_LOAD, id, out);
-    return KVS_OK;
-}
-
-static int refuse_closed(void) { return kvs_set_error(KVS_ECLOSED, "redis: adapter is closed"); }
-
 /* Run a synchronous call's keys on the caller's thread. Holds sync_mu;
  * KVS_ECLOSED after close. */
 static int run_sync(redis_adapter *r, rwork *w)
@@ -1571,7 +1519,7 @@ static int run_sync(redis_adapter *r, rwork *w)
     pthread_mutex_lock(&r->sync_mu);
     if (r->sync_closed) {
         pthread_mutex_unlock(&r->sync_mu);
-        return refuse_closed();
+        return kvs_l2_base_refuse_closed(&r->base);
     }
     run_work(r, &r->sync_set, w, now_ns() + (int64_t)r->timeout_ms * NS_PER_MS);
     pthread_mutex_unlock(&r->sync_mu);
@@ -1735,7 +1683,7 @@ out:
 static int rd_status(kvs_l2_adapter *a, json_t **out)
 {
     redis_adapter *r = redis_of(a);
-    int closing = kvs_l2_tq_is_closed(&r->q); /* closing counts as closed */
+    int closing = kvs_l2_tq_is_closed(&r->base.q); /* closing counts as closed */
     json_t *nodes = json_array();
     if (nodes == NULL) return kvs_set_error(KVS_ENOMEM, "redis: out of memory for status");
     /* The nodes in use: the server, or the masters of the slot map. */
@@ -1791,30 +1739,15 @@ static int rd_status(kvs_l2_adapter *a, json_t **out)
     return KVS_OK;
 }
 
-static int rd_close(kvs_l2_adapter *a)
+/* Close's last step (adapter_base.h): every connection. */
+static void rd_release(kvs_l2_adapter_base *b)
 {
-    redis_adapter *r = redis_of(a);
-    pthread_mutex_lock(&r->close_mu);
-    if (!r->closed) {
-        /* Refuse new tasks, let every queued one run (each within its
-         * timeout), record and signal, then close the fds (nothing can
-         * complete any more) and every connection. */
-        (void)kvs_l2_tq_close_begin(&r->q);
-        int rc = kvs_thread_pool_shutdown(r->pool);
-        if (rc != KVS_OK) { /* only from our own worker: never happens */
-            pthread_mutex_unlock(&r->close_mu);
-            return rc;
-        }
-        kvs_l2_tq_close_fds(&r->q);
-        for (unsigned i = 0; i < r->connections; i++) connset_close_all(r, &r->sets[i]);
-        pthread_mutex_lock(&r->sync_mu);
-        connset_close_all(r, &r->sync_set);
-        r->sync_closed = 1;
-        pthread_mutex_unlock(&r->sync_mu);
-        r->closed = 1;
-    }
-    pthread_mutex_unlock(&r->close_mu);
-    return KVS_OK;
+    redis_adapter *r = KVS_CONTAINER_OF(b, redis_adapter, base);
+    for (unsigned i = 0; i < r->connections; i++) connset_close_all(r, &r->sets[i]);
+    pthread_mutex_lock(&r->sync_mu);
+    connset_close_all(r, &r->sync_set);
+    r->sync_closed = 1;
+    pthread_mutex_unlock(&r->sync_mu);
 }
 
 static void connset_free(redis_adapter *r, connset *cs)
@@ -1827,8 +1760,7 @@ static void connset_free(redis_adapter *r, connset *cs)
 static void rd_destroy(kvs_l2_adapter *a)
 {
     redis_adapter *r = redis_of(a);
-    kvs_thread_pool_destroy(r->pool);
-    kvs_l2_tq_destroy(&r->q);
+    kvs_l2_base_destroy(&r->base);
     for (unsigned i = 0; r->sets && i < r->connections; i++) connset_free(r, &r->sets[i]);
     connset_free(r, &r->sync_set);
     free(r->sets);
@@ -1839,7 +1771,6 @@ static void rd_destroy(kvs_l2_adapter *a)
     free(r->username);
     if (r->password) memset(r->password, 0, strlen(r->password));
     free(r->password);
-    pthread_mutex_destroy(&r->close_mu);
     pthread_rwlock_destroy(&r->del_lock);
     pthread_mutex_destroy(&r->lock_mu);
     pthread_mutex_destroy(&r->sync_mu);
@@ -1925,7 +1856,7 @@ static int rd_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
     /* The nodes to scan, fixed at the start: the server, or every master. */
     pthread_mutex_lock(&r->sync_mu);
     if (r->sync_closed) {
-        rc = refuse_closed();
+        rc = kvs_l2_base_refuse_closed(&r->base);
     } else if (r->cluster &&
                ensure_map(r, &r->sync_set, now_ns() + (int64_t)r->timeout_ms * NS_PER_MS,
                           err, sizeof err) != 0) {
@@ -1951,7 +1882,7 @@ static int rd_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
             pthread_mutex_lock(&r->sync_mu);
             redisReply *rep = NULL;
             if (r->sync_closed)
-                rc = refuse_closed();
+                rc = kvs_l2_base_refuse_closed(&r->base);
             else if ((rep = list_scan_page(r, (int)i, cursor, pattern, err, sizeof err)) == NULL)
                 rc = kvs_set_error(KVS_EIO, "redis: list keys: %s", err);
             pthread_mutex_unlock(&r->sync_mu);
@@ -2006,21 +1937,13 @@ static int rd_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
 
 static const struct kvs_l2_adapter_ops redis_ops = {
     .name = "redis",
-    .store_event_fd = rd_store_fd,
-    .lookup_event_fd = rd_lookup_fd,
-    .load_event_fd = rd_load_fd,
-    .submit_store = rd_submit_store,
-    .pop_completed_stores = rd_pop_completed_stores,
-    .submit_lookup_and_lock = rd_submit_lookup,
-    .query_lookup_and_lock = rd_query_lookup,
+    KVS_L2_BASE_COMPLETION_OPS,
+    KVS_L2_BASE_BATCH_OPS,
     .unlock = rd_unlock,
-    .submit_load = rd_submit_load,
-    .query_load = rd_query_load,
     .delete_keys = rd_delete,
     .object_sizes = rd_object_sizes,
     .usage = rd_usage,
     .status = rd_status,
-    .close = rd_close,
     .destroy = rd_destroy,
     .list_keys = rd_list_keys,
 };
@@ -2297,8 +2220,7 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
         free(url_pass);
         return kvs_set_error(KVS_ENOMEM, "redis: out of memory creating the adapter");
     }
-    r->base.ops = &redis_ops;
-    if ((rc = kvs_l2_tq_init(&r->q, "redis")) != KVS_OK) {
+    if ((rc = kvs_l2_base_init(&r->base, &redis_ops, "redis", rd_release)) != KVS_OK) {
         free(url_user);
         free(url_pass);
         free(r);
@@ -2322,7 +2244,6 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
     pthread_mutex_init(&r->sets_mu, NULL);
     pthread_mutex_init(&r->sync_mu, NULL);
     pthread_mutex_init(&r->lock_mu, NULL);
-    pthread_mutex_init(&r->close_mu, NULL);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -2346,18 +2267,13 @@ int kvs_redis_adapter_create(const kvs_redis_options *opts, kvs_l2_adapter **out
         rc = kvs_set_error(KVS_ENOMEM, "redis: out of memory creating the adapter");
         goto fail;
     }
-    if ((rc = kvs_thread_pool_create(o.connections, "kvs-redis", &r->pool)) != KVS_OK)
+    if ((rc = kvs_l2_base_start(&r->base, o.connections, "kvs-redis", run_slice, r)) != KVS_OK)
         goto fail;
-    r->runner = (kvs_l2_batch_runner){.q = &r->q,
-                                      .pool = r->pool,
-                                      .max_slices = o.connections,
-                                      .run = run_slice,
-                                      .ctx = r};
-    *out = &r->base;
+    *out = &r->base.adapter;
     return KVS_OK;
 
 fail:
-    rd_destroy(&r->base); /* handles a partly built adapter; pool NULL is a no-op */
+    rd_destroy(&r->base.adapter); /* handles a partly built adapter; pool NULL is a no-op */
     return rc;
 }
 
