@@ -45,9 +45,20 @@ int kvs_l2_base_refuse_closed(const kvs_l2_adapter_base *b)
     return kvs_set_error(KVS_ECLOSED, "%s: adapter is closed", b->q.owner);
 }
 
-int kvs_l2_base_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_STORE); }
-int kvs_l2_base_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_LOOKUP); }
-int kvs_l2_base_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_LOAD); }
+int kvs_l2_base_store_fd(kvs_l2_adapter *a)
+{
+    return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_STORE);
+}
+
+int kvs_l2_base_lookup_fd(kvs_l2_adapter *a)
+{
+    return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_LOOKUP);
+}
+
+int kvs_l2_base_load_fd(kvs_l2_adapter *a)
+{
+    return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_LOAD);
+}
 
 int kvs_l2_base_pop_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
                            size_t *count)
