@@ -76,8 +76,8 @@ static redis_adapter *redis_of(kvs_l2_adapter *a)
  * Worker side
  * ------------------------------------------------------------------ */
 
-/* The batch runner's run(): this slice's keys as one run of kvs_redis_run_work, on
- * a connection set of its own. */
+/* The batch runner's run(): this slice's keys as one run of
+ * kvs_redis_run_work, on a connection set of its own. */
 static void run_slice(kvs_l2_slice *s)
 {
     kvs_l2_batch *b = s->batch;
