@@ -302,12 +302,40 @@ enum { VS_KVS_STORE, VS_PLAIN_SET, VS_KVS_LOAD, VS_PLAIN_GET, VS_PLAIN_GET_COPY,
 static const char *const vs_name[VS_NCASES] = {
     "kvserde store", "hiredis SET", "kvserde load", "hiredis GET", "hiredis GET + copy"};
 
+/* The plain clients' threads: each argument starts with this. */
+typedef struct plain_thread {
+    size_t begin, end; /* its share of the values */
+    int failed;
+} plain_thread;
+
+/* Seconds for `nt` threads (at most 2) running fn over args[0..nt) (each
+ * `size` bytes, a plain_thread first), the n values split between them; -1
+ * if a thread could not start or failed. */
+static double run_plain_threads(void *(*fn)(void *), void *args, size_t size, int nt, size_t n)
+{
+    pthread_t th[2];
+    int started = 0, failed = nt > 2;
+    double t0 = now_s();
+    for (int k = 0; k < nt && !failed; k++) {
+        plain_thread *p = (plain_thread *)((char *)args + size * (size_t)k);
+        p->begin = n * (size_t)k / (size_t)nt;
+        p->end = n * (size_t)(k + 1) / (size_t)nt;
+        p->failed = 0;
+        if (pthread_create(&th[k], NULL, fn, p) != 0) failed = 1;
+        else started++;
+    }
+    for (int k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        failed |= ((plain_thread *)((char *)args + size * (size_t)k))->failed;
+    }
+    return failed ? -1 : now_s() - t0;
+}
+
 typedef struct vs_thread {
+    plain_thread pt;
     int port, mode; /* VS_PLAIN_* */
     kvs_object_key *keys;
     kvs_memobj **objs;
-    size_t begin, end;
-    int failed;
 } vs_thread;
 
 /* One plain-hiredis thread: SET or GET keys [begin, end) on a blocking
@@ -317,23 +345,23 @@ static void *vs_plain(void *arg)
     vs_thread *t = arg;
     redisContext *c = redisConnect("127.0.0.1", t->port);
     if (c == NULL || c->err) {
-        t->failed = 1;
+        t->pt.failed = 1;
         if (c) redisFree(c);
         return NULL;
     }
     char path[KVS_FS_KEY_PATH_MAX + 16];
-    for (size_t i = t->begin; i < t->end && !t->failed; i++) {
+    for (size_t i = t->pt.begin; i < t->pt.end && !t->pt.failed; i++) {
         memcpy(path, "vs:", 3);
         (void)kvs_fs_key_path(&t->keys[i], path + 3, sizeof path - 3);
         kvs_memobj *o = t->objs[i];
         redisReply *r;
         if (t->mode == VS_PLAIN_SET) {
             r = redisCommand(c, "SET %s %b", path, o->data, kvs_memobj_size(o));
-            t->failed = r == NULL || r->type != REDIS_REPLY_STATUS;
+            t->pt.failed = r == NULL || r->type != REDIS_REPLY_STATUS;
         } else {
             r = redisCommand(c, "GET %s", path);
-            t->failed = r == NULL || r->type != REDIS_REPLY_STRING || r->len > o->capacity;
-            if (!t->failed && t->mode == VS_PLAIN_GET_COPY) {
+            t->pt.failed = r == NULL || r->type != REDIS_REPLY_STRING || r->len > o->capacity;
+            if (!t->pt.failed && t->mode == VS_PLAIN_GET_COPY) {
                 memcpy(o->data, r->str, r->len);
                 (void)kvs_memobj_set_used_size(o, r->len);
             }
@@ -348,19 +376,8 @@ static void *vs_plain(void *arg)
 static double vs_plain_run(int port, int mode, kvs_object_key *keys, kvs_memobj **objs, size_t n)
 {
     vs_thread t[VS_CONNS];
-    pthread_t th[VS_CONNS];
-    double t0 = now_s();
-    for (int k = 0; k < VS_CONNS; k++) {
-        t[k] = (vs_thread){port, mode, keys, objs, n * (size_t)k / VS_CONNS,
-                           n * (size_t)(k + 1) / VS_CONNS, 0};
-        if (pthread_create(&th[k], NULL, vs_plain, &t[k]) != 0) return -1;
-    }
-    int failed = 0;
-    for (int k = 0; k < VS_CONNS; k++) {
-        pthread_join(th[k], NULL);
-        failed |= t[k].failed;
-    }
-    return failed ? -1 : now_s() - t0;
+    for (int k = 0; k < VS_CONNS; k++) t[k] = (vs_thread){{0, 0, 0}, port, mode, keys, objs};
+    return run_plain_threads(vs_plain, t, sizeof t[0], VS_CONNS, n);
 }
 
 /* Seconds for one kvserde store or load task of all n values, or -1. */
@@ -498,10 +515,9 @@ static const char *const pf_name[PF_NCASES] = {"fs store, fp8 serde", "fs store,
                                                "plain loop, 2 threads"};
 
 typedef struct pf_thread {
+    plain_thread pt;
     const char *dir;
     kvs_memobj **codes;
-    size_t begin, end;
-    int failed;
 } pf_thread;
 
 /* The plain loop's files [begin, end): temp file, write, fsync, rename,
@@ -511,16 +527,16 @@ static void *pf_plain(void *arg)
     pf_thread *t = arg;
     int dfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
-        t->failed = 1;
+        t->pt.failed = 1;
         return NULL;
     }
-    for (size_t i = t->begin; i < t->end && !t->failed; i++) {
+    for (size_t i = t->pt.begin; i < t->pt.end && !t->pt.failed; i++) {
         char tmp[160], fin[160];
         snprintf(tmp, sizeof tmp, "%s/.tmp-%zu", t->dir, i);
         snprintf(fin, sizeof fin, "%s/chunk-%zu", t->dir, i);
         int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0) {
-            t->failed = 1;
+            t->pt.failed = 1;
             break;
         }
         const uint8_t *p = t->codes[i]->data;
@@ -529,15 +545,15 @@ static void *pf_plain(void *arg)
             ssize_t w = write(fd, p, left);
             if (w < 0 && errno == EINTR) continue;
             if (w <= 0) {
-                t->failed = 1;
+                t->pt.failed = 1;
                 break;
             }
             p += w;
             left -= (size_t)w;
         }
-        if (fsync(fd) != 0) t->failed = 1;
+        if (fsync(fd) != 0) t->pt.failed = 1;
         close(fd);
-        if (t->failed || rename(tmp, fin) != 0 || fsync(dfd) != 0) t->failed = 1;
+        if (t->pt.failed || rename(tmp, fin) != 0 || fsync(dfd) != 0) t->pt.failed = 1;
     }
     close(dfd);
     return NULL;
@@ -546,19 +562,8 @@ static void *pf_plain(void *arg)
 static double pf_plain_run(const char *dir, kvs_memobj **codes, size_t n)
 {
     pf_thread t[PF_THREADS];
-    pthread_t th[PF_THREADS];
-    double t0 = now_s();
-    for (int k = 0; k < PF_THREADS; k++) {
-        t[k] = (pf_thread){dir, codes, n * (size_t)k / PF_THREADS,
-                           n * (size_t)(k + 1) / PF_THREADS, 0};
-        if (pthread_create(&th[k], NULL, pf_plain, &t[k]) != 0) return -1;
-    }
-    int failed = 0;
-    for (int k = 0; k < PF_THREADS; k++) {
-        pthread_join(th[k], NULL);
-        failed |= t[k].failed;
-    }
-    return failed ? -1 : now_s() - t0;
+    for (int k = 0; k < PF_THREADS; k++) t[k] = (pf_thread){{0, 0, 0}, dir, codes};
+    return run_plain_threads(pf_plain, t, sizeof t[0], PF_THREADS, n);
 }
 
 static int vs_plain_fs(int runs, size_t n)
