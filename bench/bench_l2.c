@@ -661,6 +661,16 @@ static int vs_plain_fs(int runs, size_t n)
                ratio[runs / 2], ratio[0], ratio[runs - 1]);
         printf("raw store / plain loop (medians):       %.2fx\n",
                med[PF_RAW_STORE] / med[PF_PLAIN]);
+        printf("fp8 store = serialize alone + raw store would be %.2f GB/s\n",
+               bytes / (ser_s[runs / 2] + secs[PF_RAW_STORE][runs / 2]) / 1e9);
+        json_t *st = NULL;
+        if (kvs_l2_status(fp8, &st) == KVS_OK) {
+            json_t *pool = json_object_get(st, "serde_temp_pool");
+            printf("fp8 store's temps: %lld made for %d tasks of %zu (the rest reused)\n",
+                   (long long)json_integer_value(json_object_get(pool, "allocated_temps")),
+                   runs + 1, n);
+            json_decref(st);
+        }
         printf("load average: %s\n", la);
     }
     kvs_l2_destroy(fp8);
