@@ -8,13 +8,18 @@
  * last stage ends in dst: with an odd number of out-of-place transforms the
  * typed stage starts in the scratch. The header is written last (it holds
  * the payload length), except that a stage that authenticates the header
- * (encryption, always last) gets it just before it runs.
+ * (encryption, always last) gets it before it runs: just before, or, fused,
+ * before the typed stage starts (the payload length is known then).
  *
  * Fusion. When the typed stage can encode any output range on its own and
  * checks or streamed transforms (encryption) follow it, the output is
- * produced in blocks of FUSE_BLOCK_DEFAULT bytes and each block is checksummed and
- * encrypted while it is still in cache, instead of a pass over memory per
- * stage (run_fused). */
+ * produced in blocks of FUSE_BLOCK_DEFAULT bytes and each block is
+ * checksummed and encrypted while it is still in cache, instead of a pass
+ * over memory per stage (run_fused).
+ *
+ * Decoding undoes the bytes stages over the whole payload before the typed
+ * stage writes a byte of the destination; transforms decode into scratch
+ * buffers the deserializer keeps between calls (scratch_take). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

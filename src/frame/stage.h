@@ -83,8 +83,8 @@ struct kvs_stage_type {
                         size_t cap, size_t *n);
     /* Optional: byte b of the output depends on the source alone (fp8:
      * element b; bytes: byte b) and the output is exactly typed_bound
-     * bytes, so the pipeline may produce it block by block and checksum each
-     * block while it is in cache. Encodes output bytes [begin, end) on the
+     * bytes, so the pipeline may produce it block by block and checksum and
+     * encrypt each block while it is in cache. Encodes output bytes [begin, end) on the
      * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
