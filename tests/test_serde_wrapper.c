@@ -288,6 +288,21 @@ static const char *bits(const kvs_l2_bitmap *bm)
     return s;
 }
 
+/* Store n objects, load them back into dst: every key found, every byte
+ * back. */
+static void store_and_load_all(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **src,
+                               kvs_memobj **dst, size_t n)
+{
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(a, keys, src, n, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(a, keys, dst, n, &bm));
+    CHECK_EQ_INT(bm.nhits, n);
+    kvs_l2_bitmap_release(&bm);
+    for (size_t i = 0; i < n; i++) CHECK(same_bytes(src[i], dst[i]));
+}
+
 /* A field of the wrapper's "serde_temp_pool" status (-1 if missing). */
 static long long pool_stat(kvs_l2_adapter *a, const char *field)
 {
@@ -589,6 +604,40 @@ static void test_cycles_hold_no_temps(void)
     kvs_l2_destroy(w);
 }
 
+/* Temps cost nothing to reuse: stores and loads of the same shape, task
+ * after task, run on the temps the first task allocated (allocated_temps
+ * counts every temp ever made); a store of another size makes its own. */
+static void test_pool_reuses_temps(void)
+{
+    kvs_l2_adapter *w = mem_wrapper(test_proc(TS_IDENTITY, 0), 0, NULL);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){3 << 12});
+    kvs_layout small = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){100});
+    kvs_object_key keys[4];
+    kvs_memobj *src[4], *dst[4], *one;
+    new_objs(src, 4, &l);
+    new_objs(dst, 4, &l);
+    one = new_obj(&small);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 0);
+    for (int cycle = 0; cycle < 4; cycle++) {
+        keys_range(keys, 10 * cycle, 4);
+        for (int i = 0; i < 4; i++) fill_exact(src[i], cycle * 4 + i);
+        store_and_load_all(w, keys, src, dst, 4);
+        CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 4);
+        CHECK_EQ_INT(pool_stat(w, "cached_temps"), 4);
+        CHECK_EQ_INT(pool_stat(w, "cached_bytes"), 4 * (3 << 12));
+    }
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, &one, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 5);
+    CHECK_EQ_INT(pool_stat(w, "cached_temps"), 5);
+    free_objs(src, 4);
+    free_objs(dst, 4);
+    kvs_memobj_free(one);
+    kvs_l2_destroy(w);
+}
+
 /* H56: L2 holds {0,1,3,4}; a load of 0..4 gives 11011 (the inner's partial
  * bitmap is kept) with the inner's miss as the message. */
 static void test_partial_prefix_hit(void)
@@ -837,13 +886,18 @@ static void test_pool_cache_stays_in_budget(void)
     CHECK_OK(do_store(w, keys, src, 3, &res));
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK_EQ_INT(pool_stat(w, "cached_bytes"), 3072);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 3);
     CHECK_OK(do_store(w, keys, &big, 1, &res));
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK_EQ_INT(in_use(w), 0);
     CHECK(pool_stat(w, "cached_bytes") <= 3072);
+    /* two idle 1 KiB temps made way for the 2 KiB one */
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 4);
     CHECK_OK(do_store(w, keys, src, 3, &res)); /* still fits */
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK(pool_stat(w, "cached_bytes") <= 3072);
+    /* one idle 1 KiB temp reused, the 2 KiB one evicted for two new ones */
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 6);
     free_objs(src, 3);
     kvs_memobj_free(big);
     kvs_l2_destroy(w);
@@ -1263,14 +1317,7 @@ static void test_fs_escaping_keys(void)
     new_objs(src, 4, &l);
     new_objs(dst, 4, &l);
     for (int i = 0; i < 4; i++) fill_exact(src[i], i);
-    kvs_l2_store_result res;
-    CHECK_OK(do_store(w, keys, src, 4, &res));
-    CHECK_EQ_INT(res.state, KVS_TASK_OK);
-    kvs_l2_bitmap bm;
-    CHECK_OK(do_load(w, keys, dst, 4, &bm));
-    CHECK_EQ_STR(bits(&bm), "1111");
-    kvs_l2_bitmap_release(&bm);
-    for (int i = 0; i < 4; i++) CHECK(same_bytes(src[i], dst[i]));
+    store_and_load_all(w, keys, src, dst, 4);
     /* everything is under top/store */
     CHECK_EQ_INT(list_files(dir, NULL, 0), 4);
     CHECK_EQ_INT(list_files(top, NULL, 0), 4);
@@ -1784,6 +1831,7 @@ int main(void)
     RUN(test_pool_runs_out_on_key_1_of_3);
     RUN(test_pool_shared_by_tasks_in_flight);
     RUN(test_pool_cache_stays_in_budget);
+    RUN(test_pool_reuses_temps);
     RUN(test_inner_store_failure);
     RUN(test_one_damaged_blob_memory);
     RUN(test_one_damaged_blob_fs);

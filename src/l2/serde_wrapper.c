@@ -78,6 +78,7 @@
 #include "kvserde/processor.h"
 #include "l2/builtins.h"
 #include "l2/task_queue.h"
+#include "util/prefault.h"
 
 #define OWNER "serde wrapper"
 #define DEFAULT_POOL_BYTES (UINT64_C(1) << 30)
@@ -156,6 +157,7 @@ struct wrapper {
     uint64_t pool_in_use;       /* bytes of temps held by tasks */
     uint64_t pool_cached;       /* bytes of idle temps kept for reuse */
     size_t temps_in_use, temps_cached;
+    uint64_t temps_allocated;   /* temps ever made (a reused one is not counted) */
     struct temp *idle_temps;
     uint64_t peak_in_use;
 
@@ -237,8 +239,11 @@ static struct temp *temp_new(size_t size)
     struct temp *t = calloc(1, sizeof *t);
     if (t == NULL) return NULL;
     /* Not zero-filled: every byte a consumer reads was written first (the
-     * serializer's output, or the inner load's stored bytes). */
+     * serializer's output, or the inner load's stored bytes). Its pages are
+     * mapped here, in one call, rather than faulted in one by one under the
+     * serializer's stores; the pool then keeps the temp for later tasks. */
     void *data = aligned_alloc(TEMP_ALIGN, alloc);
+    if (data) kvs_prefault(data, alloc);
     kvs_layout layout;
     if (data == NULL || kvs_layout_flat(&layout, size, KVS_DTYPE_UINT8) != KVS_OK ||
         kvs_memobj_init(&t->obj, data, size, &layout, KVS_FMT_BINARY_BUFFER) != KVS_OK) {
@@ -350,6 +355,11 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
             return kvs_set_error(KVS_ENOMEM, "%s: cannot allocate a temp of %zu bytes",
                                  OWNER, size);
         }
+    }
+    if (got < n) {
+        pthread_mutex_lock(&w->mu);
+        w->temps_allocated += n - got;
+        pthread_mutex_unlock(&w->mu);
     }
     for (size_t i = 0; i < got; i++)
         (void)kvs_memobj_set_used_size(&temps[i]->obj, size); /* undo any narrowing */
@@ -1081,13 +1091,14 @@ static int wr_status(kvs_l2_adapter *a, json_t **out)
     int rc = kvs_l2_status(w->inner, &st);
     if (rc) return rc;
     pthread_mutex_lock(&w->mu);
-    json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                              "capacity_bytes", (json_int_t)w->pool_capacity,
                              "in_use_bytes", (json_int_t)w->pool_in_use,
                              "in_use_temps", (json_int_t)w->temps_in_use,
                              "cached_bytes", (json_int_t)w->pool_cached,
                              "cached_temps", (json_int_t)w->temps_cached,
                              "peak_in_use_bytes", (json_int_t)w->peak_in_use,
+                             "allocated_temps", (json_int_t)w->temps_allocated,
                              "tasks_in_flight", (json_int_t)w->inflight);
     pthread_mutex_unlock(&w->mu);
     /* json_object_set_new() takes the value's reference even when it fails. */
