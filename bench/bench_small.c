@@ -3,7 +3,7 @@
  * what one task at a time costs, where thread wake-ups rather than bytes
  * are the price (issue 16 item 4). Reports; asserts nothing.
  *
- *   bench_small [--runs N] [--fsync] [--sizes LIST]
+ *   bench_small [--runs N] [--fsync] [--sizes LIST] [--adapter memory|fs]
  *
  * Objects are KV_2TD bfloat16 chunks [2, tokens, 128] of 8 KiB, 1 MiB and
  * 32 MiB (--sizes takes a comma list of KiB, e.g. 8,1024). Per cell (adapter
@@ -270,12 +270,15 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 
 int main(int argc, char **argv)
 {
-    int runs = 10, fsync_on = 0;
+    int runs = 10, fsync_on = 0, only = -1; /* only: -1 both, 0 memory, 1 fs */
     size_t sizes[MAX_SIZES] = {8u << 10, 1u << 20, 32u << 20};
     size_t nsizes = 3;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
             runs = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--adapter") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "memory") == 0 || strcmp(argv[i + 1], "fs") == 0)) {
+            only = strcmp(argv[++i], "fs") == 0;
         } else if (strcmp(argv[i], "--fsync") == 0) {
             fsync_on = 1;
         } else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
@@ -284,7 +287,8 @@ int main(int argc, char **argv)
                  tok = strtok(NULL, ","))
                 sizes[nsizes++] = (size_t)atol(tok) << 10;
         } else {
-            fprintf(stderr, "usage: bench_small [--runs N (1-64)] [--fsync] [--sizes KiB,...]\n");
+            fprintf(stderr, "usage: bench_small [--runs N (1-64)] [--fsync] [--sizes KiB,...] "
+                            "[--adapter memory|fs]\n");
             return 2;
         }
     }
@@ -294,7 +298,8 @@ int main(int argc, char **argv)
             return 2;
         }
     if (runs < 1 || runs > 64 || nsizes == 0) {
-        fprintf(stderr, "usage: bench_small [--runs N (1-64)] [--fsync] [--sizes KiB,...]\n");
+        fprintf(stderr, "usage: bench_small [--runs N (1-64)] [--fsync] [--sizes KiB,...] "
+                            "[--adapter memory|fs]\n");
         return 2;
     }
     char dir[] = "/tmp/kvs_bench_small_XXXXXX";
@@ -303,12 +308,12 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    size_t ncells = 2 * 2 * nsizes * 2;
+    size_t ncells = (only < 0 ? 2 : 1) * 2 * nsizes * 2;
     struct cell *cells = calloc(ncells, sizeof *cells);
     if (cells == NULL) die("out of memory");
     size_t k = 0;
     for (int fs = 0; fs < 2; fs++)
-        for (size_t si = 0; si < nsizes; si++)
+        for (size_t si = 0; si < nsizes && (only < 0 || only == fs); si++)
             for (int mode = 0; mode < 2; mode++)
                 for (int wrapped = 0; wrapped < 2; wrapped++)
                     cells[k++] = (struct cell){.fs = fs, .wrapped = wrapped,
