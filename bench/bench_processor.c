@@ -56,6 +56,7 @@
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
 #include "kvserde/serde.h"
+#include "kv_values.h"
 
 
 static double now_s(void)
@@ -87,23 +88,28 @@ static int fp8_processor(unsigned workers, kvs_processor **p)
     return kvs_async_processor_create(ser, de, workers, p);
 }
 
-/* Plausible KV values: small magnitudes, all mantissa bits in use. */
-static void fill_bf16(uint16_t *v, size_t n, uint32_t seed)
+/* Idle entries of one CPU so far, over its cpuidle states (-1: unknown). */
+static long long idle_entries(int cpu)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t h = (uint32_t)(i + seed) * 2654435761u;
-        float f = ((float)(h >> 8) / 16777216.0f) * 8.0f - 4.0f;
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        v[i] = (uint16_t)(bits >> 16);
+    long long sum = -1;
+    for (int st = 0; st < 8; st++) {
+        char path[128];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpuidle/state%d/usage", cpu, st);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) break;
+        long long v = 0;
+        if (fscanf(f, "%lld", &v) == 1) sum = (sum < 0 ? 0 : sum) + v;
+        fclose(f);
     }
+    return sum;
 }
 
-static int bench_latency(int iterations)
+/* The round trip of a 64-element bfloat16 object through fp8 on `p`:
+ * `iterations` timed tasks (us into lat[]) after iterations / 10 untimed
+ * ones. If idle[] is not NULL, the idle entries of CPUs 0 and 1 over the
+ * timed tasks go there (see idle_entries). */
+static int round_trips(kvs_processor *p, int iterations, double *lat, long long *idle)
 {
-    kvs_processor *p;
-    if (fp8_processor(1, &p) != KVS_OK)
-        return die("create");
     kvs_layout kv, tmp_layout;
     kvs_layout_flat(&kv, 64, KVS_DTYPE_BFLOAT16);
     size_t est;
@@ -113,13 +119,11 @@ static int bench_latency(int iterations)
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src) != KVS_OK ||
         kvs_memobj_alloc(&tmp_layout, KVS_FMT_BINARY_BUFFER, &dst) != KVS_OK)
         return die("alloc");
-    fill_bf16(src->data, 64, 1);
+    kvs_bench_fill_bf16(src->data, 64, 1);
     int fd = kvs_processor_serialize_event_fd(p);
-    double *lat = malloc((size_t)iterations * sizeof *lat);
-    if (lat == NULL)
-        return 1;
-    int warmup = iterations / 10;
-    for (int i = -warmup; i < iterations; i++) {
+    for (int i = -iterations / 10; i < iterations; i++) {
+        if (i == 0 && idle)
+            for (int c = 0; c < 2; c++) idle[c] = idle_entries(c);
         double t0 = now_s();
         kvs_task_id id;
         if (kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id) != KVS_OK)
@@ -139,14 +143,30 @@ static int bench_latency(int iterations)
         if (i >= 0)
             lat[i] = (t1 - t0) * 1e6;
     }
+    if (idle)
+        for (int c = 0; c < 2; c++)
+            idle[c] = idle[c] < 0 ? -1 : idle_entries(c) - idle[c];
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+    return 0;
+}
+
+static int bench_latency(int iterations)
+{
+    kvs_processor *p;
+    if (fp8_processor(1, &p) != KVS_OK)
+        return die("create");
+    double *lat = malloc((size_t)iterations * sizeof *lat);
+    if (lat == NULL)
+        return 1;
+    if (round_trips(p, iterations, lat, NULL) != 0)
+        return 1;
     qsort(lat, (size_t)iterations, sizeof *lat, cmp_double);
     printf("round trip (submit -> fd readable -> query), 64 bf16 elements, 1 worker, %d "
            "tasks:\n  median %.1f us   p99 %.1f us   min %.1f us\n",
            iterations, lat[iterations / 2], lat[(size_t)((double)iterations * 0.99)],
            lat[0]);
     free(lat);
-    kvs_memobj_free(src);
-    kvs_memobj_free(dst);
     kvs_processor_destroy(p);
     return 0;
 }
@@ -245,7 +265,7 @@ static int bench_throughput(size_t obj_bytes, int nobj, int waves, int rounds)
         if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src[i]) != KVS_OK ||
             kvs_memobj_alloc(&tmp_layout, KVS_FMT_BINARY_BUFFER, &dst[i]) != KVS_OK)
             return die("alloc");
-        fill_bf16(src[i]->data, nel, (uint32_t)i * 977u);
+        kvs_bench_fill_bf16(src[i]->data, nel, (uint32_t)i * 977u);
     }
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy) != KVS_OK ||
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy2) != KVS_OK)
@@ -368,7 +388,7 @@ static int bench_split_large(size_t bytes, int rounds)
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &back) != KVS_OK ||
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy) != KVS_OK)
         return die("alloc");
-    fill_bf16(src->data, nel, 7);
+    kvs_bench_fill_bf16(src->data, nel, 7);
     memset(tmp->data, 0, tmp->capacity);
     memset(back->data, 0, bytes);
     memset(copy->data, 0, bytes);
@@ -451,7 +471,7 @@ static int bench_split_sweep(void)
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &big) != KVS_OK ||
         kvs_memobj_alloc(&blob, KVS_FMT_BINARY_BUFFER, &bigtmp) != KVS_OK)
         return die("alloc");
-    fill_bf16(big->data, maxb / 2, 3);
+    kvs_bench_fill_bf16(big->data, maxb / 2, 3);
     memset(bigtmp->data, 0x3c, maxb / 2);
     kvs_processor *whole = split_processor(2, SIZE_MAX, 0);
     kvs_processor *split = split_processor(2, 0, 0);
@@ -548,22 +568,6 @@ static int last_cpu(int tid)
     return cpu;
 }
 
-/* Idle entries of one CPU so far, over its cpuidle states (-1: unknown). */
-static long long idle_entries(int cpu)
-{
-    long long sum = -1;
-    for (int st = 0; st < 8; st++) {
-        char path[128];
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpuidle/state%d/usage", cpu, st);
-        FILE *f = fopen(path, "r");
-        if (f == NULL) break;
-        long long v = 0;
-        if (fscanf(f, "%lld", &v) == 1) sum = (sum < 0 ? 0 : sum) + v;
-        fclose(f);
-    }
-    return sum;
-}
-
 static void pin(int tid, int cpu)
 {
     cpu_set_t set;
@@ -594,45 +598,18 @@ static int bench_latency_runs(int runs, int iterations, const char *placement)
             pin(0, 0);
             pin(wtid, 1);
         }
-        kvs_layout kv, tmp_layout;
-        kvs_layout_flat(&kv, 64, KVS_DTYPE_BFLOAT16);
-        size_t est;
-        kvs_processor_estimate_serialized_size(p, &kv, &est);
-        kvs_layout_flat(&tmp_layout, est, KVS_DTYPE_UINT8);
-        kvs_memobj *src, *dst;
-        if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src) != KVS_OK ||
-            kvs_memobj_alloc(&tmp_layout, KVS_FMT_BINARY_BUFFER, &dst) != KVS_OK)
-            return die("alloc");
-        fill_bf16(src->data, 64, 1);
-        int fd = kvs_processor_serialize_event_fd(p);
-        long long idle0[2] = {0, 0};
-        for (int i = -iterations / 10; i < iterations; i++) {
-            if (i == 0)
-                for (int c = 0; c < 2 && c < ncpu; c++) idle0[c] = idle_entries(c);
-            double t0 = now_s();
-            kvs_task_id id;
-            if (kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id) != KVS_OK)
-                return die("submit");
-            struct pollfd pfd = {fd, POLLIN, 0};
-            while (poll(&pfd, 1, -1) != 1) {
-            }
-            kvs_event_fd_consume(fd, NULL);
-            kvs_task_result r;
-            kvs_processor_query_serialize_result(p, id, &r);
-            if (r.state != KVS_TASK_OK) return die("task");
-            if (i >= 0) lat[i] = (now_s() - t0) * 1e6;
-        }
-        double idle_per[2] = {-1, -1};
-        for (int c = 0; c < 2 && c < ncpu; c++)
-            if (idle0[c] >= 0) idle_per[c] = (double)(idle_entries(c) - idle0[c]) / iterations;
+        long long idle[2];
+        if (round_trips(p, iterations, lat, idle) != 0)
+            return 1;
+        double idle_per[2];
+        for (int c = 0; c < 2; c++)
+            idle_per[c] = c < ncpu && idle[c] >= 0 ? (double)idle[c] / iterations : -1;
         int ccpu = sched_getcpu(), wcpu = last_cpu(wtid);
         memcpy(all + (size_t)run * iterations, lat, (size_t)iterations * sizeof *lat);
         qsort(lat, (size_t)iterations, sizeof *lat, cmp_double);
         printf("  %3d  %9.1f  %6.1f  %10d  %10d  %.2f %.2f\n", run, lat[iterations / 2],
                lat[(size_t)((double)iterations * 0.99)], ccpu, wcpu, idle_per[0], idle_per[1]);
         kvs_processor_destroy(p);
-        kvs_memobj_free(src);
-        kvs_memobj_free(dst);
         sched_setaffinity(0, sizeof saved, &saved);
     }
     size_t total = (size_t)runs * iterations;

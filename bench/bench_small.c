@@ -43,6 +43,7 @@
 #include "kvserde/l2.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
+#include "kv_values.h"
 
 #define HIDDEN 128
 #define BATCH 64
@@ -122,20 +123,6 @@ static kvs_object_key key_of(size_t i)
     if (kvs_object_key_init(&k, h, sizeof h, "bench_small", 0, 0, NULL) != KVS_OK)
         die("key");
     return k;
-}
-
-/* Plausible KV values: small magnitudes, all mantissa bits in use. */
-static void fill_bf16(kvs_memobj *o, uint32_t seed)
-{
-    uint16_t *v = o->data;
-    size_t n = o->used_size / 2;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t h = (uint32_t)(i + seed) * 2654435761u;
-        float f = ((float)(h >> 8) / 16777216.0f) * 8.0f - 4.0f;
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        v[i] = (uint16_t)(bits >> 16);
-    }
 }
 
 static kvs_memobj *chunk(size_t bytes)
@@ -348,7 +335,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < n; i++) {
             src[i] = chunk(size);
             dst[i] = chunk(size);
-            fill_bf16(src[i], (uint32_t)i);
+            kvs_bench_fill_bf16(src[i]->data, size / 2, (uint32_t)i);
             memset(dst[i]->data, 0, size);
         }
         for (int run = -1; run < runs; run++) { /* run -1 warms up, not kept */
