@@ -49,12 +49,4 @@ int kvs_serde_wrapper_submit_groups(kvs_l2_adapter *a, int load, const kvs_objec
  * N"), else 0. */
 int kvs_l2_load_wrong_size(const kvs_memobj *obj, uint64_t stored, uint64_t *need);
 
-/* The completion plumbing (l2/task_queue.h) of a memory (resp. fs) adapter,
- * or NULL if `a` is an adapter of another type: the serde wrapper hooks its
- * store and load completions to chain its phases (util/completion_hook.h).
- * An adapter without one (redis, a third party's) keeps its event fds, and
- * the wrapper polls them. */
-struct kvs_l2_task_queue *kvs_memory_adapter_task_queue(kvs_l2_adapter *a);
-struct kvs_l2_task_queue *kvs_fs_adapter_task_queue(kvs_l2_adapter *a);
-
 #endif /* KVS_L2_BUILTINS_H */

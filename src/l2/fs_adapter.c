@@ -1186,8 +1186,3 @@ int kvs_fs_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **
     if (rc) return rc;
     return kvs_fs_adapter_create(&o, out);
 }
-
-struct kvs_l2_task_queue *kvs_fs_adapter_task_queue(kvs_l2_adapter *a)
-{
-    return a && a->ops == &fs_ops ? &fs_of(a)->q : NULL;
-}

@@ -705,8 +705,3 @@ int kvs_memory_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapte
     if (rc) return rc;
     return kvs_memory_adapter_create(&o, out);
 }
-
-struct kvs_l2_task_queue *kvs_memory_adapter_task_queue(kvs_l2_adapter *a)
-{
-    return a && a->ops == &memory_ops ? &mem_of(a)->q : NULL;
-}

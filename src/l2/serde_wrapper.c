@@ -44,12 +44,13 @@
  * next phase itself (the processor's worker submits the inner store, the
  * inner adapter's worker submits the deserialize, the last phase's thread
  * completes the task), through completion hooks (util/completion_hook.h)
- * on the async processors and on the memory and fs adapters. A store or a
+ * on the async processors and on the built-in adapters' task queues
+ * (l2/adapter_base.h: fs, memory, redis). A store or a
  * load then costs three thread wake-ups (caller -> first phase's worker ->
  * second phase's worker -> caller) where handing each phase back to a poll
  * thread cost five (docs/performance.md, "Small objects through the
  * wrapper"). A processor or an inner adapter that cannot call a hook (a
- * third party's, redis) signals its fd as before, and the wrapper's poll
+ * third party's) signals its fd as before, and the wrapper's poll
  * thread moves those phases on. Within a phase tasks move on in submission
  * order (l2.h: oldest first): the phase lists are FIFO.
  *
@@ -92,6 +93,7 @@
 #include "kvserde/memobj.h"
 #include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
+#include "l2/adapter_base.h"
 #include "l2/builtins.h"
 #include "l2/task_queue.h"
 #include "serde/processor_hooks.h"
@@ -725,8 +727,7 @@ static void install_hooks(struct wrapper *w)
     int proc_hooked = w->mproc ? kvs_async_multi_processor_set_hooks(w->mproc, ser, de)
                                : kvs_async_processor_set_hooks(w->proc, ser, de);
     w->hooked[PH_SERIALIZE] = w->hooked[PH_DESER] = proc_hooked;
-    kvs_l2_task_queue *q = kvs_memory_adapter_task_queue(w->inner);
-    if (q == NULL) q = kvs_fs_adapter_task_queue(w->inner);
+    kvs_l2_task_queue *q = kvs_l2_base_task_queue(w->inner);
     if (q) {
         kvs_l2_tq_set_hook(q, KVS_L2_STORE, (kvs_completion_hook){inner_store_done, w});
         kvs_l2_tq_set_hook(q, KVS_L2_LOAD, (kvs_completion_hook){inner_load_done, w});
