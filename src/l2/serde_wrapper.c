@@ -45,14 +45,14 @@
  * inner adapter's worker submits the deserialize, the last phase's thread
  * completes the task), through completion hooks (util/completion_hook.h)
  * on the async processors and on the built-in adapters' task queues
- * (l2/adapter_base.h: fs, memory, redis). A store or a
- * load then costs three thread wake-ups (caller -> first phase's worker ->
- * second phase's worker -> caller) where handing each phase back to a poll
- * thread cost five (docs/performance.md, "Small objects through the
- * wrapper"). A processor or an inner adapter that cannot call a hook (a
- * third party's) signals its fd as before, and the wrapper's poll
- * thread moves those phases on. Within a phase tasks move on in submission
- * order (l2.h: oldest first): the phase lists are FIFO.
+ * (l2/adapter_base.h: fs, memory, redis). A store or a load then costs
+ * three thread wake-ups (caller -> first phase's worker -> second phase's
+ * worker -> caller) where handing each phase back to a poll thread cost
+ * five (docs/performance.md, "Small objects through the serde wrapper").
+ * A processor or an inner adapter that cannot call a hook (a third
+ * party's) signals its fd as before, and the wrapper's poll thread moves
+ * those phases on. Within a phase tasks move on in submission order (l2.h:
+ * oldest first): the phase lists are FIFO.
  *
  * Locking: one mutex (mu) guards the task lists, the pool and the in-flight
  * count. Submits to the processor and the inner adapter are made while
@@ -638,7 +638,8 @@ static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
 
 /* Every finished task of the phase, oldest first. A task may move on into
  * the same phase (a deserialize batch submitted again after a damaged
- * blob): it goes to the tail and is looked at again in this walk. */
+ * blob): it goes to the tail, where this walk may look at it again
+ * (harmless: its new batch is either pending or finished). */
 static void drain_locked(struct wrapper *w, enum phase ph, struct temp **to_free)
 {
     if (ph == PH_STORE) {
