@@ -353,6 +353,17 @@ typedef struct kvs_serde_wrapper_options {
  *     failed: fp8: stored object is 98304 bytes, destination layout needs
  *     131072" (the processor's object index counts only the keys found). A
  *     partial inner load keeps its bitmap.
+ *   - Phases and order: a store is serialize, then the inner store; a load
+ *     the inner load, then deserialize. Each phase is submitted by the
+ *     thread that finished the one before it (the processor's worker
+ *     submits the inner store, the inner adapter's worker the deserialize:
+ *     the async processors and the built-in adapters, fs, memory and
+ *     redis, call the wrapper back directly); the wrapper's own poll thread
+ *     moves on the phases of a processor or adapter that only signals its
+ *     event fds (a third party's). Within a phase tasks move on in
+ *     submission order: of tasks whose phase finishes at the same moment,
+ *     the oldest moves on first, so stores that finish together are popped
+ *     oldest first.
  *   - close: new submits are refused, every task in flight runs through all
  *     its phases and signals, then the poll thread stops, the processor and
  *     inner adapter are closed and every temp is freed.

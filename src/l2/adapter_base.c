@@ -45,6 +45,12 @@ int kvs_l2_base_refuse_closed(const kvs_l2_adapter_base *b)
     return kvs_set_error(KVS_ECLOSED, "%s: adapter is closed", b->q.owner);
 }
 
+kvs_l2_task_queue *kvs_l2_base_task_queue(kvs_l2_adapter *a)
+{
+    if (a == NULL || a->ops == NULL || a->ops->close != kvs_l2_base_close) return NULL;
+    return &base_of(a)->q;
+}
+
 int kvs_l2_base_store_fd(kvs_l2_adapter *a)
 {
     return kvs_l2_tq_fd(&base_of(a)->q, KVS_L2_STORE);

@@ -61,6 +61,13 @@ int kvs_l2_base_start(kvs_l2_adapter_base *b, unsigned workers, const char *thre
  * the queue's unread results and the locks. b itself is the caller's. */
 void kvs_l2_base_destroy(kvs_l2_adapter_base *b);
 
+/* The task queue of an adapter built on this skeleton (its ops table has
+ * the base's completion ops: fs, memory, redis), or NULL for any other
+ * adapter. The serde wrapper hooks its store and load completions
+ * (kvs_l2_tq_set_hook, util/completion_hook.h) to chain its phases; an
+ * adapter without one keeps its event fds, and the wrapper polls them. */
+kvs_l2_task_queue *kvs_l2_base_task_queue(kvs_l2_adapter *a);
+
 /* KVS_ECLOSED "<owner>: adapter is closed": a synchronous call after close. */
 int kvs_l2_base_refuse_closed(const kvs_l2_adapter_base *b);
 
