@@ -47,18 +47,27 @@ void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
         out->f[0] = KVS_RANS_TOTAL;
         return;
     }
-    int sum = 0, most = 0;
+    /* Largest remainders: each counted symbol gets floor(c M / total) (at
+     * least 1), and what is left goes one each to the symbols with the
+     * largest fractions (fewer than the symbols are left). */
+    uint8_t sym[256];
+    uint64_t rem[256];
+    int nz = 0, sum = 0;
     for (int s = 0; s < 256; s++) {
         if (count[s] == 0) continue;
-        uint64_t f = (uint64_t)count[s] * KVS_RANS_TOTAL / total;
-        out->f[s] = (uint16_t)(f ? f : 1);
+        uint64_t q = (uint64_t)count[s] * KVS_RANS_TOTAL;
+        out->f[s] = (uint16_t)(q / total ? q / total : 1);
+        rem[nz] = q / total ? q % total : 0;
+        sym[nz++] = (uint8_t)s;
         sum += out->f[s];
-        if (count[s] > count[most]) most = s;
     }
     int d = (int)KVS_RANS_TOTAL - sum;
-    if (d >= 0) {
-        out->f[most] = (uint16_t)(out->f[most] + d);
-        return;
+    for (; d > 0; d--) {
+        int best = 0;
+        for (int j = 1; j < nz; j++)
+            if (rem[j] > rem[best]) best = j;
+        out->f[sym[best]]++;
+        rem[best] = 0;
     }
     /* Rounding rare symbols up to 1 overspent: take it back from the largest
      * frequencies, an eighth of one at a time (sum > M >= the symbols, so
@@ -346,7 +355,7 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
 {
     if (len < 4 * KVS_RANS_LANES)
         return kvs_set_error(KVS_ECORRUPT,
-                             "%s: rANS stream of %zu bytes, shorter than its %u states", what,
+                             "%s: rANS stream of %zu bytes, shorter than its %u bytes of states", what,
                              len, 4 * KVS_RANS_LANES);
     uint32_t x[KVS_RANS_LANES];
     for (int l = 0; l < KVS_RANS_LANES; l++) {
