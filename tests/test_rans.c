@@ -1,7 +1,7 @@
 /* test_rans.c - the rANS coder (src/codecs/rans.c): normalisation, the
  * table form (exact bytes, refusals), round trips of every length around
  * the 32-lane groups with one and four contexts and skewed, uniform and
- * one-symbol tables, the scalar and AVX-512 kernels writing the same stream
+ * one-symbol tables, contexts above the last table, the scalar and AVX-512 kernels writing the same stream
  * and reading each other's, the encoder's refusals, and the decoder's
  * refusal of truncated, extended and damaged streams. */
 #include <stdint.h>
@@ -216,6 +216,31 @@ static void test_kernels_agree(void)
     free(back);
 }
 
+/* A context above the last table's codes with the last table. */
+static void test_context_clamp(void)
+{
+    size_t n = 1000;
+    uint8_t *sym = malloc(n), *ctx = malloc(n), *big = malloc(n), *back = malloc(n);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    make_data(SKEWED, 2, n, 3, sym, ctx, t);
+    for (size_t i = 0; i < n; i++) big[i] = ctx[i] ? (uint8_t)(1 + i % 255) : 0;
+    for (int simd = 0; simd < 2; simd++) {
+        kvs_rans_set_simd(simd);
+        uint8_t *a = NULL, *b = NULL;
+        size_t ma = 0, mb = 0;
+        CHECK(rt(t, 2, sym, ctx, n, &a, &ma));
+        CHECK(rt(t, 2, sym, big, n, &b, &mb));
+        CHECK(ma == mb && memcmp(a, b, ma) == 0);
+        free(a);
+        free(b);
+    }
+    kvs_rans_set_simd(1);
+    free(sym);
+    free(ctx);
+    free(big);
+    free(back);
+}
+
 static void test_encoder_refusals(void)
 {
     kvs_rans_freqs t = {{0}};
@@ -296,6 +321,7 @@ int main(void)
     RUN(test_table_form);
     RUN(test_roundtrips);
     RUN(test_kernels_agree);
+    RUN(test_context_clamp);
     RUN(test_encoder_refusals);
     RUN(test_decoder_refusals);
     return TEST_SUMMARY();

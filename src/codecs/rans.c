@@ -26,6 +26,7 @@
 #include "codecs/rans_kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "kvserde/error.h"
@@ -33,9 +34,8 @@
 #define RANS_L (1u << 15)
 #define RANS_HI (1u << 31) /* states lie in [RANS_L, RANS_HI) */
 #define SLOT_MASK (KVS_RANS_TOTAL - 1)
-#define CTX_MASK (KVS_RANS_MAX_CTX - 1)
-
-_Static_assert((KVS_RANS_MAX_CTX & CTX_MASK) == 0, "contexts are taken mod a power of two");
+/* The context of symbol i: ctx[i], at most the last table's (top). */
+#define CTX_AT(ctx, i, top) ((ctx) ? ((ctx)[i] < (top) ? (ctx)[i] : (top)) : 0u)
 _Static_assert(KVS_RANS_SCALE_BITS <= 15, "x_max = (L >> scale) << 16 needs L >= M");
 
 void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
@@ -84,13 +84,25 @@ void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
     }
 }
 
+/* -log2(f / M) for every frequency f: a block's encoder costs a few
+ * hundred table entries, and log2 itself was a tenth of its time. */
+static float code_bits[KVS_RANS_TOTAL + 1];
+static pthread_once_t code_bits_once = PTHREAD_ONCE_INIT;
+
+static void code_bits_init(void)
+{
+    for (unsigned f = 1; f <= KVS_RANS_TOTAL; f++)
+        code_bits[f] = (float)(KVS_RANS_SCALE_BITS - log2((double)f));
+}
+
 double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
 {
+    pthread_once(&code_bits_once, code_bits_init);
     double bits = 0;
     for (int s = 0; s < 256; s++) {
         if (count[s] == 0) continue;
         if (t->f[s] == 0) return 1e9;
-        bits += (double)count[s] * (KVS_RANS_SCALE_BITS - log2((double)t->f[s]));
+        bits += (double)count[s] * code_bits[t->f[s]];
     }
     return bits;
 }
@@ -155,23 +167,13 @@ int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_
     return KVS_OK;
 }
 
-static const kvs_rans_freqs *table_or_unit(const kvs_rans_freqs *t, unsigned nctx, unsigned c,
-                                           kvs_rans_freqs *unit)
-{
-    if (c < nctx) return &t[c];
-    memset(unit, 0, sizeof *unit);
-    unit->f[0] = KVS_RANS_TOTAL;
-    return unit;
-}
-
 void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx)
 {
-    kvs_rans_freqs unit;
-    for (unsigned c = 0; c < KVS_RANS_MAX_CTX; c++) {
-        const kvs_rans_freqs *ft = table_or_unit(t, nctx, c, &unit);
+    e->top = nctx - 1;
+    for (unsigned c = 0; c < nctx; c++) {
         uint32_t start = 0;
         for (unsigned s = 0; s < 256; s++) {
-            uint32_t f = ft->f[s], rcp = 0, shift = 0, bias = 0;
+            uint32_t f = t[c].f[s], rcp = 0, shift = 0, bias = 0;
             if (f == 1) {
                 /* q = x - 1 (the reciprocal of 1 does not fit): the bias
                  * makes bias + x + (x - 1)(M - 1) = x M + start */
@@ -192,12 +194,11 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
 
 void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
 {
-    kvs_rans_freqs unit;
-    for (unsigned c = 0; c < KVS_RANS_MAX_CTX; c++) {
-        const kvs_rans_freqs *ft = table_or_unit(t, nctx, c, &unit);
+    d->top = nctx - 1;
+    for (unsigned c = 0; c < nctx; c++) {
         uint32_t *slot = d->slot + c * KVS_RANS_TOTAL, start = 0;
         for (uint32_t s = 0; s < 256; s++) {
-            uint32_t f = ft->f[s];
+            uint32_t f = t[c].f[s];
             for (uint32_t j = 0; j < f; j++) slot[start + j] = s << 24 | (f - 1) << 12 | j;
             start += f;
         }
@@ -269,7 +270,7 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
     for (size_t g = groups; g-- > 0;) {
         size_t i = g * KVS_RANS_LANES;
         for (int l = KVS_RANS_LANES - 1; l >= 0; l--) {
-            unsigned k = (ctx ? (ctx[i + l] & CTX_MASK) * 256u : 0u) + sym[i + l];
+            unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
             uint32_t info = e->info[k];
             bad |= (info >> 13 & 0x1FFF) == 0;
             x[l] = enc_put(x[l], info, e->rcp[k], &p);
@@ -291,7 +292,7 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
     uint32_t nocode = 0;
     /* The symbols after the last whole group, last first; then the groups. */
     for (size_t i = n; i-- > n - n % KVS_RANS_LANES;) {
-        unsigned k = (ctx ? (ctx[i] & CTX_MASK) * 256u : 0u) + sym[i];
+        unsigned k = CTX_AT(ctx, i, e->top) * 256u + sym[i];
         uint32_t info = e->info[k];
         nocode |= (info >> 13 & 0x1FFF) == 0;
         x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, e->rcp[k], &p);
@@ -305,11 +306,11 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
         kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, &p, &nocode);
     if (nocode) {
         size_t at = 0;
-        while (at < n && e->info[(ctx ? (ctx[at] & CTX_MASK) * 256u : 0u) + sym[at]] >> 13 & 0x1FFF)
+        while (at < n && e->info[CTX_AT(ctx, at, e->top) * 256u + sym[at]] >> 13 & 0x1FFF)
             at++;
         return kvs_set_error(KVS_EINVAL,
                              "rans: symbol %u at %zu has frequency 0 in the table of context %u",
-                             at < n ? sym[at] : 0, at, at < n && ctx ? ctx[at] & CTX_MASK : 0);
+                             at < n ? sym[at] : 0, at, at < n ? CTX_AT(ctx, at, e->top) : 0);
     }
     size_t words = (size_t)(out + cap - p);
     memmove(out + 4 * KVS_RANS_LANES, p, words);
@@ -341,7 +342,7 @@ size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, con
     size_t i = 0;
     for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES)
         for (int l = 0; l < KVS_RANS_LANES; l++) {
-            const uint32_t *tab = d->slot + (ctx ? (ctx[i + l] & CTX_MASK) * KVS_RANS_TOTAL : 0);
+            const uint32_t *tab = d->slot + CTX_AT(ctx, i + l, d->top) * KVS_RANS_TOTAL;
             uint32_t in;
             x[l] = dec_step(tab, x[l], p, &sym[i + l], &in);
             p += 2 * in;
@@ -378,7 +379,7 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
     /* The rest one by one, each word checked. */
     static const uint8_t none[2] = {0, 0};
     for (; i < n; i++) {
-        const uint32_t *tab = d->slot + (ctx ? (ctx[i] & CTX_MASK) * KVS_RANS_TOTAL : 0);
+        const uint32_t *tab = d->slot + CTX_AT(ctx, i, d->top) * KVS_RANS_TOTAL;
         uint32_t used;
         const uint8_t *w = end - p >= 2 ? p : none;
         x[i % KVS_RANS_LANES] = dec_step(tab, x[i % KVS_RANS_LANES], w, &sym[i], &used);

@@ -51,6 +51,7 @@ typedef struct kvs_rans_freqs {
 typedef struct kvs_rans_enc_tables {
     uint32_t rcp[KVS_RANS_MAX_CTX * 256];
     uint32_t info[KVS_RANS_MAX_CTX * 256];
+    uint32_t top; /* the last context with a table: nctx - 1 */
 } kvs_rans_enc_tables;
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
@@ -59,6 +60,7 @@ typedef struct kvs_rans_enc_tables {
  * contexts. */
 typedef struct kvs_rans_dec_tables {
     uint32_t slot[KVS_RANS_MAX_CTX * KVS_RANS_TOTAL];
+    uint32_t top; /* the last context with a table: nctx - 1 */
 } kvs_rans_dec_tables;
 
 /* Normalise counts (any, not all zero) to a distribution that gives every
@@ -80,8 +82,8 @@ size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out);
 int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_freqs *t,
                         size_t *used);
 
-/* Build the coding tables of nctx (1 to KVS_RANS_MAX_CTX) distributions;
- * contexts from nctx up get a one-symbol table (symbol 0). */
+/* Build the coding tables of nctx (1 to KVS_RANS_MAX_CTX) distributions
+ * (only those: a block with fewer contexts fills less). */
 void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx);
 void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 
@@ -92,7 +94,7 @@ static inline size_t kvs_rans_bound(size_t n)
 }
 
 /* Code sym[0..n), symbol i with the table of context ctx[i] (ctx NULL: all
- * context 0; values are taken mod KVS_RANS_MAX_CTX), into out[0..cap),
+ * context 0; a value above nctx - 1 counts as nctx - 1), into out[0..cap),
  * cap >= kvs_rans_bound(n); *outn = the stream's bytes. KVS_EINVAL if a
  * symbol has frequency 0 in its table, KVS_ENOSPC if cap is short. */
 int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,

@@ -10,10 +10,11 @@
 
 #define RANS_L (1u << 15)
 
-static inline __m512i ctx_of(const uint8_t *ctx16, int shift)
+/* Sixteen contexts, at most top, shifted to their tables' offsets. */
+static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
 {
     __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ctx16));
-    return _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(KVS_RANS_MAX_CTX - 1)), shift);
+    return _mm512_slli_epi32(_mm512_min_epu32(c, _mm512_set1_epi32((int)top)), shift);
 }
 
 /* Sixteen symbols out of the states X; 32 bytes at *pp are readable. */
@@ -22,7 +23,7 @@ static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const ui
 {
     const __m512i m12 = _mm512_set1_epi32(0xFFF);
     __m512i idx = _mm512_and_si512(X, m12);
-    if (ctx16) idx = _mm512_or_si512(idx, ctx_of(ctx16, KVS_RANS_SCALE_BITS));
+    if (ctx16) idx = _mm512_or_si512(idx, ctx_of(ctx16, d->top, KVS_RANS_SCALE_BITS));
     __m512i e = _mm512_i32gather_epi32(idx, (const void *)d->slot, 4);
     __m512i f = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), m12),
                                  _mm512_set1_epi32(1));
@@ -59,7 +60,7 @@ static inline __m512i enc_half(const kvs_rans_enc_tables *e, __m512i X, const ui
                                const uint8_t *ctx16, uint8_t **pp, __mmask16 *bad)
 {
     __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sym16));
-    if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, 8));
+    if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, e->top, 8));
     __m512i info = _mm512_i32gather_epi32(k, (const void *)e->info, 4);
     __m512i rcp = _mm512_i32gather_epi32(k, (const void *)e->rcp, 4);
     __m512i f = _mm512_and_si512(_mm512_srli_epi32(info, 13), _mm512_set1_epi32(0x1FFF));

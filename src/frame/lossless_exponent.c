@@ -3,11 +3,13 @@
  *
  * Record of a block of k elements (docs/frame_format.md):
  *   u8 0, then the 2k bytes raw; or
- *   u8 1 | u8 groups G (1-4) | when G > 1, the group of each channel, 2
- *   bits each, channel c in bits 2(c mod 4) of byte c / 4 (ceil(period / 4)
- *   bytes, unused bits 0) | G frequency tables (rans.h) | the k sign and
- *   mantissa bytes (bit 7 the sign, bits 0-6 the mantissa) | the rANS
- *   stream of the k exponents, to the end of the record.
+ *   u8 1 | the k sign and mantissa bytes (bit 7 the sign, bits 0-6 the
+ *   mantissa) | u8 groups G (1-4) | when G > 1, the group of each channel,
+ *   2 bits each, channel c in bits 2(c mod 4) of byte c / 4 (ceil(period /
+ *   4) bytes, unused bits 0) | G frequency tables (rans.h) | the rANS stream
+ *   of the k exponents, to the end of the record.
+ * The sign and mantissa bytes come first so that the encoder writes them in
+ * place while it splits the elements.
  *
  * Why channel groups and nothing richer: on the real KV cache
  * (docs/performance.md) the exponent costs 2.62 bits per element order-0
@@ -38,7 +40,8 @@ struct kvs_llx_scratch {
     uint8_t *stream;
     uint32_t sum[KVS_LLX_MAX_PERIOD];
     uint16_t sum16[KVS_LLX_MAX_PERIOD];
-    uint64_t key[KVS_LLX_MAX_PERIOD];
+    uint16_t mean[KVS_LLX_MAX_PERIOD];     /* x 256 */
+    uint16_t order[2][KVS_LLX_MAX_PERIOD]; /* channels by mean */
     uint8_t group[KVS_LLX_MAX_PERIOD];
     kvs_rans_enc_tables enc;
     kvs_rans_dec_tables dec;
@@ -152,12 +155,6 @@ static void fill_ctx(const uint8_t *group, uint32_t period, uint32_t phase, size
     if (i < k) memcpy(ctx + i, group, k - i);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Rank the block's channels by mean exponent into w->group (4 groups). */
 static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_t phase)
 {
@@ -193,12 +190,25 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         /* channel c holds elements i = (c - phase) mod period + j period */
         size_t i0 = (c + period - phase) % period;
         uint64_t n = i0 < k ? (k - 1 - i0) / period + 1 : 0;
-        uint64_t mean = n ? ((uint64_t)w->sum[c] << 16) / n : 0; /* < 2^24 */
-        w->key[c] = mean << 16 | c;
+        w->mean[c] = (uint16_t)(n ? ((uint64_t)w->sum[c] << 8) / n : 0); /* < 2^16 */
+        w->order[0][c] = (uint16_t)c;
     }
-    qsort(w->key, period, sizeof w->key[0], cmp_u64);
+    /* A stable radix sort by mean, low byte then high byte: ties stay in
+     * channel order, so the ranking is the same on every machine. */
+    for (int pass = 0; pass < 2; pass++) {
+        const uint16_t *from = w->order[pass];
+        uint16_t *to = w->order[pass ^ 1];
+        uint32_t at[256] = {0};
+        for (uint32_t r = 0; r < period; r++) at[w->mean[from[r]] >> (8 * pass) & 0xFF]++;
+        for (uint32_t b = 0, sum_b = 0; b < 256; b++) {
+            uint32_t c = at[b];
+            at[b] = sum_b;
+            sum_b += c;
+        }
+        for (uint32_t r = 0; r < period; r++) to[at[w->mean[from[r]] >> (8 * pass) & 0xFF]++] = from[r];
+    }
     for (uint32_t r = 0; r < period; r++)
-        w->group[w->key[r] & 0xFFFF] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
+        w->group[w->order[0][r]] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
 }
 
 void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
@@ -206,10 +216,7 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
 {
     uint32_t phase = (uint32_t)(first % period);
     size_t map_bytes = (period + 3) / 4;
-    /* The sign and mantissa bytes go to the end of the raw record's room
-     * until the record's head (map, tables) is known. */
-    uint8_t *sm = rec + 1 + 2 * k - k;
-    split_fields(src, k, w->exp, sm);
+    split_fields(src, k, w->exp, rec + 1);
 
     /* Four histograms per group, summed after: exponents cluster on a few
      * values, and one counter per value would chain its increments. */
@@ -218,16 +225,25 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     int use_map = period > 1;
     const uint8_t *exp = w->exp, *ctx = w->ctx;
     size_t i = 0;
+    uint32_t *h0 = h4[0][0], *h1 = h4[1][0], *h2 = h4[2][0], *h3 = h4[3][0];
     if (use_map) {
         rank_channels(w, k, period, phase);
         fill_ctx(w->group, period, phase, k, w->ctx);
-        for (; i + 4 <= k; i += 4)
-            for (int r = 0; r < 4; r++) h4[r][ctx[i + r]][exp[i + r]]++;
-        for (; i < k; i++) h4[0][ctx[i]][exp[i]]++;
+        for (; i + 4 <= k; i += 4) {
+            h0[(unsigned)ctx[i] << 8 | exp[i]]++;
+            h1[(unsigned)ctx[i + 1] << 8 | exp[i + 1]]++;
+            h2[(unsigned)ctx[i + 2] << 8 | exp[i + 2]]++;
+            h3[(unsigned)ctx[i + 3] << 8 | exp[i + 3]]++;
+        }
+        for (; i < k; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
     } else {
-        for (; i + 4 <= k; i += 4)
-            for (int r = 0; r < 4; r++) h4[r][0][exp[i + r]]++;
-        for (; i < k; i++) h4[0][0][exp[i]]++;
+        for (; i + 4 <= k; i += 4) {
+            h0[exp[i]]++;
+            h1[exp[i + 1]]++;
+            h2[exp[i + 2]]++;
+            h3[exp[i + 3]]++;
+        }
+        for (; i < k; i++) h0[exp[i]]++;
     }
     for (int g = 0; g < LLX_GROUPS; g++)
         for (int s = 0; s < 256; s++) h[g][s] = h4[0][g][s] + h4[1][g][s] + h4[2][g][s] + h4[3][g][s];
@@ -253,8 +269,8 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     }
     unsigned ng = 1u << choice, per = LLX_GROUPS / ng;
     size_t raw = 1 + 2 * k;
-    size_t head = 2 + (ng > 1 ? map_bytes : 0);
-    if ((double)head * 8 + best + 8.0 * (double)k >= 8.0 * (double)raw) goto store_raw;
+    /* kind, G and the states besides the estimate (map and tables in it) */
+    if (8.0 * (2 + 4 * KVS_RANS_LANES + (double)k) + best >= 8.0 * (double)raw) goto store_raw;
 
     /* The tables per fine group (the map's 4 groups fold into ng). */
     kvs_rans_freqs fine[LLX_GROUPS];
@@ -266,22 +282,20 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         goto store_raw; /* cannot happen: every counted symbol has a code */
     size_t tables = 0;
     for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&t[choice][j], form);
-    size_t total = head + tables + k + m;
+    size_t head = 1 + k + 1 + (ng > 1 ? map_bytes : 0);
+    size_t total = head + tables + m;
     if (total >= raw) goto store_raw;
-    /* Move the sign and mantissa bytes into place, then the head. */
-    uint8_t *at = rec + head + tables;
-    memmove(at, sm, k);
     rec[0] = LLX_CODED;
-    rec[1] = (uint8_t)ng;
+    rec[1 + k] = (uint8_t)ng;
     if (ng > 1) {
-        uint8_t *map = rec + 2;
+        uint8_t *map = rec + 2 + k;
         memset(map, 0, map_bytes);
         for (uint32_t c = 0; c < period; c++)
             map[c / 4] |= (uint8_t)((w->group[c] / per) << (2 * (c % 4)));
     }
     uint8_t *tp = rec + head;
     for (unsigned j = 0; j < ng; j++) tp += kvs_rans_freqs_write(&t[choice][j], tp);
-    memcpy(at + k, w->stream, m);
+    memcpy(tp, w->stream, m);
     *used = total;
     return;
 store_raw:
@@ -307,11 +321,17 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
     if (rec[0] != LLX_CODED)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record kind %u (0 raw, 1 rANS)",
                              b, rec[0]);
-    if (len < 2 || rec[1] < 1 || rec[1] > LLX_GROUPS)
+    if (len - 1 < k + 1)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: %zu sign and mantissa bytes and the group "
+                             "count, %zu bytes left",
+                             b, k, len - 1);
+    const uint8_t *sm = rec + 1;
+    size_t at = 1 + k;
+    unsigned ng = rec[at++];
+    if (ng < 1 || ng > LLX_GROUPS)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %u channel groups (1 to %u)", b,
-                             len < 2 ? 0u : rec[1], LLX_GROUPS);
-    unsigned ng = rec[1];
-    size_t at = 2;
+                             ng, LLX_GROUPS);
     if (ng > 1) {
         size_t map_bytes = (period + 3) / 4;
         if (len - at < map_bytes)
@@ -341,12 +361,6 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
         if (rc) return rc;
         at += u;
     }
-    if (len - at < k)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: block %llu: %zu sign and mantissa bytes, %zu left", b, k,
-                             len - at);
-    const uint8_t *sm = rec + at;
-    at += k;
     if (ng > 1) fill_ctx(w->group, period, (uint32_t)(first % period), k, w->ctx);
     kvs_rans_dec_init(&w->dec, t, ng);
     int rc = kvs_rans_decode(&w->dec, rec + at, len - at, ng > 1 ? w->ctx : NULL, w->exp, k, what);
