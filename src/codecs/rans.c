@@ -20,15 +20,16 @@
  * produce and accept the same stream, bit for bit (tests/test_rans.c). */
 #include "codecs/rans.h"
 
-#include <stdatomic.h>
-#include <stdlib.h>
-
-#include "codecs/rans_kernels.h"
-
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
+#include "codecs/rans_kernels.h"
 #include "kvserde/error.h"
 
 #define RANS_L (1u << 15)
@@ -198,8 +199,16 @@ void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned
     for (unsigned c = 0; c < nctx; c++) {
         uint32_t *slot = d->slot + c * KVS_RANS_TOTAL, start = 0;
         for (uint32_t s = 0; s < 256; s++) {
-            uint32_t f = t[c].f[s];
-            for (uint32_t j = 0; j < f; j++) slot[start + j] = s << 24 | (f - 1) << 12 | j;
+            uint32_t f = t[c].f[s], base = s << 24 | (f - 1) << 12, j = 0;
+#ifdef __SSE2__
+            /* four slots a store: filling the table was a third of decoding */
+            __m128i v = _mm_add_epi32(_mm_set1_epi32((int)base), _mm_setr_epi32(0, 1, 2, 3));
+            for (; j + 4 <= f; j += 4) {
+                _mm_storeu_si128((__m128i *)(slot + start + j), v);
+                v = _mm_add_epi32(v, _mm_set1_epi32(4));
+            }
+#endif
+            for (; j < f; j++) slot[start + j] = base | j;
             start += f;
         }
     }
