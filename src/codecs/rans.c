@@ -233,6 +233,7 @@ static int simd_available(void)
 #endif
 }
 
+#if KVS_HAVE_X86
 static int use_simd(void)
 {
     int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
@@ -244,6 +245,7 @@ static int use_simd(void)
     }
     return s;
 }
+#endif
 
 int kvs_rans_set_simd(int on)
 {
