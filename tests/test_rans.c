@@ -40,8 +40,8 @@ static void test_normalize(void)
     CHECK_EQ_INT(freq_sum(&t), KVS_RANS_TOTAL);
     c[7] = 3, c[8] = 1;
     kvs_rans_normalize(c, &t);
-    CHECK_EQ_INT(t.f[7], 3072);
-    CHECK_EQ_INT(t.f[8], 1024);
+    CHECK_EQ_INT(t.f[7], KVS_RANS_TOTAL / 4 * 3);
+    CHECK_EQ_INT(t.f[8], KVS_RANS_TOTAL / 4);
     /* 128 rare and 128 common symbols: rounding the rare ones up to 1
      * overspends more than any one frequency can give back */
     for (int s = 0; s < 256; s++) c[s] = s < 128 ? 1 : 100000;
@@ -53,7 +53,7 @@ static void test_normalize(void)
     /* every symbol once */
     for (int s = 0; s < 256; s++) c[s] = 1;
     kvs_rans_normalize(c, &t);
-    for (int s = 0; s < 256; s++) ok &= t.f[s] == 16;
+    for (int s = 0; s < 256; s++) ok &= t.f[s] == KVS_RANS_TOTAL / 256;
     CHECK(ok);
     /* the cost: 1 bit for each of two even symbols, infinite-ish without a code */
     memset(c, 0, sizeof c);
@@ -67,22 +67,22 @@ static void test_normalize(void)
 static void test_table_form(void)
 {
     kvs_rans_freqs t = {{0}}, back;
-    t.f[3] = 4000, t.f[4] = 0, t.f[5] = 96;
+    t.f[3] = 1000, t.f[4] = 0, t.f[5] = 24;
     uint8_t form[KVS_RANS_FREQS_MAX];
     size_t n = kvs_rans_freqs_write(&t, form);
-    static const uint8_t want[] = {3, 5, 0x8F, 0xA0, 0, 96};
+    static const uint8_t want[] = {3, 5, 0x83, 0xE8, 0, 24};
     CHECK_EQ_INT((int)n, (int)sizeof want);
     CHECK(memcmp(form, want, sizeof want) == 0);
     size_t used = 0;
     CHECK_OK(kvs_rans_freqs_read(form, n + 3, "t", &back, &used));
     CHECK_EQ_INT((int)used, (int)n);
     CHECK(memcmp(&t, &back, sizeof t) == 0);
-    /* the largest form: every symbol at 16 takes one byte; one at 4096 two */
+    /* one symbol with all 1024 slots: two bytes */
     kvs_rans_freqs u = {{0}};
     u.f[255] = KVS_RANS_TOTAL;
     n = kvs_rans_freqs_write(&u, form);
     CHECK_EQ_INT((int)n, 4);
-    CHECK(form[0] == 255 && form[1] == 255 && form[2] == 0x90 && form[3] == 0);
+    CHECK(form[0] == 255 && form[1] == 255 && form[2] == 0x84 && form[3] == 0);
     CHECK_OK(kvs_rans_freqs_read(form, n, "t", &back, &used));
     CHECK(memcmp(&u, &back, sizeof u) == 0);
 
@@ -95,12 +95,12 @@ static void test_table_form(void)
     static const uint8_t swapped[] = {5, 3, 1};
     CHECK_ERR(kvs_rans_freqs_read(swapped, 3, "t", &back, &used), KVS_ECORRUPT,
               "t: frequency table from symbol 5 to 3");
-    static const uint8_t short_sum[] = {3, 5, 0x8F, 0xA0, 0, 95};
+    static const uint8_t short_sum[] = {3, 5, 0x83, 0xE8, 0, 23};
     CHECK_ERR(kvs_rans_freqs_read(short_sum, 6, "t", &back, &used), KVS_ECORRUPT,
-              "t: frequencies sum to 4095, expected 4096");
-    static const uint8_t too_big[] = {0, 0, 0x90, 0x01};
+              "t: frequencies sum to 1023, expected 1024");
+    static const uint8_t too_big[] = {0, 0, 0x84, 0x01};
     CHECK_ERR(kvs_rans_freqs_read(too_big, 4, "t", &back, &used), KVS_ECORRUPT,
-              "t: symbol 0 has frequency 4097, above the total 4096");
+              "t: symbol 0 has frequency 1025, above the total 1024");
 }
 
 enum dist { SKEWED, UNIFORM, ONE_SYMBOL, RARE };

@@ -2,7 +2,7 @@
  *
  * The coder is ryg's rans_byte (public domain, 2014) with 16-bit words: a
  * state x lives in [L, 2^16 L) with L = 2^15. Coding symbol s of frequency f
- * and first slot c (in M = 2^12 slots) maps x to (x / f) M + x mod f + c
+ * and first slot c (in M = 2^10 slots) maps x to (x / f) M + x mod f + c
  * after the encoder has shifted out 16 bits whenever x >= (L / M) 2^16 f;
  * the decoder inverts it (s from the slot x mod M, then
  * x = f (x / M) + x mod M - c) and shifts in 16 bits whenever x < L. One
@@ -263,7 +263,7 @@ static inline uint32_t enc_put(uint32_t x, uint32_t info, uint32_t rcp, uint8_t 
 {
     uint32_t f = info >> 13 & 0x1FFF;
     uint8_t *p = *pp;
-    uint32_t out = x >= f << 19; /* x_max = ((L >> scale) << 16) f */
+    uint32_t out = x >= f << KVS_RANS_XMAX_SHIFT; /* x_max = ((L >> scale) << 16) f */
     p[-2] = (uint8_t)x;
     p[-1] = (uint8_t)(x >> 8);
     *pp = p - 2 * out;

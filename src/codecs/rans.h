@@ -25,7 +25,7 @@
  *
  * Table form (kvs_rans_freqs_write): u8 first symbol lo, u8 last symbol hi
  * (lo <= hi), then the frequency of each symbol lo..hi: one byte 0-127, or
- * two bytes 0x80 | f >> 8, f & 0xFF for 128-4096; the frequencies sum to
+ * two bytes 0x80 | f >> 8, f & 0xFF for 128-1024; the frequencies sum to
  * KVS_RANS_TOTAL. At most 2 + 2 x 256 bytes. */
 #ifndef KVSERDE_CODECS_RANS_H
 #define KVSERDE_CODECS_RANS_H
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVS_RANS_SCALE_BITS 12
+#define KVS_RANS_SCALE_BITS 10 /* 1024 slots: 0.003 bits per exponent over 4096 */
 #define KVS_RANS_TOTAL (1u << KVS_RANS_SCALE_BITS)
 #define KVS_RANS_LANES 32
 #define KVS_RANS_MAX_CTX 4
@@ -56,8 +56,8 @@ typedef struct kvs_rans_enc_tables {
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
  * slot's symbol (bits 24-31), its frequency - 1 (bits 12-23) and the slot's
- * offset from the symbol's first slot (bits 0-11). 64 KiB for four
- * contexts. */
+ * offset from the symbol's first slot (bits 0-11). 16 KiB for four
+ * contexts: they stay in L1, and a block fills 4 KiB per context. */
 typedef struct kvs_rans_dec_tables {
     uint32_t slot[KVS_RANS_MAX_CTX * KVS_RANS_TOTAL];
     uint32_t top; /* the last context with a table: nctx - 1 */

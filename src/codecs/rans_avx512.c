@@ -22,7 +22,7 @@ static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const ui
                                uint8_t *sym16, const uint8_t **pp)
 {
     const __m512i m12 = _mm512_set1_epi32(0xFFF);
-    __m512i idx = _mm512_and_si512(X, m12);
+    __m512i idx = _mm512_and_si512(X, _mm512_set1_epi32(KVS_RANS_TOTAL - 1));
     if (ctx16) idx = _mm512_or_si512(idx, ctx_of(ctx16, d->top, KVS_RANS_SCALE_BITS));
     __m512i e = _mm512_i32gather_epi32(idx, (const void *)d->slot, 4);
     __m512i f = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), m12),
@@ -65,7 +65,7 @@ static inline __m512i enc_half(const kvs_rans_enc_tables *e, __m512i X, const ui
     __m512i rcp = _mm512_i32gather_epi32(k, (const void *)e->rcp, 4);
     __m512i f = _mm512_and_si512(_mm512_srli_epi32(info, 13), _mm512_set1_epi32(0x1FFF));
     *bad |= _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512());
-    __mmask16 out = _mm512_cmpge_epu32_mask(X, _mm512_slli_epi32(f, 19));
+    __mmask16 out = _mm512_cmpge_epu32_mask(X, _mm512_slli_epi32(f, KVS_RANS_XMAX_SHIFT));
     unsigned cnt = (unsigned)__builtin_popcount(out);
     __m256i w = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(out, X));
     uint8_t *p = *pp - 2 * cnt;

@@ -13,6 +13,10 @@
 
 #include "codecs/rans.h"
 
+/* The encoder shifts a word out of state x before coding a symbol of
+ * frequency f when x >= ((L >> scale) << 16) f = f << KVS_RANS_XMAX_SHIFT. */
+#define KVS_RANS_XMAX_SHIFT (31 - KVS_RANS_SCALE_BITS)
+
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode);
