@@ -29,7 +29,8 @@ enum kvs_stage_id {
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
     KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
     KVS_STAGE_AES_GCM = 66, /* transform: AES-256-GCM, 16-byte tag appended */
-    KVS_STAGE_LOSSLESS = 80 /* transform: exact compression by byte planes (zstd) */
+    KVS_STAGE_LOSSLESS = 80 /* transform: exact compression (byte planes by zstd, or the
+                               bfloat16 exponent by rANS) */
 };
 
 /* What a stage does to the bytes, which fixes where it may stand. */
