@@ -55,10 +55,16 @@ static void register_builtins(void)
                       .factory.multi = kvs_kv_split_factory};
     entry pipeline = {.name = "pipeline", .kind = KVS_SERDE_SINGLE,
                       .factory.single = kvs_pipeline_factory};
+    entry q8_0 = {.name = "ggml_q8_0", .kind = KVS_SERDE_SINGLE,
+                  .factory.single = kvs_ggml_q8_0_factory};
+    entry q4_0 = {.name = "ggml_q4_0", .kind = KVS_SERDE_SINGLE,
+                  .factory.single = kvs_ggml_q4_0_factory};
     pthread_mutex_lock(&table_lock);
     register_locked(&fp8);
     register_locked(&kv_split);
     register_locked(&pipeline);
+    register_locked(&q8_0);
+    register_locked(&q4_0);
     pthread_mutex_unlock(&table_lock);
 }
 
