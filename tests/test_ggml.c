@@ -157,22 +157,30 @@ static void check_blocks(kvs_ggml_type t, float *x, size_t nblocks, kvs_dtype dt
     free(got);
 }
 
-/* One block through a variant, float32 in, bytes compared with `want`. */
+/* One block through each variant, float32 in, bytes compared with `want`:
+ * alone, and as 20 copies (so the SIMD paths for 16 blocks at once run). */
 static void check_exact(kvs_ggml_type t, const float *x, const uint8_t *want, const char *what)
 {
-    uint8_t got[34];
+    enum { COPIES = 20 };
+    float xs[32 * COPIES];
+    uint8_t got[34 * COPIES];
+    for (int c = 0; c < COPIES; c++) memcpy(xs + 32 * c, x, sizeof(float) * 32);
     for (size_t i = 0; i < 3; i++) {
         if (!kvs_fp8_isa_available(isas[i])) continue;
         REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
-        CHECK_OK(kvs_ggml_encode(x, KVS_DTYPE_FLOAT32, got, t, 32));
-        if (memcmp(got, want, bb(t)) != 0) {
-            char g[120] = "", w[120] = "";
-            for (size_t k = 0; k < bb(t); k++) {
-                snprintf(g + strlen(g), sizeof g - strlen(g), "%02x", got[k]);
-                snprintf(w + strlen(w), sizeof w - strlen(w), "%02x", want[k]);
+        for (int copies = 1; copies <= COPIES; copies += COPIES - 1) {
+            CHECK_OK(kvs_ggml_encode(xs, KVS_DTYPE_FLOAT32, got, t, 32 * (size_t)copies));
+            for (int c = 0; c < copies; c++) {
+                if (memcmp(got + bb(t) * (size_t)c, want, bb(t)) == 0) continue;
+                char g[120] = "", w[120] = "";
+                for (size_t k = 0; k < bb(t); k++) {
+                    snprintf(g + strlen(g), sizeof g - strlen(g), "%02x", got[bb(t) * c + k]);
+                    snprintf(w + strlen(w), sizeof w - strlen(w), "%02x", want[k]);
+                }
+                KVS_FAIL_("%s %s (%s, copy %d of %d):\n    got  %s\n    want %s",
+                          kvs_ggml_type_name(t), what, isas[i], c, copies, g, w);
+                break;
             }
-            KVS_FAIL_("%s %s (%s):\n    got  %s\n    want %s", kvs_ggml_type_name(t), what,
-                      isas[i], g, w);
         }
     }
     REQUIRE_OK(kvs_fp8_set_isa("auto"));
@@ -193,6 +201,8 @@ static void test_known_blocks(void)
     w[0] = 0x00, w[1] = 0x80;
     memset(w + 2, 0x88, 16);
     check_exact(KVS_GGML_Q4_0, x, w, "zeros");
+    for (int j = 0; j < 32; j++) x[j] = -0.0f;
+    check_exact(KVS_GGML_Q4_0, x, w, "negative zeros");
 
     /* A block of equal values 1.0: q8_0 d = 1/127 -> float16 0x2008, codes
      * 127; q4_0 max 1, d = -0.125 (0xB000), id = -8: 1 * -8 + 8.5 = 0.5 ->
@@ -294,6 +304,33 @@ static void test_random_vs_reference(void)
                 check_blocks((kvs_ggml_type)t, x, NB, wides[w], what);
             }
     }
+    free(x);
+}
+
+/* roundf's ties and near-ties: blocks with amax 127 (d = 1, id = 1, so
+ * x * id is x) holding every float32 within 300 ulps of k and k + 0.5 for
+ * k = 0..127, both signs. */
+static void test_rounding_near_ties(void)
+{
+    enum { PER = 601, NK = 128 * 2 * 2 };
+    size_t n = (size_t)PER * NK, nb = (n + 30) / 31;
+    float *x = malloc(sizeof(float) * 32 * nb);
+    size_t v = 0;
+    for (size_t b = 0; b < nb; b++) {
+        x[32 * b] = 127.0f;
+        for (int j = 1; j < 32; j++) {
+            size_t i = v < n ? v++ : 0;
+            size_t which = i / PER;
+            float c = (float)(which / 4) + ((which & 1) ? 0.5f : 0.0f);
+            if (c > 126.5f) c = 126.5f;
+            int off = (int)(i % PER) - PER / 2;
+            float f = c;
+            for (int s = 0; s < abs(off); s++) f = nextafterf(f, off < 0 ? -INFINITY : INFINITY);
+            if (fabsf(f) > 127.0f) f = 127.0f;
+            x[32 * b + j] = (which & 2) ? -f : f;
+        }
+    }
+    for (int t = 0; t < 2; t++) check_blocks((kvs_ggml_type)t, x, nb, KVS_DTYPE_FLOAT32, "near ties");
     free(x);
 }
 
@@ -736,6 +773,7 @@ int main(void)
 {
     RUN(test_known_blocks);
     RUN(test_random_vs_reference);
+    RUN(test_rounding_near_ties);
     RUN(test_all_half_patterns);
     RUN(test_decode_all);
     RUN(test_nonfinite_refused);

@@ -29,6 +29,8 @@ const kvs_eval_preset kvs_eval_presets[] = {
      "fp8 codes in a frame"},
     {"fp8-lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}",
      "fp8 codes, then the lossless stage"},
+    {"ggml_q8_0", "{\"type\":\"ggml_q8_0\"}", "llama.cpp q8_0 blocks (8.5 bits)"},
+    {"ggml_q4_0", "{\"type\":\"ggml_q4_0\"}", "llama.cpp q4_0 blocks (4.5 bits)"},
 };
 const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
 

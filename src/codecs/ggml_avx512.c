@@ -60,26 +60,33 @@ static inline __attribute__((always_inline)) void put_d(uint8_t *out, float d)
     memcpy(out, &h, 2);
 }
 
-/* roundf lane by lane: halves away from zero. */
+/* roundf lane by lane (halves away from zero), for |v| <= 128:
+ * trunc(v + copysign(0.5 - 2^-25, v)). The sum is rounded once more, but
+ * never across an integer it should not reach: below a half, v + 0.5 -
+ * 2^-25 stays under the next integer by at least 2^-25 and that integer's
+ * neighbour below is representable (spacing at most 2^-17 here, and the
+ * sum rounds to it or stays), while an exact half, v = n + 0.5, sums to
+ * n + 1 - 2^-25, a tie or nearer to n + 1, which rounds up to it (even). */
 static inline __attribute__((always_inline)) __m512i round_away(__m512 v)
 {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
-    __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
-    __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    __m512 one = _mm512_castsi512_ps(
-        _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), sign),
-                        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
-    return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
+    const __m512i almost_half = _mm512_castps_si512(_mm512_set1_ps(0.49999997f));
+    __m512 bias = _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), sign), almost_half));
+    return _mm512_cvttps_epi32(_mm512_add_ps(v, bias));
 }
 
-static inline __attribute__((always_inline)) size_t encode_array(const void *src, uint8_t *dst,
-                                                                 size_t nblocks, int type,
-                                                                 int wide)
+/* Blocks [begin, end) one at a time, each reducing its own maximum: the
+ * tail of an array, and a group of 16 holding a non-finite value (the
+ * return value is then its block). */
+static inline __attribute__((always_inline)) size_t encode_one_by_one(const void *src,
+                                                                      uint8_t *dst,
+                                                                      size_t begin, size_t end,
+                                                                      int type, int wide)
 {
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
     const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
-    for (size_t b = 0; b < nblocks; b++) {
+    for (size_t b = begin; b < end; b++) {
         __m512 lo, hi;
         load_block(src, wide, b, &lo, &hi);
         __m512i alo = _mm512_and_si512(_mm512_castps_si512(lo), absmask);
@@ -128,7 +135,165 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
             _mm_storeu_si128((__m128i *)(out + 2), q);
         }
     }
-    return nblocks;
+    return end;
+}
+
+/* The permutations that reduce 16 vectors to one: at level l, lane i of
+ * the result takes the larger of lanes lo[l][i] and lo[l][i] + h (h = 8, 4,
+ * 2, 1) of the pair (x: 0-15, y: 16-31), so each input's lanes halve in
+ * count and keep their order: after the last level lane k holds vector k's
+ * maximum. */
+static const int32_t reduce_lo[4][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+    {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+    {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+    {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+};
+
+/* Lane k of the result: the unsigned (or signed) maximum of m[k]'s lanes. */
+static inline __attribute__((always_inline)) __m512i reduce16(__m512i *m, int is_signed)
+{
+    for (int l = 0, n = 16, h = 8; l < 4; l++, n /= 2, h /= 2) {
+        const __m512i ia = _mm512_loadu_si512(reduce_lo[l]);
+        const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(h));
+        for (int i = 0; i < n / 2; i++) {
+            __m512i x = _mm512_permutex2var_epi32(m[2 * i], ia, m[2 * i + 1]);
+            __m512i y = _mm512_permutex2var_epi32(m[2 * i], ib, m[2 * i + 1]);
+            m[i] = is_signed ? _mm512_max_epi32(x, y) : _mm512_max_epu32(x, y);
+        }
+    }
+    return m[0];
+}
+
+/* The maxima of blocks b .. b + 15, lane k for block b + k:
+ *   q8_0  *amax = the largest |x| as bits (the order of non-negative
+ *         floats), so also >= 0x7F800000 when a value is not finite;
+ *   q4_0  as bits, signed: *pos = the largest positive (-1: none), *neg =
+ *         the largest |x| of the negative ones (-1: none), from the
+ *         unsigned maximum of the raw bits (a negative one wins) and the
+ *         signed one (a positive one wins). */
+static inline __attribute__((always_inline)) void block_maxima(const void *src, int wide,
+                                                               size_t b, int type,
+                                                               __m512i *amax, __m512i *pos,
+                                                               __m512i *neg)
+{
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i mu[16], ms[16];
+    for (int k = 0; k < 16; k++) {
+        __m512 lo, hi;
+        load_block(src, wide, b + (size_t)k, &lo, &hi);
+        __m512i l = _mm512_castps_si512(lo), h = _mm512_castps_si512(hi);
+        if (type == KVS_GGML_Q8_0) {
+            mu[k] = _mm512_max_epu32(_mm512_and_si512(l, absmask), _mm512_and_si512(h, absmask));
+        } else {
+            mu[k] = _mm512_max_epu32(l, h);
+            ms[k] = _mm512_max_epi32(l, h);
+        }
+    }
+    const __m512i none = _mm512_set1_epi32(-1);
+    __m512i u = reduce16(mu, 0);
+    if (type == KVS_GGML_Q8_0) {
+        *amax = u;
+        return;
+    }
+    __m512i sg = reduce16(ms, 1);
+    *neg = _mm512_mask_and_epi32(none, _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512()), u,
+                                 absmask);
+    *pos = _mm512_mask_mov_epi32(none, _mm512_cmpge_epi32_mask(sg, _mm512_setzero_si512()), sg);
+    *amax = _mm512_max_epi32(*pos, *neg);
+}
+
+/* Sixteen blocks at a time: their maxima in one vector, d and id for all
+ * of them with one division each (lane by lane the reference's scalar
+ * operations), then the codes block by block. */
+static inline __attribute__((always_inline)) size_t encode_array(const void *src, uint8_t *dst,
+                                                                 size_t nblocks, int type,
+                                                                 int wide)
+{
+    const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i signbit = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 inf = _mm512_set1_ps(INFINITY), one = _mm512_set1_ps(1.0f);
+    size_t b = 0;
+    for (; b + 16 <= nblocks; b += 16) {
+        __m512i amax, pos = _mm512_setzero_si512(), negv = _mm512_setzero_si512();
+        block_maxima(src, wide, b, type, &amax, &pos, &negv);
+        if (_mm512_cmpge_epu32_mask(amax, _mm512_set1_epi32(0x7F800000))) {
+            size_t done = encode_one_by_one(src, dst, b, b + 16, type, wide);
+            if (done != b + 16) return done;
+            continue;
+        }
+        /* q8_0: d = amax / 127. q4_0: |d| = amax / 8 (division is symmetric
+         * in sign, so max / -8 = -+(amax / 8)); the sign comes per block. */
+        const __m512 d = _mm512_div_ps(_mm512_castsi512_ps(amax),
+                                       _mm512_set1_ps(type == KVS_GGML_Q8_0 ? 127.0f : 8.0f));
+        __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
+                                        one, d);
+        const __mmask16 id_inf = _mm512_cmp_ps_mask(id, inf, _CMP_EQ_OQ);
+        /* q4_0: max is negative when the negative maximum is the larger
+         * (amax 0 keeps max = +0); equal maxima of both signs (a tie)
+         * leave it to the first of them, looked up in the block. */
+        const __mmask16 nonzero = _mm512_cmpneq_epi32_mask(amax, _mm512_setzero_si512());
+        const __mmask16 max_neg = _mm512_mask_cmpgt_epi32_mask(nonzero, negv, pos);
+        const __mmask16 tie = _mm512_mask_cmpeq_epi32_mask(nonzero, negv, pos);
+        uint16_t dh[16];
+        uint32_t amax_bits[16];
+        float ids[16];
+        _mm256_storeu_si256((__m256i *)dh,
+                            _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        _mm512_storeu_ps(ids, id);
+        _mm512_storeu_si512(amax_bits, amax);
+        for (int k = 0; k < 16; k++) {
+            __m512 lo, hi;
+            load_block(src, wide, b + (size_t)k, &lo, &hi);
+            uint8_t *out = dst + (b + (size_t)k) * bb;
+            const int zero_codes = (id_inf >> k) & 1;
+            if (type == KVS_GGML_Q8_0) {
+                memcpy(out, &dh[k], 2);
+                __m128i qlo = _mm_setzero_si128(), qhi = _mm_setzero_si128();
+                if (!zero_codes) {
+                    const __m512 vid = _mm512_set1_ps(ids[k]);
+                    qlo = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(lo, vid)));
+                    qhi = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(hi, vid)));
+                }
+                _mm_storeu_si128((__m128i *)(out + 2), qlo);
+                _mm_storeu_si128((__m128i *)(out + 18), qhi);
+                continue;
+            }
+            /* q4_0: max is the first lane with |x| = amax; d takes the sign
+             * opposite to it (max = +0 when amax is 0: d = -0). */
+            uint32_t neg = (max_neg >> k) & 1;
+            if ((tie >> k) & 1) {
+                const __m512i va = _mm512_set1_epi32((int)amax_bits[k]);
+                const __m512i alo = _mm512_and_si512(_mm512_castps_si512(lo), absmask);
+                const __m512i ahi = _mm512_and_si512(_mm512_castps_si512(hi), absmask);
+                uint32_t at = (uint32_t)_mm512_cmpeq_epi32_mask(alo, va) |
+                              (uint32_t)_mm512_cmpeq_epi32_mask(ahi, va) << 16;
+                uint32_t sg = (uint32_t)_mm512_test_epi32_mask(_mm512_castps_si512(lo), signbit) |
+                              (uint32_t)_mm512_test_epi32_mask(_mm512_castps_si512(hi), signbit)
+                                  << 16;
+                neg = (sg >> __builtin_ctz(at)) & 1;
+            }
+            const uint16_t dk = (uint16_t)(dh[k] | (neg ? 0 : 0x8000));
+            memcpy(out, &dk, 2);
+            __m128i q = _mm_setzero_si128();
+            if (!zero_codes) {
+                uint32_t idb;
+                memcpy(&idb, &ids[k], 4);
+                idb |= neg ? 0 : 0x80000000u;
+                const __m512 vid = _mm512_castsi512_ps(_mm512_set1_epi32((int)idb));
+                const __m512 half = _mm512_set1_ps(8.5f);
+                const __m512i fifteen = _mm512_set1_epi32(15);
+                __m512i nlo = _mm512_min_epi32(
+                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, vid), half)), fifteen);
+                __m512i nhi = _mm512_min_epi32(
+                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(hi, vid), half)), fifteen);
+                q = _mm512_cvtepi32_epi8(_mm512_or_si512(nlo, _mm512_slli_epi32(nhi, 4)));
+            }
+            _mm_storeu_si128((__m128i *)(out + 2), q);
+        }
+    }
+    return encode_one_by_one(src, dst, b, nblocks, type, wide);
 }
 
 static inline __attribute__((always_inline)) void store_block(void *dst, int wide, size_t b,
