@@ -4,7 +4,8 @@
  *
  * Input: byte 0 options (bit 0 the block type, bit 1 cut the source to a
  * selected length, bits 2-3 the dtype of the encode check), byte 1 the group
- * count, then per group a dtype byte (dtype, rank, wide dims) and the dims;
+ * count - 1, then per group a byte (bits 0-2 the dtype, 3-6 the rank mod 5,
+ * 7: the last dim is 32 x (its byte mod 9)) and the dims, a byte each;
  * a u32 length selector; the rest is the source bytes. Source and
  * destination are exact-size heap blocks, so any read or write out of bounds
  * is an ASan report.
@@ -95,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int decodable = 1;
     for (unsigned g = 0; g < ngroups; g++) {
         uint8_t d = fz_u8(&in);
-        kvs_dtype dt = (kvs_dtype)(d % KVS_DTYPE_COUNT);
+        kvs_dtype dt = (kvs_dtype)((d & 7) % KVS_DTYPE_COUNT);
         uint32_t ndim = (d >> 3) % 5;
         int64_t dims[KVS_MAX_DIMS];
         uint64_t numel = 1;

@@ -376,10 +376,13 @@ static void test_decode_all(void)
         }
         for (int w = 0; w < 3; w++) {
             size_t es = kvs_dtype_size(wides[w]);
-            uint8_t *got = malloc(es * 32 * NB);
-            for (size_t i = 0; i < 3; i++) {
-                if (!kvs_fp8_isa_available(isas[i])) continue;
-                REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
+            /* cache-line aligned, so with the streaming threshold at 0 the
+             * streaming stores run too */
+            uint8_t *got = aligned_alloc(64, es * 32 * NB);
+            for (size_t i = 0; i < 6; i++) {
+                if (!kvs_fp8_isa_available(isas[i % 3])) continue;
+                REQUIRE_OK(kvs_fp8_set_isa(isas[i % 3]));
+                kvs_fp8_set_nt_min_bytes(i < 3 ? KVS_FP8_NT_DEFAULT_MIN_BYTES : 0);
                 CHECK_OK(kvs_ggml_decode(in, (kvs_ggml_type)t, got, wides[w], 32 * NB));
                 for (size_t e = 0; e < 32 * NB; e++) {
                     uint32_t g, r;
@@ -393,15 +396,17 @@ static void test_decode_all(void)
                         r = w == 1 ? kvs_f32_to_f16(want[e]) : kvs_f32_to_bf16(want[e]);
                     }
                     if (g != r) {
-                        KVS_FAIL_("%s -> %s (%s): element %zu is 0x%x, reference 0x%x",
+                        KVS_FAIL_("%s -> %s (%s, streaming from %s): element %zu is 0x%x, "
+                                  "reference 0x%x",
                                   kvs_ggml_type_name((kvs_ggml_type)t), kvs_dtype_name(wides[w]),
-                                  isas[i], e, g, r);
+                                  isas[i % 3], i < 3 ? "8 MiB" : "0", e, g, r);
                         break;
                     }
                 }
             }
             free(got);
         }
+        kvs_fp8_set_nt_min_bytes(KVS_FP8_NT_DEFAULT_MIN_BYTES);
         REQUIRE_OK(kvs_fp8_set_isa("auto"));
         free(want);
         free(in);

@@ -15,7 +15,9 @@
  * every finite input; float16 and bfloat16 sources are widened to float32
  * first (exact), as a caller of those float32 functions would. All the
  * arithmetic is float32, each operation rounded to nearest even (no fused
- * multiply-add), in the default floating-point environment:
+ * multiply-add), in the default floating-point environment (kvserde does not
+ * set it: under directed rounding or flush-to-zero the bytes may differ from
+ * the reference's and between kernel variants):
  *   q8_0  amax = the largest |x| of the block; d = amax / 127; id = 1 / d
  *         (0 when d is 0); q[j] = roundf(x[j] * id) (halves away from zero).
  *   q4_0  max = the first x of the block with the largest |x| (its sign

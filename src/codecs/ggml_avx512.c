@@ -296,33 +296,51 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
     return encode_one_by_one(src, dst, b, nblocks, type, wide);
 }
 
+/* Store block b's 32 values as `wide`; with `nt` (dst 64-byte aligned, so
+ * every block's output is whole lines) as streaming stores. */
 static inline __attribute__((always_inline)) void store_block(void *dst, int wide, size_t b,
-                                                              __m512 lo, __m512 hi)
+                                                              __m512 lo, __m512 hi, int nt)
 {
     uint8_t *p = (uint8_t *)dst + b * KVS_GGML_BLOCK * (wide == KVS_WIDE_F32 ? 4 : 2);
     if (wide == KVS_WIDE_F32) {
-        _mm512_storeu_ps(p, lo);
-        _mm512_storeu_ps(p + 64, hi);
-    } else if (wide == KVS_WIDE_F16) {
-        _mm256_storeu_si256((__m256i *)p,
-                            _mm512_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm256_storeu_si256((__m256i *)(p + 32),
-                            _mm512_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    } else {
-        _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        if (nt) {
+            _mm512_stream_ps((float *)p, lo);
+            _mm512_stream_ps((float *)(p + 64), hi);
+        } else {
+            _mm512_storeu_ps(p, lo);
+            _mm512_storeu_ps(p + 64, hi);
+        }
+        return;
     }
+    __m512i v;
+    if (wide == KVS_WIDE_F16)
+        v = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm512_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+            _mm512_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 1);
+    else
+        v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (nt)
+        _mm512_stream_si512((__m512i *)p, v);
+    else
+        _mm512_storeu_si512(p, v);
 }
 
+/* The store policy of the fp8 kernels (fp8_kernels.h): an output of at
+ * least kvs_fp8_nt_min_bytes() is written with streaming stores, if it
+ * starts on a cache line (then every block's values are whole lines). */
 static inline __attribute__((always_inline)) void decode_array(const uint8_t *src, void *dst,
                                                                size_t nblocks, int type,
                                                                int wide)
 {
     const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
+    const size_t out_bytes = nblocks * KVS_GGML_BLOCK * (wide == KVS_WIDE_F32 ? 4 : 2);
+    const int nt = out_bytes >= kvs_fp8_nt_min_bytes() && ((uintptr_t)dst & 63) == 0;
     for (size_t b = 0; b < nblocks; b++) {
         const uint8_t *in = src + b * bb;
         uint16_t h;
         memcpy(&h, in, 2);
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(h));
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
         __m512i qlo, qhi;
         if (type == KVS_GGML_Q8_0) {
             qlo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(in + 2)));
@@ -334,8 +352,9 @@ static inline __attribute__((always_inline)) void decode_array(const uint8_t *sr
             qhi = _mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight);
         }
         store_block(dst, wide, b, _mm512_mul_ps(_mm512_cvtepi32_ps(qlo), d),
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(qhi), d));
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(qhi), d), nt);
     }
+    if (nt) _mm_sfence();
 }
 
 KVS_GGML_DEFINE_VARIANT(kvs_ggml_kernels_avx512, "avx512")
