@@ -29,22 +29,6 @@
 
 static const char *const isas[] = {"avx2", "avx512"};
 
-static int run(kvs_deserializer *de, const kvs_memobj *src, const kvs_layout *layout,
-               uint8_t **out, size_t nbytes)
-{
-    uint8_t *buf = fz_canary_alloc(nbytes);
-    kvs_memobj dst;
-    int rc = kvs_memobj_init(&dst, nbytes ? buf : NULL, nbytes, layout, KVS_FMT_KV_2LTD);
-    FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
-    rc = kvs_deserialize(de, src, &dst, NULL);
-    if (rc != KVS_OK) {
-        FZ_ASSERT_REFUSAL(rc, "ggml deserialize");
-        FZ_ASSERT(fz_is_canary(buf, nbytes), "a refused deserialize wrote to the destination");
-    }
-    *out = buf;
-    return rc;
-}
-
 static void encode_differential(const uint8_t *bytes, size_t len, kvs_ggml_type type,
                                 unsigned sel)
 {
@@ -133,7 +117,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_ASSERT(kvs_ggml_serde_create(type, NULL, &de) == KVS_OK, "ggml serde");
     FZ_ASSERT(kvs_fp8_set_isa("scalar") == KVS_OK, "scalar isa");
     uint8_t *ref = NULL;
-    int rc = run(de, &src, &layout, &ref, nbytes);
+    int rc = fz_deserialize_canary(de, &src, &layout, &ref, nbytes, "ggml deserialize");
     if (rc == KVS_OK)
         FZ_ASSERT(decodable && used == blocks * kvs_ggml_block_bytes(type),
                   "accepted %zu source bytes for %llu blocks (decodable layout: %d)", used,
@@ -142,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!kvs_fp8_isa_available(isas[i])) continue;
         FZ_ASSERT(kvs_fp8_set_isa(isas[i]) == KVS_OK, "isa %s", isas[i]);
         uint8_t *got = NULL;
-        int rc2 = run(de, &src, &layout, &got, nbytes);
+        int rc2 = fz_deserialize_canary(de, &src, &layout, &got, nbytes, "ggml deserialize");
         FZ_ASSERT(rc2 == rc, "%s deserialize returns %d, scalar %d", isas[i], rc2, rc);
         if (rc == KVS_OK)
             for (size_t j = 0; j < nbytes; j++)

@@ -8,11 +8,11 @@
  * and on the real KV cache (../shared/kvdata); the serdes, the registry, the
  * pipeline stages and a split across a processor's workers. */
 #include <math.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "codecs/ggml_kernels.h"
 #include "codecs/half.h"
@@ -722,15 +722,19 @@ static void test_pipeline_stages(void)
 
 /* ---- split across a processor's workers: the same bytes ------------------------------ */
 
-static int proc_wait(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
+/* Wait on the direction's event fd until task id has a result. */
+static int wait_result(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
 {
-    for (int i = 0; i < 20000; i++) {
+    struct pollfd pfd = {serialize ? kvs_processor_serialize_event_fd(p)
+                                   : kvs_processor_deserialize_event_fd(p),
+                         POLLIN, 0};
+    for (;;) {
         int rc = serialize ? kvs_processor_query_serialize_result(p, id, r)
                            : kvs_processor_query_deserialize_result(p, id, r);
         if (rc || r->state != KVS_TASK_PENDING) return rc;
-        usleep(1000);
+        if (poll(&pfd, 1, 120000) != 1) return -1;
+        kvs_event_fd_consume(pfd.fd, NULL);
     }
-    return -1;
 }
 
 static void test_split_across_workers(void)
@@ -756,11 +760,11 @@ static void test_split_across_workers(void)
         kvs_task_id id;
         kvs_task_result r;
         REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id));
-        REQUIRE(proc_wait(p, 1, id, &r) == KVS_OK);
+        REQUIRE(wait_result(p, 1, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(blob->used_size == len && memcmp(blob->data, want, len) == 0);
         REQUIRE_OK(kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id));
-        REQUIRE(proc_wait(p, 0, id, &r) == KVS_OK);
+        REQUIRE(wait_result(p, 0, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
     }
     uint16_t *bk = malloc(n * 2);

@@ -76,6 +76,57 @@ static inline __attribute__((always_inline)) __m512i round_away(__m512 v)
     return _mm512_cvttps_epi32(_mm512_add_ps(v, bias));
 }
 
+/* q8_0 codes of a block (id finite; an infinite id wants code 0 for every
+ * element: zero_codes) at out + 2. */
+static inline __attribute__((always_inline)) void store_q8_codes(uint8_t *out, __m512 lo,
+                                                                 __m512 hi, float id,
+                                                                 int zero_codes)
+{
+    __m128i qlo = _mm_setzero_si128(), qhi = _mm_setzero_si128();
+    if (!zero_codes) {
+        const __m512 vid = _mm512_set1_ps(id);
+        qlo = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(lo, vid)));
+        qhi = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(hi, vid)));
+    }
+    _mm_storeu_si128((__m128i *)(out + 2), qlo);
+    _mm_storeu_si128((__m128i *)(out + 18), qhi);
+}
+
+/* q4_0 nibbles of a block: min(15, trunc(x * id + 8.5)), element j low and
+ * j + 16 high, at out + 2 (zero_codes as above). */
+static inline __attribute__((always_inline)) void store_q4_codes(uint8_t *out, __m512 lo,
+                                                                 __m512 hi, float id,
+                                                                 int zero_codes)
+{
+    __m128i q = _mm_setzero_si128();
+    if (!zero_codes) {
+        const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(8.5f);
+        const __m512i fifteen = _mm512_set1_epi32(15);
+        __m512i nlo = _mm512_min_epi32(
+            _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, vid), half)), fifteen);
+        __m512i nhi = _mm512_min_epi32(
+            _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(hi, vid), half)), fifteen);
+        q = _mm512_cvtepi32_epi8(_mm512_or_si512(nlo, _mm512_slli_epi32(nhi, 4)));
+    }
+    _mm_storeu_si128((__m128i *)(out + 2), q);
+}
+
+/* q4_0: whether max, the first element with |x| = amax (bits, non-zero), is
+ * negative. */
+static inline __attribute__((always_inline)) int first_max_negative(__m512 lo, __m512 hi,
+                                                                   uint32_t amax)
+{
+    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+    const __m512i signbit = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i va = _mm512_set1_epi32((int)amax);
+    const __m512i l = _mm512_castps_si512(lo), h = _mm512_castps_si512(hi);
+    uint32_t at = (uint32_t)_mm512_cmpeq_epi32_mask(_mm512_and_si512(l, absmask), va) |
+                  (uint32_t)_mm512_cmpeq_epi32_mask(_mm512_and_si512(h, absmask), va) << 16;
+    uint32_t sg = (uint32_t)_mm512_test_epi32_mask(l, signbit) |
+                  (uint32_t)_mm512_test_epi32_mask(h, signbit) << 16;
+    return (sg >> __builtin_ctz(at)) & 1;
+}
+
 /* Blocks [begin, end) one at a time, each reducing its own maximum: the
  * tail of an array, and a group of 16 holding a non-finite value (the
  * return value is then its block). */
@@ -100,39 +151,13 @@ static inline __attribute__((always_inline)) size_t encode_one_by_one(const void
             const float d = amax / 127.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             put_d(out, d);
-            __m128i qlo = _mm_setzero_si128(), qhi = _mm_setzero_si128();
-            if (!isinf(id)) {
-                const __m512 vid = _mm512_set1_ps(id);
-                qlo = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(lo, vid)));
-                qhi = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(hi, vid)));
-            }
-            _mm_storeu_si128((__m128i *)(out + 2), qlo);
-            _mm_storeu_si128((__m128i *)(out + 18), qhi);
+            store_q8_codes(out, lo, hi, id, isinf(id));
         } else {
-            float max = 0.0f;
-            if (abits) {
-                const __m512i va = _mm512_set1_epi32((int)abits);
-                uint32_t at = (uint32_t)_mm512_cmpeq_epi32_mask(alo, va) |
-                              (uint32_t)_mm512_cmpeq_epi32_mask(ahi, va) << 16;
-                unsigned j = (unsigned)__builtin_ctz(at);
-                __m512 from = j < 16 ? lo : hi;
-                max = _mm_cvtss_f32(_mm512_castps512_ps128(
-                    _mm512_permutexvar_ps(_mm512_set1_epi32((int)(j & 15)), from)));
-            }
+            const float max = abits && first_max_negative(lo, hi, abits) ? -amax : amax;
             const float d = max / -8.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             put_d(out, d);
-            __m128i q = _mm_setzero_si128();
-            if (!isinf(id)) {
-                const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(8.5f);
-                const __m512i fifteen = _mm512_set1_epi32(15);
-                __m512i nlo = _mm512_min_epi32(
-                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, vid), half)), fifteen);
-                __m512i nhi = _mm512_min_epi32(
-                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(hi, vid), half)), fifteen);
-                q = _mm512_cvtepi32_epi8(_mm512_or_si512(nlo, _mm512_slli_epi32(nhi, 4)));
-            }
-            _mm_storeu_si128((__m128i *)(out + 2), q);
+            store_q4_codes(out, lo, hi, id, isinf(id));
         }
     }
     return end;
@@ -211,8 +236,6 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
                                                                  int wide)
 {
     const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
-    const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
-    const __m512i signbit = _mm512_set1_epi32((int)0x80000000u);
     const __m512 inf = _mm512_set1_ps(INFINITY), one = _mm512_set1_ps(1.0f);
     size_t b = 0;
     for (; b + 16 <= nblocks; b += 16) {
@@ -250,47 +273,15 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
             const int zero_codes = (id_inf >> k) & 1;
             if (type == KVS_GGML_Q8_0) {
                 memcpy(out, &dh[k], 2);
-                __m128i qlo = _mm_setzero_si128(), qhi = _mm_setzero_si128();
-                if (!zero_codes) {
-                    const __m512 vid = _mm512_set1_ps(ids[k]);
-                    qlo = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(lo, vid)));
-                    qhi = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(hi, vid)));
-                }
-                _mm_storeu_si128((__m128i *)(out + 2), qlo);
-                _mm_storeu_si128((__m128i *)(out + 18), qhi);
+                store_q8_codes(out, lo, hi, ids[k], zero_codes);
                 continue;
             }
-            /* q4_0: max is the first lane with |x| = amax; d takes the sign
-             * opposite to it (max = +0 when amax is 0: d = -0). */
-            uint32_t neg = (max_neg >> k) & 1;
-            if ((tie >> k) & 1) {
-                const __m512i va = _mm512_set1_epi32((int)amax_bits[k]);
-                const __m512i alo = _mm512_and_si512(_mm512_castps_si512(lo), absmask);
-                const __m512i ahi = _mm512_and_si512(_mm512_castps_si512(hi), absmask);
-                uint32_t at = (uint32_t)_mm512_cmpeq_epi32_mask(alo, va) |
-                              (uint32_t)_mm512_cmpeq_epi32_mask(ahi, va) << 16;
-                uint32_t sg = (uint32_t)_mm512_test_epi32_mask(_mm512_castps_si512(lo), signbit) |
-                              (uint32_t)_mm512_test_epi32_mask(_mm512_castps_si512(hi), signbit)
-                                  << 16;
-                neg = (sg >> __builtin_ctz(at)) & 1;
-            }
+            /* q4_0: d takes the sign opposite to max's. */
+            int neg = (max_neg >> k) & 1;
+            if ((tie >> k) & 1) neg = first_max_negative(lo, hi, amax_bits[k]);
             const uint16_t dk = (uint16_t)(dh[k] | (neg ? 0 : 0x8000));
             memcpy(out, &dk, 2);
-            __m128i q = _mm_setzero_si128();
-            if (!zero_codes) {
-                uint32_t idb;
-                memcpy(&idb, &ids[k], 4);
-                idb |= neg ? 0 : 0x80000000u;
-                const __m512 vid = _mm512_castsi512_ps(_mm512_set1_epi32((int)idb));
-                const __m512 half = _mm512_set1_ps(8.5f);
-                const __m512i fifteen = _mm512_set1_epi32(15);
-                __m512i nlo = _mm512_min_epi32(
-                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, vid), half)), fifteen);
-                __m512i nhi = _mm512_min_epi32(
-                    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(hi, vid), half)), fifteen);
-                q = _mm512_cvtepi32_epi8(_mm512_or_si512(nlo, _mm512_slli_epi32(nhi, 4)));
-            }
-            _mm_storeu_si128((__m128i *)(out + 2), q);
+            store_q4_codes(out, lo, hi, neg ? ids[k] : -ids[k], zero_codes);
         }
     }
     return encode_one_by_one(src, dst, b, nblocks, type, wide);

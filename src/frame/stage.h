@@ -169,6 +169,12 @@ extern const kvs_stage_type kvs_stage_lossless_type;
 extern const kvs_stage_type kvs_stage_ggml_q8_0_type;
 extern const kvs_stage_type kvs_stage_ggml_q4_0_type;
 
+/* The parameter functions of a stage that records none (bytes, the checks,
+ * the ggml stages; stage_registry.c): size 0, nothing to write, "{}". */
+size_t kvs_stage_no_params_size(const kvs_stage *self);
+int kvs_stage_no_params_write(const kvs_stage *self, uint8_t *params);
+json_t *kvs_stage_no_params_describe(const uint8_t *params, size_t nparams);
+
 /* What the typed stage `typed_id` writes for `layout` (kvs_stage_ctx). */
 void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned *elem_size,
                            uint64_t *channels);

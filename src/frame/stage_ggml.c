@@ -64,19 +64,6 @@ static int q4_0_decode(const uint8_t *params, size_t nparams, const uint8_t *in,
     return kvs_ggml_decode_object(KVS_GGML_Q4_0, in, n, dst);
 }
 
-static size_t no_params_size(const kvs_stage *self)
-{
-    (void)self;
-    return 0;
-}
-
-static int no_params_write(const kvs_stage *self, uint8_t *params)
-{
-    (void)self;
-    (void)params;
-    return KVS_OK;
-}
-
 static int check_params(kvs_ggml_type type, size_t nparams)
 {
     if (nparams != 0)
@@ -97,13 +84,6 @@ static int q4_0_check_params(const uint8_t *params, size_t nparams)
     return check_params(KVS_GGML_Q4_0, nparams);
 }
 
-static json_t *no_params_describe(const uint8_t *params, size_t nparams)
-{
-    (void)params;
-    (void)nparams;
-    return json_object();
-}
-
 static void shared_destroy(kvs_stage *self)
 {
     (void)self; /* the shared instances are static */
@@ -117,10 +97,10 @@ const kvs_stage_type kvs_stage_ggml_q8_0_type = {
     .typed_bound = ggml_bound,
     .typed_encode = ggml_encode,
     .typed_decode = q8_0_decode,
-    .params_size = no_params_size,
-    .write_params = no_params_write,
+    .params_size = kvs_stage_no_params_size,
+    .write_params = kvs_stage_no_params_write,
     .check_params = q8_0_check_params,
-    .describe_params = no_params_describe,
+    .describe_params = kvs_stage_no_params_describe,
     .destroy = shared_destroy,
 };
 
@@ -132,9 +112,9 @@ const kvs_stage_type kvs_stage_ggml_q4_0_type = {
     .typed_bound = ggml_bound,
     .typed_encode = ggml_encode,
     .typed_decode = q4_0_decode,
-    .params_size = no_params_size,
-    .write_params = no_params_write,
+    .params_size = kvs_stage_no_params_size,
+    .write_params = kvs_stage_no_params_write,
     .check_params = q4_0_check_params,
-    .describe_params = no_params_describe,
+    .describe_params = kvs_stage_no_params_describe,
     .destroy = shared_destroy,
 };
