@@ -76,15 +76,14 @@ static inline __attribute__((always_inline)) __m512i round_away(__m512 v)
     return _mm512_cvttps_epi32(_mm512_add_ps(v, bias));
 }
 
-/* q8_0 codes of a block (id finite; an infinite id wants code 0 for every
- * element: zero_codes) at out + 2. */
+/* q8_0 codes of a block (vid: id in every lane; an infinite id wants code
+ * 0 for every element: zero_codes) at out + 2. */
 static inline __attribute__((always_inline)) void store_q8_codes(uint8_t *out, __m512 lo,
-                                                                 __m512 hi, float id,
+                                                                 __m512 hi, __m512 vid,
                                                                  int zero_codes)
 {
     __m128i qlo = _mm_setzero_si128(), qhi = _mm_setzero_si128();
     if (!zero_codes) {
-        const __m512 vid = _mm512_set1_ps(id);
         qlo = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(lo, vid)));
         qhi = _mm512_cvtepi32_epi8(round_away(_mm512_mul_ps(hi, vid)));
     }
@@ -95,12 +94,12 @@ static inline __attribute__((always_inline)) void store_q8_codes(uint8_t *out, _
 /* q4_0 nibbles of a block: min(15, trunc(x * id + 8.5)), element j low and
  * j + 16 high, at out + 2 (zero_codes as above). */
 static inline __attribute__((always_inline)) void store_q4_codes(uint8_t *out, __m512 lo,
-                                                                 __m512 hi, float id,
+                                                                 __m512 hi, __m512 vid,
                                                                  int zero_codes)
 {
     __m128i q = _mm_setzero_si128();
     if (!zero_codes) {
-        const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(8.5f);
+        const __m512 half = _mm512_set1_ps(8.5f);
         const __m512i fifteen = _mm512_set1_epi32(15);
         __m512i nlo = _mm512_min_epi32(
             _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(lo, vid), half)), fifteen);
@@ -151,13 +150,13 @@ static inline __attribute__((always_inline)) size_t encode_one_by_one(const void
             const float d = amax / 127.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             put_d(out, d);
-            store_q8_codes(out, lo, hi, id, isinf(id));
+            store_q8_codes(out, lo, hi, _mm512_set1_ps(id), isinf(id));
         } else {
             const float max = abits && first_max_negative(lo, hi, abits) ? -amax : amax;
             const float d = max / -8.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             put_d(out, d);
-            store_q4_codes(out, lo, hi, id, isinf(id));
+            store_q4_codes(out, lo, hi, _mm512_set1_ps(id), isinf(id));
         }
     }
     return end;
@@ -261,10 +260,8 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
         const __mmask16 tie = _mm512_mask_cmpeq_epi32_mask(nonzero, negv, pos);
         uint16_t dh[16];
         uint32_t amax_bits[16];
-        float ids[16];
         _mm256_storeu_si256((__m256i *)dh,
                             _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm512_storeu_ps(ids, id);
         _mm512_storeu_si512(amax_bits, amax);
         for (int k = 0; k < 16; k++) {
             __m512 lo, hi;
@@ -273,7 +270,8 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
             const int zero_codes = (id_inf >> k) & 1;
             if (type == KVS_GGML_Q8_0) {
                 memcpy(out, &dh[k], 2);
-                store_q8_codes(out, lo, hi, ids[k], zero_codes);
+                store_q8_codes(out, lo, hi, _mm512_permutexvar_ps(_mm512_set1_epi32(k), id),
+                               zero_codes);
                 continue;
             }
             /* q4_0: d takes the sign opposite to max's. */
@@ -281,7 +279,9 @@ static inline __attribute__((always_inline)) size_t encode_array(const void *src
             if ((tie >> k) & 1) neg = first_max_negative(lo, hi, amax_bits[k]);
             const uint16_t dk = (uint16_t)(dh[k] | (neg ? 0 : 0x8000));
             memcpy(out, &dk, 2);
-            store_q4_codes(out, lo, hi, neg ? ids[k] : -ids[k], zero_codes);
+            __m512i vid = _mm512_castps_si512(_mm512_permutexvar_ps(_mm512_set1_epi32(k), id));
+            if (!neg) vid = _mm512_xor_si512(vid, _mm512_set1_epi32((int)0x80000000u));
+            store_q4_codes(out, lo, hi, _mm512_castsi512_ps(vid), zero_codes);
         }
     }
     return encode_one_by_one(src, dst, b, nblocks, type, wide);
