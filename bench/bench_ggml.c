@@ -85,7 +85,7 @@ int main(int argc, char **argv)
            load[0], load[1], load[2], reps);
     printf("%8s %-7s %-9s %8s %8s %8s %7s %7s\n", "MiB", "isa", "type", "memcpy", "encode",
            "decode", "enc/cp", "dec/cp");
-    static const char *const isas[] = {"scalar", "avx512"};
+    static const char *const isas[] = {"scalar", "avx2", "avx512"};
     for (int si = 0; si < nsizes; si++) {
         size_t n = (size_t)(mibs[si] * (1 << 20) / 2) / 32 * 32;
         if (n == 0) continue;

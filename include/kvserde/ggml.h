@@ -53,10 +53,10 @@
  * 2^-25 x 127 resp. x 8; a float16 / bfloat16 destination adds its own
  * rounding (2^-11 / 2^-8 relative).
  *
- * Kernels: a portable scalar reference defines the bytes; an AVX-512 variant
- * is chosen at run time and is bit-identical to it. The variant follows the
- * fp8 kernels' choice (kvs_fp8_set_isa / KVSERDE_ISA in fp8.h): "avx512"
- * runs the AVX-512 kernels, "scalar" and "avx2" the scalar ones.
+ * Kernels: a portable scalar reference defines the bytes; AVX2 + F16C and
+ * AVX-512 variants are chosen at run time and are bit-identical to it. The
+ * variant follows the fp8 kernels' choice (kvs_fp8_set_isa / KVSERDE_ISA in
+ * fp8.h), so one switch picks the instruction set of every kernel.
  */
 #ifndef KVSERDE_GGML_H
 #define KVSERDE_GGML_H

@@ -28,19 +28,20 @@ typedef size_t (*kvs_ggml_encode_fn)(const void *src, uint8_t *dst, size_t nbloc
 typedef void (*kvs_ggml_decode_fn)(const uint8_t *src, void *dst, size_t nblocks);
 
 typedef struct kvs_ggml_kernels {
-    const char *isa; /* "scalar", "avx512" */
+    const char *isa; /* "scalar", "avx2", "avx512" */
     kvs_ggml_encode_fn encode[KVS_GGML_NTYPES][KVS_NWIDE];
     kvs_ggml_decode_fn decode[KVS_GGML_NTYPES][KVS_NWIDE];
 } kvs_ggml_kernels;
 
-/* The variants; avx512 is NULL when not compiled in. Neither checks the
+/* The variants; the SIMD ones are compiled in on x86 only. None checks the
  * CPU. */
 const kvs_ggml_kernels *kvs_ggml_kernels_scalar(void);
+const kvs_ggml_kernels *kvs_ggml_kernels_avx2(void);
 const kvs_ggml_kernels *kvs_ggml_kernels_avx512(void);
 
-/* The variant in use: the one matching the fp8 kernels' choice
- * (kvs_fp8_kernels_get, which refuses a KVSERDE_ISA this CPU cannot run):
- * avx512 when that is the fp8 choice, else scalar. */
+/* The variant in use: the one of the fp8 kernels' choice (scalar, avx2,
+ * avx512: kvs_fp8_kernels_get, which refuses a KVSERDE_ISA this CPU cannot
+ * run). */
 int kvs_ggml_kernels_get(const kvs_ggml_kernels **out);
 
 /* The scalar reference for one block, shared by the scalar kernels and

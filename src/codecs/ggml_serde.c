@@ -24,6 +24,7 @@ int kvs_ggml_kernels_get(const kvs_ggml_kernels **out)
     const kvs_ggml_kernels *k = NULL;
 #if KVS_HAVE_X86
     if (strcmp(fp8->isa, "avx512") == 0) k = kvs_ggml_kernels_avx512();
+    if (strcmp(fp8->isa, "avx2") == 0) k = kvs_ggml_kernels_avx2();
 #endif
     *out = k ? k : kvs_ggml_kernels_scalar();
     return KVS_OK;
