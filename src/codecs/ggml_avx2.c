@@ -83,8 +83,8 @@ AI size_t encode_array(const void *src, uint8_t *dst, size_t nblocks, int type, 
         float amax;
         memcpy(&amax, &abits, 4);
         if (type == KVS_GGML_Q8_0) {
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const float d = kvs_ggml_q8_0_scale(amax);
+            const float id = kvs_ggml_inverse(d);
             put_d(out, d);
             __m256i q = _mm256_setzero_si256();
             if (!isinf(id)) {
@@ -109,8 +109,8 @@ AI size_t encode_array(const void *src, uint8_t *dst, size_t nblocks, int type, 
             _mm256_storeu_ps(lanes, x[j / 8]);
             max = lanes[j % 8];
         }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float d = kvs_ggml_q4_0_scale(max);
+        const float id = kvs_ggml_inverse(d);
         put_d(out, d);
         __m128i q = _mm_setzero_si128();
         if (!isinf(id)) {

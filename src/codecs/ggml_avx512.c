@@ -147,14 +147,14 @@ static inline __attribute__((always_inline)) size_t encode_one_by_one(const void
         float amax;
         memcpy(&amax, &abits, 4);
         if (type == KVS_GGML_Q8_0) {
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const float d = kvs_ggml_q8_0_scale(amax);
+            const float id = kvs_ggml_inverse(d);
             put_d(out, d);
             store_q8_codes(out, lo, hi, _mm512_set1_ps(id), isinf(id));
         } else {
             const float max = abits && first_max_negative(lo, hi, abits) ? -amax : amax;
-            const float d = max / -8.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const float d = kvs_ggml_q4_0_scale(max);
+            const float id = kvs_ggml_inverse(d);
             put_d(out, d);
             store_q4_codes(out, lo, hi, _mm512_set1_ps(id), isinf(id));
         }

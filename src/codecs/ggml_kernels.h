@@ -44,6 +44,24 @@ const kvs_ggml_kernels *kvs_ggml_kernels_avx512(void);
  * run). */
 int kvs_ggml_kernels_get(const kvs_ggml_kernels **out);
 
+/* The reference's scales, in float32, shared by every variant: q8_0 d from
+ * the block's largest |x|, q4_0 d from its signed max, and id = 1 / d (0
+ * when d is 0). */
+static inline float kvs_ggml_q8_0_scale(float amax)
+{
+    return amax / 127.0f;
+}
+
+static inline float kvs_ggml_q4_0_scale(float max)
+{
+    return max / -8.0f;
+}
+
+static inline float kvs_ggml_inverse(float d)
+{
+    return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
 /* The scalar reference for one block, shared by the scalar kernels and
  * the SIMD variants' tests: x holds 32 float32 values, all finite. */
 void kvs_ggml_q8_0_block(const float *x, uint8_t *out);

@@ -35,8 +35,8 @@ void kvs_ggml_q8_0_block(const float *x, uint8_t *out)
 {
     float amax = 0.0f;
     for (int j = 0; j < KVS_GGML_BLOCK; j++) amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]);
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = kvs_ggml_q8_0_scale(amax);
+    const float id = kvs_ggml_inverse(d);
     put_d(out, d);
     for (int j = 0; j < KVS_GGML_BLOCK; j++) {
         /* |x * id| <= 127 (+ rounding), so the code fits int8; an infinite
@@ -55,8 +55,8 @@ void kvs_ggml_q4_0_block(const float *x, uint8_t *out)
             max = x[j];
         }
     }
-    const float d = max / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = kvs_ggml_q4_0_scale(max);
+    const float id = kvs_ggml_inverse(d);
     put_d(out, d);
     for (int j = 0; j < KVS_GGML_BLOCK / 2; j++) {
         uint8_t n[2];
