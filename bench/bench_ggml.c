@@ -6,7 +6,8 @@
  *
  * For each size (MiB of bfloat16; default 0.125, 1, 16 and 64), kernel
  * variant this CPU has and block type: the median over N runs (default 15)
- * of encode (bfloat16 -> blocks) and decode (blocks -> bfloat16), one
+ * of encode (bfloat16 -> blocks) and decode (blocks -> bfloat16) of the
+ * benchmarks' KV values (kv_values.h), one
  * thread, as GB/s of the bfloat16 bytes, and as a fraction of memcpy of
  * those bytes (buffers touched beforehand, so no page faults are timed).
  * The load average is printed first: the machine may be shared. */
@@ -16,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "codecs/half.h"
+#include "kv_values.h"
 #include "kvserde/kvserde.h"
 
 static double now_s(void)
@@ -91,12 +92,7 @@ int main(int argc, char **argv)
         if (n == 0) continue;
         uint16_t *bf16 = malloc(2 * n), *out = malloc(2 * n);
         uint8_t *blocks = malloc(n / 32 * KVS_GGML_Q8_0_BYTES);
-        uint64_t s = 88172645463325252ull;
-        for (size_t i = 0; i < n; i++) {
-            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-            float f = ((float)(s >> 40) / (float)(1u << 24) - 0.5f) * 4.0f;
-            bf16[i] = kvs_f32_to_bf16(f);
-        }
+        kvs_bench_fill_bf16(bf16, n, 1);
         memset(out, 0, 2 * n);
         memset(blocks, 0, n / 32 * KVS_GGML_Q8_0_BYTES);
         for (size_t v = 0; v < sizeof isas / sizeof isas[0]; v++) {
