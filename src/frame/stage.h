@@ -26,6 +26,8 @@
 enum kvs_stage_id {
     KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
+    KVS_STAGE_GGML_Q8_0 = 16, /* typed: llama.cpp q8_0 blocks (ggml.h) */
+    KVS_STAGE_GGML_Q4_0 = 17, /* typed: llama.cpp q4_0 blocks (ggml.h) */
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
     KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
     KVS_STAGE_AES_GCM = 66, /* transform: AES-256-GCM, 16-byte tag appended */
@@ -49,7 +51,7 @@ typedef enum kvs_stage_kind {
  * produced, for a transform that models it (lossless): the pipeline fills
  * elem_size and channels, on encode and on decode alike, for the bytes stage
  * right after the typed stage, from the frame's layout: elem_size is 1 for
- * fp8 codes, the dtype's size for `bytes` when every group has the same one
+ * fp8 codes and ggml blocks (channels 1 for those: a block is no element), the dtype's size for `bytes` when every group has the same one
  * (else 1); channels is the last dim of the layout when every group has the
  * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
@@ -177,6 +179,14 @@ extern const kvs_stage_type kvs_stage_crc32c_type;
 extern const kvs_stage_type kvs_stage_xxh3_type;
 extern const kvs_stage_type kvs_stage_aes_gcm_type;
 extern const kvs_stage_type kvs_stage_lossless_type;
+extern const kvs_stage_type kvs_stage_ggml_q8_0_type;
+extern const kvs_stage_type kvs_stage_ggml_q4_0_type;
+
+/* The parameter functions of a stage that records none (bytes, the checks,
+ * the ggml stages; stage_registry.c): size 0, nothing to write, "{}". */
+size_t kvs_stage_no_params_size(const kvs_stage *self);
+int kvs_stage_no_params_write(const kvs_stage *self, uint8_t *params);
+json_t *kvs_stage_no_params_describe(const uint8_t *params, size_t nparams);
 
 /* What the typed stage `typed_id` writes for `layout` (kvs_stage_ctx). */
 void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned *elem_size,

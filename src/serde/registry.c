@@ -32,9 +32,15 @@ static void register_builtins(void)
                                      .fn = (kvs_name_table_fn)kvs_kv_split_factory};
     const kvs_name_entry pipeline = {.kind = KVS_SERDE_SINGLE,
                                      .fn = (kvs_name_table_fn)kvs_pipeline_factory};
+    const kvs_name_entry q8_0 = {.kind = KVS_SERDE_SINGLE,
+                                 .fn = (kvs_name_table_fn)kvs_ggml_q8_0_factory};
+    const kvs_name_entry q4_0 = {.kind = KVS_SERDE_SINGLE,
+                                 .fn = (kvs_name_table_fn)kvs_ggml_q4_0_factory};
     (void)kvs_name_table_add_builtin(&table, "fp8", &fp8);
     (void)kvs_name_table_add_builtin(&table, "kv_split", &kv_split);
     (void)kvs_name_table_add_builtin(&table, "pipeline", &pipeline);
+    (void)kvs_name_table_add_builtin(&table, "ggml_q8_0", &q8_0);
+    (void)kvs_name_table_add_builtin(&table, "ggml_q4_0", &q4_0);
 }
 
 int kvs_serde_register(const char *name, kvs_serde_factory_fn factory, void *userdata)
