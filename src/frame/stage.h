@@ -26,6 +26,7 @@
 enum kvs_stage_id {
     KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
+    KVS_STAGE_INT = 8,     /* typed: grouped integer codes, 2-8 bits (codecs/intq.h) */
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
     KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
     KVS_STAGE_AES_GCM = 66, /* transform: AES-256-GCM, 16-byte tag appended */
@@ -48,7 +49,7 @@ typedef enum kvs_stage_kind {
  * produced, for a transform that models it (lossless): the pipeline fills
  * elem_size and channels, on encode and on decode alike, for the bytes stage
  * right after the typed stage, from the frame's layout: elem_size is 1 for
- * fp8 codes, the dtype's size for `bytes` when every group has the same one
+ * fp8 codes and int payloads, the dtype's size for `bytes` when every group has the same one
  * (else 1); channels is the last dim of the layout when every group has the
  * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
@@ -164,6 +165,7 @@ extern const kvs_stage_type kvs_stage_crc32c_type;
 extern const kvs_stage_type kvs_stage_xxh3_type;
 extern const kvs_stage_type kvs_stage_aes_gcm_type;
 extern const kvs_stage_type kvs_stage_lossless_type;
+extern const kvs_stage_type kvs_stage_int_type;
 
 /* What the typed stage `typed_id` writes for `layout` (kvs_stage_ctx). */
 void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned *elem_size,
