@@ -243,17 +243,24 @@ static void store_elem(uint8_t *p, kvs_dtype dt, float f)
     }
 }
 
-CLONES static void widen_row(const uint8_t *src, kvs_dtype dt, uint64_t n, float *out)
+/* src[0..n) as floats; returns 1 if any of them is inf or NaN. */
+CLONES static int widen_row(const uint8_t *src, kvs_dtype dt, uint64_t n, float *out)
 {
+    unsigned bad = 0;
     if (dt == KVS_DTYPE_BFLOAT16) {
         for (uint64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
+            bad |= (h & 0x7F80u) == 0x7F80u;
             out[i] = kvs_f32_from_bits((uint32_t)h << 16);
         }
-        return;
+        return bad != 0;
     }
-    for (uint64_t i = 0; i < n; i++) out[i] = load_elem(src + i * kvs_dtype_size(dt), dt);
+    for (uint64_t i = 0; i < n; i++) {
+        out[i] = load_elem(src + i * kvs_dtype_size(dt), dt);
+        bad |= (kvs_f32_to_bits(out[i]) & 0x7F800000u) == 0x7F800000u;
+    }
+    return bad != 0;
 }
 
 CLONES static void narrow_row(const float *in, kvs_dtype dt, uint64_t n, uint8_t *dst)
@@ -293,8 +300,17 @@ CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
 CLONES static void quantize_run(const float *x, uint64_t n, const float *r, const float *z,
                                 int per_elem, float lo, float hi, float mid, uint8_t *codes)
 {
+    if (per_elem) {
+        for (uint64_t i = 0; i < n; i++) {
+            float q = rintf((x[i] - z[i]) * r[i]);
+            q = q < lo ? lo : q;
+            q = q > hi ? hi : q;
+            codes[i] = (uint8_t)(int)(q + mid);
+        }
+        return;
+    }
+    float ri = r[0], zi = z[0];
     for (uint64_t i = 0; i < n; i++) {
-        float ri = per_elem ? r[i] : r[0], zi = per_elem ? z[i] : z[0];
         float q = rintf((x[i] - zi) * ri);
         q = q < lo ? lo : q;
         q = q > hi ? hi : q;
@@ -322,10 +338,12 @@ CLONES static void dequantize_run(const uint8_t *codes, uint64_t n, const float 
                                   const float *z, int per_elem, int zp, unsigned bits, float *x)
 {
     float mid = zp ? 0.0f : (float)(1 << (bits - 1));
-    for (uint64_t i = 0; i < n; i++) {
-        float si = per_elem ? s[i] : s[0], zi = per_elem ? z[i] : z[0];
-        x[i] = ((float)codes[i] - mid) * si + zi;
+    if (per_elem) {
+        for (uint64_t i = 0; i < n; i++) x[i] = ((float)codes[i] - mid) * s[i] + z[i];
+        return;
     }
+    float si = s[0], zi = z[0];
+    for (uint64_t i = 0; i < n; i++) x[i] = ((float)codes[i] - mid) * si + zi;
 }
 
 /* Codes, `bits` each, LSB first into out[0..ceil(n bits / 8)). */
@@ -338,6 +356,18 @@ CLONES static void pack_codes(const uint8_t *codes, uint64_t n, unsigned bits, u
     if (bits == 4) {
         for (uint64_t i = 0; i + 1 < n; i += 2) out[i / 2] = (uint8_t)(codes[i] | codes[i + 1] << 4);
         if (n & 1) out[n / 2] = codes[n - 1];
+        return;
+    }
+    if (bits == 2) {
+        uint64_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            out[i / 4] = (uint8_t)(codes[i] | codes[i + 1] << 2 | codes[i + 2] << 4 |
+                                   codes[i + 3] << 6);
+        if (i < n) {
+            unsigned v = 0;
+            for (unsigned k = 0; i + k < n; k++) v |= (unsigned)codes[i + k] << (2 * k);
+            out[i / 4] = (uint8_t)v;
+        }
         return;
     }
     uint64_t acc = 0, o = 0;
@@ -362,6 +392,10 @@ CLONES static void unpack_codes(const uint8_t *in, uint64_t n, unsigned bits, ui
     }
     if (bits == 4) {
         for (uint64_t i = 0; i < n; i++) codes[i] = (uint8_t)(in[i / 2] >> (4 * (i & 1)) & 15);
+        return;
+    }
+    if (bits == 2) {
+        for (uint64_t i = 0; i < n; i++) codes[i] = (uint8_t)(in[i / 4] >> (2 * (i & 3)) & 3);
         return;
     }
     unsigned mask = (1u << bits) - 1;
@@ -493,9 +527,9 @@ static const uint8_t *row_src(const enc_job *j, const group_plan *g, uint64_t pi
 static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const uint8_t *outl,
                     unsigned nout, uint64_t t, float *row)
 {
-    widen_row(row_src(j, g, pi, t), g->dtype, g->D, row);
-    for (uint64_t c = 0; c < g->D; c++)
-        if (!isfinite(row[c]))
+    if (widen_row(row_src(j, g, pi, t), g->dtype, g->D, row))
+        for (uint64_t c = 0; c < g->D; c++)
+            if (!isfinite(row[c]))
             return kvs_set_error(KVS_EINVAL,
                                  "int: element (token %llu, channel %llu) of plane %llu is not "
                                  "finite; the int stage quantizes finite values only",
@@ -506,11 +540,26 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
     return KVS_OK;
 }
 
+/* Folds x[0..n) into *mn, *mx: eight lanes at a time, then the rest (min
+ * and max of finite values in any order are the same values, so lanes
+ * change nothing but let the loop vectorize). */
 static void minmax(const float *x, uint64_t n, float *mn, float *mx)
 {
-    for (uint64_t i = 0; i < n; i++) {
-        *mn = x[i] < *mn ? x[i] : *mn;
-        *mx = x[i] > *mx ? x[i] : *mx;
+    float lo[8], hi[8];
+    for (int k = 0; k < 8; k++) lo[k] = *mn, hi[k] = *mx;
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            lo[k] = x[i + k] < lo[k] ? x[i + k] : lo[k];
+            hi[k] = x[i + k] > hi[k] ? x[i + k] : hi[k];
+        }
+    for (; i < n; i++) {
+        lo[0] = x[i] < lo[0] ? x[i] : lo[0];
+        hi[0] = x[i] > hi[0] ? x[i] : hi[0];
+    }
+    for (int k = 0; k < 8; k++) {
+        *mn = lo[k] < *mn ? lo[k] : *mn;
+        *mx = hi[k] > *mx ? hi[k] : *mx;
     }
 }
 
@@ -757,6 +806,24 @@ static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t p
     return KVS_OK;
 }
 
+/* The scales and zeros of block bi of a channel- or tensor-axis plane into
+ * w->a and w->b (D of them, or 1). */
+static void block_scales(const dec_job *j, const group_plan *g, uint64_t pi, uint64_t bi,
+                         workspace *w)
+{
+    const kvs_intq_params *p = j->p;
+    const role_plan *r = &g->role[plane_role(g, pi)];
+    const uint8_t *base = j->in + plane_payload(g, pi);
+    size_t ss = kvs_dtype_size(p->scale_dtype);
+    uint64_t first = r->axis == KVS_INTQ_CHANNEL ? bi * g->D : 0;
+    uint64_t n = r->axis == KVS_INTQ_CHANNEL ? g->D : 1;
+    for (uint64_t c = 0; c < n; c++) {
+        w->a[c] = get_scale(base + r->off_scales + (first + c) * ss, p->scale_dtype);
+        w->b[c] = p->zero_point ? get_scale(base + r->off_zeros + (first + c) * ss, p->scale_dtype)
+                                : 0;
+    }
+}
+
 static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint64_t t,
                        workspace *w)
 {
@@ -776,15 +843,7 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
             float zr = p->zero_point ? get_scale(base + r->off_zeros + idx * ss, p->scale_dtype) : 0;
             dequantize_run(w->codes + c0, n, &sc, &zr, 0, p->zero_point, p->bits, row + c0);
         }
-    } else {
-        uint64_t first = r->axis == KVS_INTQ_CHANNEL ? (t / r->group) * D : 0;
-        uint64_t n = r->axis == KVS_INTQ_CHANNEL ? D : 1;
-        for (uint64_t c = 0; c < n; c++) {
-            s[c] = get_scale(base + r->off_scales + (first + c) * ss, p->scale_dtype);
-            z[c] = p->zero_point ? get_scale(base + r->off_zeros + (first + c) * ss,
-                                             p->scale_dtype)
-                                 : 0;
-        }
+    } else { /* block_scales filled s and z */
         dequantize_run(w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL, p->zero_point, p->bits,
                        row);
     }
@@ -810,6 +869,7 @@ static int decode_range(void *ctx, uint64_t begin, uint64_t end)
         const role_plan *r = &g->role[plane_role(g, pi)];
         uint64_t t0 = bi * r->block_rows;
         uint64_t t1 = t0 + r->block_rows < g->T ? t0 + r->block_rows : g->T;
+        if (r->axis != KVS_INTQ_TOKEN) block_scales(j, g, pi, bi, &w);
         for (uint64_t t = t0; t < t1; t++) decode_row(j, g, pi, t, &w);
     }
     ws_free(&w);
