@@ -29,6 +29,26 @@ const kvs_eval_preset kvs_eval_presets[] = {
      "fp8 codes in a frame"},
     {"fp8-lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}",
      "fp8 codes, then the lossless stage"},
+    /* The int stage (docs/frame_format.md). The kivi rows treat K and V apart:
+     * measure them with --objects layer (per-slice objects are quantized
+     * with the V settings). Figures: eval --objects layer, all 16 kvdata
+     * files (docs/performance.md). */
+    {"int8", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+             "\"k_axis\":\"token\",\"zero_point\":false}]}",
+     "int8 symmetric, a float16 scale per 64 channels of a token (8.25 bits)"},
+    {"int4-kivi", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":4}]}",
+     "int4 KIVI: K per channel, V per token, groups of 64, scale and zero (4.5 bits)"},
+    {"int2-kivi", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":2,"
+                  "\"group\":32}]}",
+     "int2 KIVI, groups of 32 (3 bits)"},
+    {"int31-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":31,\"k_axis\":\"token\",\"group\":256,\"zero_point\":false,"
+                     "\"hadamard\":64},{\"type\":\"lossless\"}]}",
+     "Hadamard per head, 31 levels per token, entropy-coded by lossless (~3.9 bits)"},
+    {"int15-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":15,\"k_axis\":\"token\",\"group\":256,\"zero_point\":false,"
+                     "\"hadamard\":64},{\"type\":\"lossless\"}]}",
+     "Hadamard per head, 15 levels per token, entropy-coded by lossless (~2.9 bits)"},
 };
 const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
 
@@ -73,6 +93,7 @@ static float to_float(const uint8_t *p, kvs_dtype dt)
 typedef struct acc {
     double raw, stored, elems, enc_s, dec_s;
     int exact;
+    char unfit[300]; /* --sweep: why this preset cannot take the files' tensors */
     double sig[2], noise[2], maxabs;
     double asig, anoise, adot, aa, ab;
     int attn;
@@ -175,7 +196,8 @@ static void progress(int on, size_t done, size_t total)
     fflush(stderr);
 }
 
-/* One file through one config. */
+/* One file through one config: 0, -1 (reported), or -2 with --sweep when
+ * the config refuses these tensors (a->unfit says why). */
 static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
                      const opts *o, acc *a)
 {
@@ -204,6 +226,11 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
     uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(slice ? slice : 1);
     float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
+    if (rc == KVS_EINVAL && o->sweep) { /* a preset these tensors do not fit */
+        snprintf(a->unfit, sizeof a->unfit, "%s", kvs_last_error());
+        rc = -2;
+        goto out;
+    }
     if (rc || !blob || !back || !orig || !rest) {
         fprintf(stderr, "kvserde eval: %s\n", rc ? kvs_last_error() : "out of memory");
         rc = -1;
@@ -224,7 +251,10 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         kvs_layout_add_group(&ol, 3, dims3, dt);
     }
     size_t ocap = cap, oslice = slice * (size_t)(3 - nobj_kv);
-    if (o->layer_objects) kvs_estimate_serialized_size(p.serializer, &ol, &ocap);
+    if (o->layer_objects && kvs_estimate_serialized_size(p.serializer, &ol, &ocap) != KVS_OK) {
+        fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
+        rc = -1;
+    }
     if (rc == 0 && ocap > cap) {
         free(blob);
         blob = malloc(ocap);
@@ -362,6 +392,7 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
     json_object_set_new(r, "serde", cfg ? cfg : json_string(serde));
     json_object_set_new(r, "preset", preset ? json_string(preset) : json_null());
     int any = a->elems > 0;
+    if (a->unfit[0]) json_object_set_new(r, "unfit", json_string(a->unfit));
     json_object_set_new(r, "bits_per_element", num_or_null(any, 8 * a->stored / a->elems));
     json_object_set_new(r, "ratio", num_or_null(any, a->raw / a->stored));
     json_object_set_new(r, "lossless", any ? json_boolean(a->exact) : json_null());
@@ -403,6 +434,11 @@ static void fmt(char *buf, size_t n, const json_t *v, int prec)
 
 static void print_row(const json_t *r, const char *name)
 {
+    const char *unfit = json_string_value(json_object_get(r, "unfit"));
+    if (unfit) {
+        printf("%-14s n/a: %s\n", name, unfit);
+        return;
+    }
     char c[8][32];
     fmt(c[0], 32, json_object_get(r, "bits_per_element"), 3);
     fmt(c[1], 32, json_object_get(r, "ratio"), 4);
@@ -485,8 +521,10 @@ int kvs_cmd_eval(int argc, char **argv)
         for (int kvi = 0; kvi < 2; kvi++)
             for (int l = 0; l < MAX_LAYERS; l++) accs[c].slice_exact[kvi][l] = 1;
         const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
-        for (int f = 0; f < nfiles && rc == 0; f++) {
-            if (eval_file(argv[i + f], &files[f], json, &o, &accs[c])) rc = 1;
+        for (int f = 0; f < nfiles && rc == 0 && !accs[c].unfit[0]; f++) {
+            int frc = eval_file(argv[i + f], &files[f], json, &o, &accs[c]);
+            if (frc == -2) accs[c].elems = 0; /* n/a: every figure null */
+            else if (frc) rc = 1;
             progress(bar, c * (size_t)nfiles + (size_t)f + 1, ncfg * (size_t)nfiles);
         }
     }
