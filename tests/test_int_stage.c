@@ -260,6 +260,33 @@ static void test_hand_computed(void)
     kvs_memobj_free(b3);
 }
 
+/* A subnormal scale (float32 values near 0): the codes divide by it (its
+ * reciprocal would overflow to inf and give NaN codes for x = z, the case
+ * fuzz_int found) and stay within the bound. */
+static void test_subnormal_scale(void)
+{
+    const int64_t d2[2] = {1, 3};
+    kvs_memobj *o = obj(KVS_FMT_BINARY, KVS_DTYPE_FLOAT32, 2, d2), *b = like(o);
+    set(o, 0, 0.0f);
+    set(o, 1, 1e-40f);
+    set(o, 2, 5e-41f);
+    kvs_stage *st = make_stage("{\"type\":\"int\",\"bits\":4,\"group\":3,"
+                               "\"scale_dtype\":\"float32\"}");
+    size_t n;
+    uint8_t *pl = encode(st, o, &n);
+    REQUIRE(pl != NULL);
+    CHECK_EQ_U64(n, 4 + 8 + 2);
+    /* s = 6.667e-42 (1e-40 / 15 rounded up): codes 0, 15 (14.998), 7 (7.4992) */
+    CHECK(pl[12] == (0 | 15 << 4) && pl[13] == 7);
+    CHECK_OK(decode(st, pl, n, b));
+    CHECK(plane_excess(o, b, 0, 3, 1, 3, KVS_INTQ_TOKEN, 3, 4, 1, 0) <= 0);
+    CHECK(get(b, 0) == 0.0f);
+    free(pl);
+    st->type->destroy(st);
+    kvs_memobj_free(o);
+    kvs_memobj_free(b);
+}
+
 /* K per channel, V per token in each KV format: the payload is the sizes
  * docs/frame_format.md gives, and the K plane really is grouped by
  * channel (a channel of one large value costs only its own precision). */
@@ -798,6 +825,7 @@ static void test_kvdata(void)
 int main(void)
 {
     RUN(test_hand_computed);
+    RUN(test_subnormal_scale);
     RUN(test_kv_planes);
     RUN(test_bound_synthetic);
     RUN(test_hadamard_and_outliers);

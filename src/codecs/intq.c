@@ -294,15 +294,15 @@ CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
     }
 }
 
-/* Codes of x[0..n) with one scale: rint((x - z) r) clamped to [lo, hi],
- * plus mid (code_range). Per-element scales (channel axis) through r[],
- * z[]. */
+/* Codes of x[0..n) with one scale: rint((x - z) / d) clamped to [lo, hi],
+ * plus mid (code_range); d is the scale, or 1 for a scale of 0. Per-element
+ * scales (channel axis) through r[], z[]. */
 CLONES static void quantize_run(const float *x, uint64_t n, const float *r, const float *z,
                                 int per_elem, float lo, float hi, float mid, uint8_t *codes)
 {
     if (per_elem) {
         for (uint64_t i = 0; i < n; i++) {
-            float q = rintf((x[i] - z[i]) * r[i]);
+            float q = rintf((x[i] - z[i]) / r[i]);
             q = q < lo ? lo : q;
             q = q > hi ? hi : q;
             codes[i] = (uint8_t)(int)(q + mid);
@@ -311,7 +311,7 @@ CLONES static void quantize_run(const float *x, uint64_t n, const float *r, cons
     }
     float ri = r[0], zi = z[0];
     for (uint64_t i = 0; i < n; i++) {
-        float q = rintf((x[i] - zi) * ri);
+        float q = rintf((x[i] - zi) / ri);
         q = q < lo ? lo : q;
         q = q > hi ? hi : q;
         codes[i] = (uint8_t)(int)(q + mid);
@@ -423,7 +423,7 @@ static uint16_t f16_step(uint16_t h, int up)
 static int round_scale(float v, kvs_dtype sd, int up, float *out, uint32_t *bits)
 {
     if (sd == KVS_DTYPE_FLOAT32) {
-        *out = v;
+        *out = v; /* group_scale rounds a float32 scale up itself */
         *bits = kvs_f32_to_bits(v);
         return isfinite(v);
     }
@@ -446,8 +446,18 @@ static float get_scale(const uint8_t *p, kvs_dtype sd)
     return sd == KVS_DTYPE_FLOAT32 ? kvs_f32_from_bits(get_le32(p)) : kvs_f16_to_f32(get_le16(p));
 }
 
+/* range / steps rounded up: steps x s >= range, so no code is clamped
+ * by more than half a step (inf when range is). */
+static float scale_up(float range, float steps)
+{
+    float s = range / steps;
+    while (isfinite(s) && s * steps < range) s = nextafterf(s, INFINITY);
+    return s;
+}
+
 /* The scale (and zero) of a group with values in [mn, mx]: writes them at
- * index `idx` and returns 1 / s (0 for s = 0) and z. */
+ * index `idx` and returns the divisor of the codes (s, or 1 for s = 0) and
+ * z. */
 static int group_scale(const kvs_intq_params *p, float mn, float mx, uint8_t *scales,
                        uint8_t *zeros, uint64_t idx, float *inv, float *zero)
 {
@@ -457,19 +467,26 @@ static int group_scale(const kvs_intq_params *p, float mn, float mx, uint8_t *sc
     int ok;
     if (p->zero_point) {
         ok = round_scale(mn, p->scale_dtype, 0, &z, &zb);
-        ok = ok && round_scale((mx - z) / steps_of(p), p->scale_dtype, 1, &s, &sb);
+        ok = ok && round_scale(scale_up(mx - z, steps_of(p)), p->scale_dtype, 1, &s, &sb);
     } else {
         float amax = fabsf(mn) > fabsf(mx) ? fabsf(mn) : fabsf(mx);
-        ok = round_scale(amax / steps_of(p), p->scale_dtype, 1, &s, &sb);
+        ok = round_scale(scale_up(amax, steps_of(p)), p->scale_dtype, 1, &s, &sb);
     }
-    if (!ok)
+    if (!ok && p->scale_dtype == KVS_DTYPE_FLOAT16)
         return kvs_set_error(KVS_EINVAL,
                              "int: values in [%g, %g] need a scale or zero point beyond float16; "
                              "use \"scale_dtype\": \"float32\"",
                              (double)mn, (double)mx);
+    if (!ok)
+        return kvs_set_error(KVS_EINVAL,
+                             "int: values in [%g, %g] span more than float32 holds; quantize "
+                             "them with a zero point off",
+                             (double)mn, (double)mx);
     put_scale(scales + idx * ss, p->scale_dtype, sb);
     if (p->zero_point) put_scale(zeros + idx * ss, p->scale_dtype, zb);
-    *inv = s > 0 ? 1.0f / s : 0.0f;
+    /* the codes divide by s (a reciprocal overflows for a subnormal s);
+     * s = 0 only when every value of the group is z */
+    *inv = s > 0 ? s : 1.0f;
     *zero = z;
     return KVS_OK;
 }
@@ -488,7 +505,7 @@ typedef struct enc_job {
 typedef struct workspace {
     float *rows;   /* up to nrows x D */
     uint64_t nrows;
-    float *a, *b;  /* D floats each: statistics, then 1 / s and z */
+    float *a, *b;  /* D floats each: statistics, then the divisors and z */
     uint8_t *codes; /* D */
 } workspace;
 
@@ -613,7 +630,7 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         for (uint64_t c = 0; c < D && rc == KVS_OK; c++)
             rc = group_scale(p, mn[c], mx[c], scales, zeros, bi * D + c, &mn[c], &mx[c]);
     }
-    /* now mn[] holds 1 / s and mx[] holds z */
+    /* now mn[] holds the divisors and mx[] the zeros */
     for (uint64_t t = t0; t < t1 && rc == KVS_OK; t++) {
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
