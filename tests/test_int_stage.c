@@ -283,6 +283,18 @@ static void test_subnormal_scale(void)
     CHECK(get(b, 0) == 0.0f);
     free(pl);
     st->type->destroy(st);
+    /* The other end: a float32 scale above 3.4e38 is finite and read back
+     * (a reader once refused it; fuzz_int). 2 levels: s = the range. */
+    set(o, 1, 3.4027e38f);
+    set(o, 2, 3.4027e38f);
+    st = make_stage("{\"type\":\"int\",\"bits\":2,\"levels\":2,\"group\":3,"
+                    "\"scale_dtype\":\"float32\"}");
+    pl = encode(st, o, &n);
+    REQUIRE(pl != NULL);
+    CHECK_OK(decode(st, pl, n, b));
+    CHECK(get(b, 0) == 0.0f && get(b, 1) == 3.4027e38f && get(b, 2) == 3.4027e38f);
+    free(pl);
+    st->type->destroy(st);
     kvs_memobj_free(o);
     kvs_memobj_free(b);
 }

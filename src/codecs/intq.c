@@ -278,7 +278,8 @@ CLONES static void narrow_row(const float *in, kvs_dtype dt, uint64_t n, uint8_t
 /* The normalized Walsh-Hadamard transform of every head of h channels, in
  * place (it is its own inverse). Butterflies in a fixed order, then one
  * multiply by 1/sqrt(h). */
-CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
+static inline __attribute__((always_inline)) void hadamard_heads(float *x, uint64_t D,
+                                                                  unsigned h)
 {
     float norm = 1.0f / sqrtf((float)h);
     for (uint64_t base = 0; base < D; base += h) {
@@ -291,6 +292,17 @@ CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
                     v[j + len] = a - b;
                 }
         for (unsigned j = 0; j < h; j++) v[j] *= norm;
+    }
+}
+
+/* The common head sizes get their own copy with h a constant, which the
+ * compiler unrolls and vectorizes; the operations are the same. */
+CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
+{
+    switch (h) {
+    case 64: hadamard_heads(x, D, 64); break;
+    case 128: hadamard_heads(x, D, 128); break;
+    default: hadamard_heads(x, D, h); break;
     }
 }
 
@@ -391,11 +403,17 @@ CLONES static void unpack_codes(const uint8_t *in, uint64_t n, unsigned bits, ui
         return;
     }
     if (bits == 4) {
-        for (uint64_t i = 0; i < n; i++) codes[i] = (uint8_t)(in[i / 2] >> (4 * (i & 1)) & 15);
+        for (uint64_t i = 0; i < n / 2; i++) {
+            codes[2 * i] = in[i] & 15;
+            codes[2 * i + 1] = in[i] >> 4;
+        }
+        if (n & 1) codes[n - 1] = in[n / 2] & 15;
         return;
     }
     if (bits == 2) {
-        for (uint64_t i = 0; i < n; i++) codes[i] = (uint8_t)(in[i / 4] >> (2 * (i & 3)) & 3);
+        for (uint64_t i = 0; i < n / 4; i++)
+            for (unsigned k = 0; k < 4; k++) codes[4 * i + k] = in[i] >> (2 * k) & 3;
+        for (uint64_t i = n / 4 * 4; i < n; i++) codes[i] = in[i / 4] >> (2 * (i & 3)) & 3;
         return;
     }
     unsigned mask = (1u << bits) - 1;
@@ -813,7 +831,7 @@ static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t p
     for (uint64_t i = 0; i < r->nscales; i++) {
         float s = get_scale(base + r->off_scales + i * ss, p->scale_dtype);
         float z = p->zero_point ? get_scale(base + r->off_zeros + i * ss, p->scale_dtype) : 0;
-        if (!(s >= 0 && s <= 3.4e38f) || !isfinite(z))
+        if (!(s >= 0) || !isfinite(s) || !isfinite(z))
             return kvs_set_error(KVS_ECORRUPT,
                                  "int: group %u plane %llu: scale %llu is %g (zero %g); expected "
                                  "a finite scale >= 0 and a finite zero",
