@@ -33,6 +33,7 @@ int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_m
 #include "codecs/half.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
+#include "kvs_test_proc.h"
 #include "kvs_test_kvdata.h"
 #include "kvserde/memobj.h"
 #include "kvserde/pipeline.h"
@@ -666,17 +667,6 @@ static void test_damaged_payloads(void)
  * Workers and clones
  * ------------------------------------------------------------------ */
 
-static int proc_wait(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
-{
-    for (int i = 0; i < 10000; i++) {
-        int rc = serialize ? kvs_processor_query_serialize_result(p, id, r)
-                           : kvs_processor_query_deserialize_result(p, id, r);
-        if (rc || r->state != KVS_TASK_PENDING) return rc;
-        usleep(1000);
-    }
-    return -1;
-}
-
 static void test_split_across_workers(void)
 {
     static const char *const cfgs[2] = {
@@ -707,12 +697,12 @@ static void test_split_across_workers(void)
             kvs_task_id id;
             kvs_task_result r;
             REQUIRE_OK(kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id));
-            REQUIRE(proc_wait(p, 1, id, &r) == KVS_OK);
+            REQUIRE(kvs_test_proc_wait(p, 1, id, &r) == KVS_OK);
             CHECK(r.state == KVS_TASK_OK);
             CHECK(blob->used_size == len && memcmp(blob->data, want->data, len) == 0);
             memset(back->data, 0, back->capacity);
             REQUIRE_OK(kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id));
-            REQUIRE(proc_wait(p, 0, id, &r) == KVS_OK);
+            REQUIRE(kvs_test_proc_wait(p, 0, id, &r) == KVS_OK);
             CHECK(r.state == KVS_TASK_OK);
             CHECK(memcmp(back->data, back1->data, back->capacity) == 0);
         }
