@@ -198,10 +198,10 @@ static void test_sweep_and_table(void)
     int saw_unfit = 0;
     for (size_t i = 0; i < json_array_size(res); i++) {
         const json_t *r = json_array_get(res, i);
-        if (strcmp(json_string_value(json_object_get(r, "preset")), "int31-had-ll") != 0) continue;
+        if (strcmp(json_string_value(json_object_get(r, "preset")), "int47-had-ll") != 0) continue;
         saw_unfit = 1;
         CHECK_EQ_STR(json_string_value(json_object_get(r, "unfit")),
-                     "int: hadamard 64 does not divide the 4 channels of group 0");
+                     "int: hadamard 256 does not divide the 4 channels of group 0");
         CHECK(json_is_null(json_object_get(r, "bits_per_element")));
     }
     CHECK(saw_unfit);
@@ -213,7 +213,7 @@ static void test_sweep_and_table(void)
     CHECK(strstr(out, "serde             bits   ratio exact") != NULL);
     CHECK(strstr(out, "    K0   ratio") != NULL);
     CHECK(strstr(out, "    V0   ratio") == NULL); /* skipped */
-    CHECK(strstr(out, "int15-had-ll   n/a: int: hadamard 64 does not divide the 4 channels") !=
+    CHECK(strstr(out, "int21-had-ll   n/a: int: hadamard 256 does not divide the 4 channels") !=
           NULL);
     free(out);
 }

@@ -41,14 +41,14 @@ const kvs_eval_preset kvs_eval_presets[] = {
     {"int2-kivi", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":2,"
                   "\"group\":32}]}",
      "int2 KIVI, groups of 32 (3 bits)"},
-    {"int31-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
-                     "\"levels\":31,\"k_axis\":\"token\",\"group\":256,\"zero_point\":false,"
-                     "\"hadamard\":64},{\"type\":\"lossless\"}]}",
-     "Hadamard per head, 31 levels per token, entropy-coded by lossless (~3.9 bits)"},
-    {"int15-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
-                     "\"levels\":15,\"k_axis\":\"token\",\"group\":256,\"zero_point\":false,"
-                     "\"hadamard\":64},{\"type\":\"lossless\"}]}",
-     "Hadamard per head, 15 levels per token, entropy-coded by lossless (~2.9 bits)"},
+    {"int47-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":47,\"k_axis\":\"tensor\",\"v_axis\":\"tensor\","
+                     "\"zero_point\":false,\"hadamard\":256},{\"type\":\"lossless\"}]}",
+     "Hadamard over 256 channels, one step per K or V, 47 levels, entropy-coded (~4 bits)"},
+    {"int21-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":21,\"k_axis\":\"tensor\",\"v_axis\":\"tensor\","
+                     "\"zero_point\":false,\"hadamard\":256},{\"type\":\"lossless\"}]}",
+     "Hadamard over 256 channels, one step per K or V, 21 levels, entropy-coded (~2.9 bits)"},
 };
 const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
 

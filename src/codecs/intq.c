@@ -295,13 +295,14 @@ static inline __attribute__((always_inline)) void hadamard_heads(float *x, uint6
     }
 }
 
-/* The common head sizes get their own copy with h a constant, which the
+/* The common sizes get their own copy with h a constant, which the
  * compiler unrolls and vectorizes; the operations are the same. */
 CLONES static void hadamard_row(float *x, uint64_t D, unsigned h)
 {
     switch (h) {
     case 64: hadamard_heads(x, D, 64); break;
     case 128: hadamard_heads(x, D, 128); break;
+    case 256: hadamard_heads(x, D, 256); break;
     default: hadamard_heads(x, D, h); break;
     }
 }
