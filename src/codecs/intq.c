@@ -579,7 +579,7 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
 /* Folds x[0..n) into *mn, *mx: eight lanes at a time, then the rest (min
  * and max of finite values in any order are the same values, so lanes
  * change nothing but let the loop vectorize). */
-static void minmax(const float *x, uint64_t n, float *mn, float *mx)
+CLONES static void minmax(const float *x, uint64_t n, float *mn, float *mx)
 {
     float lo[8], hi[8];
     for (int k = 0; k < 8; k++) lo[k] = *mn, hi[k] = *mx;
