@@ -13,25 +13,7 @@
 #include <time.h>
 
 #include "kvserde/kvserde.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+#include "bench_timing.h"
 
 static const char *const configs[][2] = {
     {"int8 token", "{\"type\":\"int\",\"bits\":8,\"k_axis\":\"token\",\"zero_point\":false}"},
