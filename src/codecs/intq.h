@@ -1,5 +1,5 @@
 /* intq.h - internal: the integer quantizer of the `int` pipeline stage
- * (docs/frame_format.md, "The int payload", is the byte definition).
+ * (docs/frame_format.md, "The int stage", is the byte definition).
  *
  * An object is cut into planes: one [tokens, channels] matrix per K or V
  * of a layer, found from the memory format (KV_2LTD, KV_2TD, KV_T2D with
@@ -12,14 +12,15 @@
  * largest channels (by absmax over the plane) at the source's precision.
  *
  * Error bound, per element and without Hadamard: |x - x'| <= s / 2 where s
- * is the element's group scale as stored (the encoder rounds it up, so s is
- * at most range / levels x (1 + 2^-10) with float16 scales), plus float32
- * rounding of the arithmetic (relative 2^-22) and the final rounding to the
- * object's dtype (half an ulp of x'). Symmetric: s = absmax / ((levels -
- * 1) / 2); with a zero point: s = (max - min) / (levels - 1); levels is
- * 2^bits - 1 and 2^bits by default (fewer levels stored in 8-bit codes are
- * for an entropy coder after the stage: a step of its own, not of the code
- * width).
+ * is the element's group scale as stored, plus float32 rounding of the
+ * arithmetic (relative 2^-22) and the final rounding to the object's dtype
+ * (half an ulp of x'). s = range / steps rounded up (with float16 scales at
+ * most x (1 + 2^-10) over it; a float16 zero point is rounded down, which
+ * widens the range by at most 2^-11 |min|): symmetric, range = absmax and
+ * steps = (levels - 1) / 2; with a zero point, range = max - min and steps
+ * = levels - 1. levels is 2^bits - 1 and 2^bits by default; fewer levels
+ * in 8-bit codes are for an entropy coder after the stage (a step of its
+ * own, not the code width's).
  * With Hadamard the bound holds in the rotated domain: the error of a head
  * vector of h channels has L2 norm <= sqrt(h) x max s / 2 over its groups.
  * Outlier channels come back bit for bit.
