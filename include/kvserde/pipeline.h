@@ -66,6 +66,16 @@
  * stores only those bytes). The header is 28 bytes + 2 + 8 x ndim per group
  * + 4 + parameter bytes per stage + 4.
  *
+ * Passes over memory: when the typed stage can encode any range of its
+ * output (fp8, bytes), the checksum and the encryption run on each 256 KiB
+ * block of it right after it is written, while it is in cache. Decoding
+ * checks the whole payload first (a checksum reads it; aes_gcm decrypts it
+ * into a scratch buffer and verifies the tag) and only then decodes into
+ * the destination. The deserializer keeps up to 4 such scratch buffers
+ * (1 GiB in all) for later calls, shared under a lock by the threads that
+ * decode through it; they hold plaintext and are wiped when freed and when
+ * the deserializer is destroyed (docs/security.md).
+ *
  * Serialize is deterministic for the same source and key, except with
  * aes_gcm: every blob gets a fresh random nonce (the one documented
  * exception).

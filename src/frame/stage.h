@@ -84,8 +84,8 @@ struct kvs_stage_type {
                         size_t cap, size_t *n);
     /* Optional: byte b of the output depends on the source alone (fp8:
      * element b; bytes: byte b) and the output is exactly typed_bound
-     * bytes, so the pipeline may produce it block by block and checksum each
-     * block while it is in cache. Encodes output bytes [begin, end) on the
+     * bytes, so the pipeline may produce it block by block and checksum and
+     * encrypt each block while it is in cache. Encodes output bytes [begin, end) on the
      * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
@@ -120,6 +120,18 @@ struct kvs_stage_type {
      * that cannot be (KVS_ECORRUPT). */
     int (*transform_decoded_size)(const uint8_t *params, size_t nparams, const uint8_t *in,
                                   size_t n, size_t *outn);
+    /* Optional, transforms only: the same encoding as transform_encode, fed
+     * in consecutive pieces, so the pipeline can run it block by block right
+     * after the typed stage writes each block (while it is in cache).
+     * stream_begin gets the parameters and the ctx transform_encode would
+     * (the final header for needs_header) and the total n; stream_update
+     * encodes the next piece (out == in allowed); stream_end(state, tail)
+     * writes what bytes_bound adds after the n bytes (the tag) into tail
+     * and frees the state; tail NULL abandons it (frees, writes nothing). */
+    int (*stream_begin)(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                        const kvs_stage_ctx *ctx, size_t n, void **state);
+    int (*stream_update)(void *state, const uint8_t *in, uint8_t *out, size_t n);
+    int (*stream_end)(void *state, uint8_t *tail);
     /* Transform decode: in -> out (out never aliases in), refusing damaged
      * or unauthenticated input with nothing useful left in out. */
     int (*transform_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
