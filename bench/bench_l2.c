@@ -69,6 +69,7 @@
 #include "kvserde/l2_redis.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
+#include "bench_timing.h"
 
 extern char **environ;
 
@@ -77,19 +78,6 @@ extern char **environ;
 
 static pid_t server_pid;
 static char workdir[64];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {

@@ -56,21 +56,9 @@
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
 #include "kvserde/serde.h"
+#include "bench_timing.h"
 #include "kv_values.h"
 
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int die(const char *what)
 {

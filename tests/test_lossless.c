@@ -20,6 +20,7 @@
 
 #include "frame/stage.h"
 #include "kvs_test.h"
+#include "kvs_test_proc.h"
 #include "kvserde/memobj.h"
 #include "kvserde/pipeline.h"
 #include "kvserde/processor.h"
@@ -677,17 +678,6 @@ static void test_kvdata(void)
  * Split across a processor's workers: the same bytes, the same values
  * ------------------------------------------------------------------ */
 
-static int proc_wait(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
-{
-    for (int i = 0; i < 10000; i++) {
-        int rc = serialize ? kvs_processor_query_serialize_result(p, id, r)
-                           : kvs_processor_query_deserialize_result(p, id, r);
-        if (rc || r->state != KVS_TASK_PENDING) return rc;
-        usleep(1000);
-    }
-    return -1;
-}
-
 static void split_across_workers(const char *json)
 {
     kvs_layout l = {0};
@@ -711,12 +701,12 @@ static void split_across_workers(const char *json)
         kvs_task_id id;
         kvs_task_result r;
         REQUIRE(kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id) == KVS_OK);
-        REQUIRE(proc_wait(p, 1, id, &r) == KVS_OK);
+        REQUIRE(kvs_test_proc_wait(p, 1, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(blob->used_size == len && memcmp(blob->data, want, len) == 0);
         memset(back->data, 0, back->capacity);
         REQUIRE(kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id) == KVS_OK);
-        REQUIRE(proc_wait(p, 0, id, &r) == KVS_OK);
+        REQUIRE(kvs_test_proc_wait(p, 0, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(memcmp(back->data, src->data, (size_t)kvs_layout_nbytes(&l)) == 0);
     }

@@ -254,7 +254,7 @@ static void test_create_refused(void)
          "pipeline: stage 0 must be an object with a string \"type\"; its \"type\" is integer"},
         {ST("[{\"type\":\"zstd\"}]"),
          "pipeline: stage 0: unknown stage type 'zstd'; known: bytes, fp8, crc32c, xxh3, "
-         "aes_gcm, lossless, ggml_q8_0, ggml_q4_0"},
+         "aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int"},
         {ST("[{\"type\":\"crc32c\"}]"),
          "pipeline: stage 0 'crc32c' is a bytes -> bytes stage; the chain starts with one "
          "typed stage (bytes or fp8)"},
@@ -320,11 +320,13 @@ static void test_checksum_appended(void)
               "frame: not a kvserde frame (3 bytes, no 'KVSF' magic)");
     CHECK_ERR(kvs_frame_inspect(b.data, b.len, NULL), KVS_EINVAL,
               "frame: inspect: NULL argument");
-    const char *names[8];
-    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 8), 8);
+    const char *names[9];
+    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 9), 9);
     CHECK_EQ_STR(names[0], "bytes");
     CHECK_EQ_STR(names[4], "aes_gcm");
     CHECK_EQ_STR(names[5], "lossless");
+    CHECK_EQ_STR(names[6], "ggml_q8_0");
+    CHECK_EQ_STR(names[8], "int");
     free(b.data);
     kvs_memobj_free(src);
     kvs_serde_pair_destroy(&p);
@@ -654,7 +656,7 @@ static void test_patched_fields(void)
          "pipeline: frame format version 2; this build reads version 1"},
         {68, 2, 99, KVS_EUNSUPPORTED,
          "pipeline: frame stage 1 has unknown stage id 99; this build knows ids 1 (bytes), 2 "
-         "(fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless), 16 (ggml_q8_0), 17 (ggml_q4_0)"},
+         "(fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless), 16 (ggml_q8_0), 17 (ggml_q4_0), 8 (int)"},
         {5, 1, 3, KVS_EUNSUPPORTED, "pipeline: unknown frame flags 0x03"},
         {5, 1, 0, KVS_ECORRUPT, "pipeline: unbound frame carries a key fingerprint"},
         {24, 1, 9, KVS_ECORRUPT, "pipeline: unknown memory format 9 in the frame"},

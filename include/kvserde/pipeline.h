@@ -19,6 +19,30 @@
  *        {"type": "fp8", "fp8_dtype": "float8_e4m3fn" | "float8_e5m2",
  *         "saturate": true}  one fp8 code per element, the fp8 serde's
  *                            numbers (fp8.h)
+ *        {"type": "int", "bits": 4, "k_axis": "channel", "v_axis": "token",
+ *         "group": 64, "k_group": G, "v_group": G, "zero_point": true,
+ *         "scale_dtype": "float16", "levels": L, "hadamard": 0,
+ *         "k_outliers": 0}
+ *                            integer codes of `bits` (2-8) bits with a
+ *                            scale (and zero point) per group of `group`
+ *                            (1-65535) elements along the axis ("token",
+ *                            "channel" or "tensor"), K and V apart (the
+ *                            defaults are KIVI's). K and V are the halves
+ *                            of a KV_2LTD / KV_2TD / KV_T2D object; any
+ *                            other object is one [elements / last dim,
+ *                            last dim] matrix with V's settings.
+ *                            "hadamard": h rotates every head of h
+ *                            channels (a power of two dividing the last
+ *                            dim) first; "k_outliers": n keeps K's n
+ *                            largest channels exactly; "levels" uses
+ *                            fewer code values than 2^bits (default
+ *                            2^bits with a zero point, 2^bits - 1 without)
+ *                            so that a "lossless" stage after it codes a
+ *                            finer step than fixed bits would. Error bound
+ *                            and layout: docs/frame_format.md. Refused:
+ *                            dtypes other than float32 / float16 /
+ *                            bfloat16, non-finite elements, scales beyond
+ *                            float16 (use "scale_dtype": "float32")
  *   2. then bytes -> bytes stages:
  *        {"type": "lossless", "level": 1, "coder": "zstd"}
  *                            exact compression: the typed stage's elements

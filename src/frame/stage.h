@@ -26,6 +26,7 @@
 enum kvs_stage_id {
     KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
+    KVS_STAGE_INT = 8,     /* typed: grouped integer codes, 2-8 bits (codecs/intq.h) */
     KVS_STAGE_GGML_Q8_0 = 16, /* typed: llama.cpp q8_0 blocks (ggml.h) */
     KVS_STAGE_GGML_Q4_0 = 17, /* typed: llama.cpp q4_0 blocks (ggml.h) */
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
@@ -51,7 +52,7 @@ typedef enum kvs_stage_kind {
  * produced, for a transform that models it (lossless): the pipeline fills
  * elem_size and channels, on encode and on decode alike, for the bytes stage
  * right after the typed stage, from the frame's layout: elem_size is 1 for
- * fp8 codes and ggml blocks (channels 1 for those: a block is no element), the dtype's size for `bytes` when every group has the same one
+ * fp8 codes, int payloads and ggml blocks (channels 1 for ggml blocks: a block is no element), the dtype's size for `bytes` when every group has the same one
  * (else 1); channels is the last dim of the layout when every group has the
  * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
@@ -181,6 +182,7 @@ extern const kvs_stage_type kvs_stage_aes_gcm_type;
 extern const kvs_stage_type kvs_stage_lossless_type;
 extern const kvs_stage_type kvs_stage_ggml_q8_0_type;
 extern const kvs_stage_type kvs_stage_ggml_q4_0_type;
+extern const kvs_stage_type kvs_stage_int_type;
 
 /* The parameter functions of a stage that records none (bytes, the checks,
  * the ggml stages; stage_registry.c): size 0, nothing to write, "{}". */

@@ -14,6 +14,7 @@ static const kvs_stage_type *const stage_types[] = {
     &kvs_stage_bytes_type,  &kvs_stage_fp8_type,    &kvs_stage_crc32c_type,
     &kvs_stage_xxh3_type,   &kvs_stage_aes_gcm_type, &kvs_stage_lossless_type,
     &kvs_stage_ggml_q8_0_type, &kvs_stage_ggml_q4_0_type,
+    &kvs_stage_int_type,
 };
 #define NTYPES (sizeof stage_types / sizeof stage_types[0])
 
@@ -78,7 +79,9 @@ void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned
     uint64_t c = 0;
     for (uint32_t g = 0; g < layout->ngroups; g++) {
         const kvs_group *gr = &layout->groups[g];
-        unsigned gs = typed_id == KVS_STAGE_FP8 ? 1 : (unsigned)kvs_dtype_size(gr->dtype);
+        unsigned gs = typed_id == KVS_STAGE_FP8 || typed_id == KVS_STAGE_INT
+                          ? 1
+                          : (unsigned)kvs_dtype_size(gr->dtype);
         uint64_t gc = gr->shape.ndim ? (uint64_t)gr->shape.dims[gr->shape.ndim - 1] : 1;
         s = g == 0 || s == gs ? gs : 1;
         c = g == 0 || c == gc ? gc : 1;
