@@ -1387,6 +1387,41 @@ static int hook_wait(struct hook_log *h, int n)
  * thread that finished it (the worker; the submitting thread for an empty
  * batch, before the submit returns), once the result is readable; the fds
  * are not signalled. Another implementation takes no hooks (0). */
+/* kvs_async_processor_set_inline: a task whose objects add up to at most
+ * the limit runs inside its submit (its hook fires on the submitting thread
+ * before the submit returns); a larger one goes to a worker. */
+static void test_small_tasks_run_inline(void)
+{
+    kvs_processor *p = make_proc(1);
+    REQUIRE(p != NULL);
+    struct hook_log hs = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                          .p = p, .dir = SER};
+    REQUIRE(kvs_async_processor_set_hooks(p, (kvs_completion_hook){hook_record, &hs},
+                                          (kvs_completion_hook){NULL, NULL}) == 1);
+    kvs_processor other = {&other_ops};
+    CHECK_EQ_INT(kvs_async_processor_set_inline(&other, 1), 0);
+    /* two objects of OBJ_BYTES: inline at a limit of 2 x OBJ_BYTES, not below */
+    CHECK_EQ_INT(kvs_async_processor_set_inline(p, 2 * OBJ_BYTES), 1);
+    buf_obj a, b;
+    make_obj(&a, 1);
+    make_obj(&b, 2);
+    kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
+    kvs_task_id id;
+    REQUIRE_OK(submit(p, SER, src, 1, dst, 1, &id));
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_INT(hs.n, 1); /* finished before the submit returned */
+    CHECK_EQ_STR(hs.threads[0], "test_async_proc");
+    pthread_mutex_unlock(&hs.mu);
+    CHECK_EQ_INT(b.data[0], 1); /* transformed (the test serde copies) */
+    CHECK_EQ_INT(kvs_async_processor_set_inline(p, 2 * OBJ_BYTES - 1), 1);
+    REQUIRE_OK(submit(p, SER, src, 1, dst, 1, &id));
+    REQUIRE(hook_wait(&hs, 2));
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_STR(hs.threads[1], "kvs-proc-0");
+    pthread_mutex_unlock(&hs.mu);
+    kvs_processor_destroy(p);
+}
+
 static void test_completion_hooks_replace_the_fd(void)
 {
     kvs_processor *p = make_proc(1);
@@ -2174,6 +2209,7 @@ int main(void)
     /* upstream group A */
     RUN(test_fds_are_distinct);
     RUN(test_completion_hooks_replace_the_fd);
+    RUN(test_small_tasks_run_inline);
     RUN(test_serialize_signals_fd_and_result_is_ok);
     RUN(test_deserialize_signals_fd_and_result_is_ok);
     RUN(test_serialize_failure_reports_failed);

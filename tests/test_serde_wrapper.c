@@ -390,18 +390,25 @@ static const struct kvs_serializer_ops tser_ops = {"tserde", tser_serialize, tse
                                                    tser_destroy};
 static const struct kvs_deserializer_ops tde_ops = {"tserde", tde_deserialize, tde_destroy};
 
-static kvs_processor *test_proc(int ser_mode, int de_fail)
+/* A processor (1 worker) over the test serde; ops: the serializer's. */
+static kvs_processor *test_proc_ops(const struct kvs_serializer_ops *ops, int ser_mode,
+                                    int de_fail)
 {
     struct tser *s = calloc(1, sizeof *s);
     struct tde *d = calloc(1, sizeof *d);
     if (s == NULL || d == NULL) abort();
-    s->base.ops = &tser_ops;
+    s->base.ops = ops;
     s->mode = ser_mode;
     d->base.ops = &tde_ops;
     d->fail = de_fail;
     kvs_processor *p = NULL;
     if (kvs_async_processor_create(&s->base, &d->base, 1, &p) != KVS_OK) return NULL;
     return p;
+}
+
+static kvs_processor *test_proc(int ser_mode, int de_fail)
+{
+    return test_proc_ops(&tser_ops, ser_mode, de_fail);
 }
 
 /* A wrapper around a fresh memory adapter; *inner keeps a pointer to it for
@@ -636,6 +643,61 @@ static void test_pool_reuses_temps(void)
     free_objs(src, 4);
     free_objs(dst, 4);
     kvs_memobj_free(one);
+    kvs_l2_destroy(w);
+}
+
+/* A store of several large objects goes on in pieces (about 4 MiB of temps
+ * each): the inner adapter stores the first piece while the last is still
+ * being serialized. The serializer, on the task's last key, waits (at most
+ * 5 s) for key 0 to appear in the inner adapter: a store that serialized
+ * the whole batch first would never let it. */
+static kvs_l2_adapter *piece_inner;
+static int piece_saw_key0 = -1;
+
+static int piece_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                           const kvs_object_key *key, size_t *nwritten)
+{
+    kvs_object_key k0 = key_of(0), last = key_of(7);
+    if (key && kvs_object_key_equal(key, &last)) {
+        piece_saw_key0 = 0;
+        for (int i = 0; i < 500 && !piece_saw_key0; i++) {
+            int64_t size = -1;
+            if (kvs_l2_object_sizes(piece_inner, &k0, 1, &size) == KVS_OK && size >= 0)
+                piece_saw_key0 = 1;
+            else
+                usleep(10000);
+        }
+    }
+    return tser_serialize(s, src, dst, key, nwritten);
+}
+
+static const struct kvs_serializer_ops piece_ser_ops = {"tserde", piece_serialize,
+                                                        tser_estimate, tser_destroy};
+
+static void test_large_store_goes_in_pieces(void)
+{
+    kvs_l2_adapter *w =
+        mem_wrapper(test_proc_ops(&piece_ser_ops, TS_IDENTITY, 0), (uint64_t)64 << 20, &piece_inner);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){1 << 20});
+    kvs_object_key keys[8];
+    kvs_memobj *src[8], *dst[8];
+    keys_range(keys, 0, 8);
+    new_objs(src, 8, &l);
+    new_objs(dst, 8, &l);
+    for (int i = 0; i < 8; i++) fill_exact(src[i], i);
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, src, 8, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    CHECK_EQ_INT(res.bytes_written, 8 << 20); /* the pieces' bytes add up */
+    CHECK_EQ_INT(piece_saw_key0, 1);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, 8, &bm));
+    CHECK_EQ_STR(bits(&bm), "11111111");
+    kvs_l2_bitmap_release(&bm);
+    for (int i = 0; i < 8; i++) CHECK(same_bytes(src[i], dst[i]));
+    free_objs(src, 8);
+    free_objs(dst, 8);
     kvs_l2_destroy(w);
 }
 
@@ -2185,6 +2247,7 @@ static void test_phases_chain_on_the_finishing_thread(void)
     new_objs(dst, 2, &l);
     fill_exact(src[0], 1);
     fill_exact(src[1], 2);
+    kvs_l2_bitmap bm0;
 
     /* store: an async (hookable) processor, an inner it cannot hook */
     struct spy_adapter *spy = calloc(1, sizeof *spy);
@@ -2201,10 +2264,27 @@ static void test_phases_chain_on_the_finishing_thread(void)
         CHECK_OK(do_store(w, &keys[i], &src[i], 1, &res));
         CHECK_EQ_INT(res.state, KVS_TASK_OK);
     }
+    /* an object over the inline limit (128 KiB both sides): its serialize
+     * runs on the processor's worker, which then submits the store */
+    kvs_layout big = layout1(KVS_DTYPE_BFLOAT16, 2, (int64_t[]){256, 256});
+    kvs_memobj *bsrc = new_obj(&big), *bdst = new_obj(&big);
+    fill_exact(bsrc, 3);
+    kvs_object_key bkey = key_of(9);
+    CHECK_OK(do_store(w, &bkey, &bsrc, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
     pthread_mutex_lock(&spy->mu);
-    CHECK_EQ_INT(spy->nstores, 2);
-    for (size_t i = 0; i < spy->nstores; i++) CHECK_EQ_STR(spy->store_thread[i], "kvs-proc-0");
+    CHECK_EQ_INT(spy->nstores, 3);
+    /* the small ones were serialized inline, inside the caller's submit */
+    CHECK_EQ_STR(spy->store_thread[0], "test_serde_wrap");
+    CHECK_EQ_STR(spy->store_thread[1], "test_serde_wrap");
+    CHECK_EQ_STR(spy->store_thread[2], "kvs-proc-0");
     pthread_mutex_unlock(&spy->mu);
+    CHECK_OK(do_load(w, &bkey, &bdst, 1, &bm0));
+    CHECK_EQ_STR(bits(&bm0), "1");
+    kvs_l2_bitmap_release(&bm0);
+    CHECK(same_bytes(bsrc, bdst));
+    kvs_memobj_free(bsrc);
+    kvs_memobj_free(bdst);
     kvs_l2_bitmap bm;
     CHECK_OK(do_load(w, keys, dst, 2, &bm)); /* the poll thread drives this load */
     CHECK_EQ_STR(bits(&bm), "11");
@@ -2248,6 +2328,7 @@ int main(void)
     RUN(test_pool_shared_by_tasks_in_flight);
     RUN(test_pool_cache_stays_in_budget);
     RUN(test_pool_reuses_temps);
+    RUN(test_large_store_goes_in_pieces);
     RUN(test_inner_store_failure);
     RUN(test_one_damaged_blob_memory);
     RUN(test_one_damaged_blob_fs);

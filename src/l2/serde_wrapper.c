@@ -106,6 +106,14 @@
 /* Idle temps kept for reuse (they also count against the pool budget). */
 #define MAX_CACHED_TEMPS 1024
 #define POP_BATCH 16
+/* A store of several objects whose temps add up to more than this goes on
+ * in pieces of about this many temp bytes: each piece is stored as soon as
+ * it is serialized, so the inner adapter's writes overlap the serialize of
+ * the next pieces instead of waiting for the whole batch. */
+#define PIECE_BYTES ((size_t)4 << 20)
+/* A serialize or deserialize whose objects (both sides) add up to at most
+ * this runs inline (processor_hooks.h): well under a thread wake-up's cost. */
+#define INLINE_MAX_BYTES ((size_t)128 << 10)
 
 /* ---------------------------------------------------------------------
  * Types
@@ -146,6 +154,12 @@ struct wtask {
     size_t *sel_idx;            /* each found key's index in the task */
     size_t nsel, sel_off;       /* found keys; the first one not yet deserialized */
     struct wtask *prev, *next;  /* the phase's list */
+    /* A store in pieces: each piece is a wtask of its own on the phase
+     * lists, whose arrays point into its whole task's (borrowed, not
+     * freed with the piece) and whose t is the whole task's. The whole
+     * task is on no list; it completes when its last piece finishes. */
+    struct wtask *whole;        /* a piece: its whole task; else NULL */
+    size_t pieces_left;         /* the whole task: pieces not yet finished */
 };
 
 struct wrapper {
@@ -398,6 +412,10 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
 static void wtask_free(struct wtask *wt)
 {
     if (wt == NULL) return;
+    if (wt->whole) { /* a piece: its arrays are the whole task's */
+        free(wt);
+        return;
+    }
     free(wt->keys);
     free(wt->objs);
     free(wt->views);
@@ -472,6 +490,12 @@ static void release_temps_locked(struct wrapper *w, struct wtask *wt, struct tem
 static void finish_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
 {
     release_temps_locked(w, wt, to_free);
+    if (wt->whole) { /* a piece: the whole task completes with its last */
+        struct wtask *whole = wt->whole;
+        wtask_free(wt);
+        if (--whole->pieces_left > 0) return;
+        wt = whole; /* its temps all went back with its pieces */
+    }
     kvs_l2_tq_complete(&w->tq, wt->t);
     wt->t = NULL;
     wtask_free(wt);
@@ -634,7 +658,7 @@ static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
             if (wt == NULL) continue; /* not ours (cannot happen) */
             list_remove_locked(w, wt);
             if (res[k].state == KVS_TASK_OK) {
-                wt->t->store.bytes_written = res[k].bytes_written;
+                wt->t->store.bytes_written += res[k].bytes_written; /* pieces add up */
             } else {
                 kvs_l2_tq_fail(wt->t, res[k].status != KVS_OK ? res[k].status : KVS_EIO,
                                res[k].message[0] ? res[k].message
@@ -737,6 +761,13 @@ static void install_hooks(struct wrapper *w)
     kvs_completion_hook ser = {serialize_done, w}, de = {deserialize_done, w};
     int proc_hooked = w->mproc ? kvs_async_multi_processor_set_hooks(w->mproc, ser, de)
                                : kvs_async_processor_set_hooks(w->proc, ser, de);
+    /* With the hooks, a small transform runs on the thread that submits it
+     * (the caller's for a store's serialize, the inner adapter's worker for
+     * a load's deserialize): cheaper than waking a processor worker. */
+    if (proc_hooked) {
+        if (w->mproc) (void)kvs_async_multi_processor_set_inline(w->mproc, INLINE_MAX_BYTES);
+        else (void)kvs_async_processor_set_inline(w->proc, INLINE_MAX_BYTES);
+    }
     w->hooked[PH_SERIALIZE] = w->hooked[PH_DESER] = proc_hooked;
     kvs_l2_task_queue *q = kvs_l2_base_task_queue(w->inner);
     if (q) {
@@ -902,6 +933,66 @@ static int take_temps(struct wrapper *w, struct wtask *wt, size_t est)
     return KVS_OK;
 }
 
+/* Objects per piece of a store task (about PIECE_BYTES of temps, at least
+ * one), or 0 when it goes on whole: one object, or one piece would hold
+ * them all. */
+static size_t piece_objects(const struct wtask *wt)
+{
+    if (wt->n < 2 || wt->temp_size == 0) return 0;
+    size_t per = wt->temp_size >= PIECE_BYTES / 2 ? 1 : PIECE_BYTES / wt->temp_size;
+    return per < wt->n ? per : 0;
+}
+
+/* The pieces of a store task, per objects each (made before mu is taken);
+ * NULL when memory is short: the task then goes on whole, only slower. */
+static struct wtask **make_pieces(struct wtask *wt, size_t per, size_t *npieces)
+{
+    size_t np = (wt->n + per - 1) / per;
+    struct wtask **pieces = calloc(np, sizeof *pieces);
+    for (size_t i = 0; pieces && i < np; i++) {
+        struct wtask *pc = calloc(1, sizeof *pc);
+        if (pc == NULL) {
+            while (i > 0) free(pieces[--i]);
+            free(pieces);
+            return NULL;
+        }
+        size_t first = i * per;
+        pc->t = wt->t;
+        pc->whole = wt;
+        pc->n = first + per <= wt->n ? per : wt->n - first;
+        pc->slots = wt->slots;
+        pc->keys = wt->keys + first;
+        pc->objs = wt->objs + first * wt->slots;
+        pc->temps = wt->temps + first;
+        pc->tobjs = wt->tobjs + first;
+        pc->temp_size = wt->temp_size;
+        pieces[i] = pc;
+    }
+    *npieces = np;
+    return pieces;
+}
+
+/* Submit the serialize of every piece (mu held, the whole task counted in
+ * inflight). A piece the processor refuses fails the whole task (the first
+ * error wins) and finishes at once; the other pieces go on. */
+static void submit_pieces_locked(struct wrapper *w, struct wtask *wt, struct wtask **pieces,
+                                 size_t np, struct temp **to_free)
+{
+    wt->pieces_left = np;
+    for (size_t i = 0; i < np; i++) {
+        struct wtask *pc = pieces[i];
+        kvs_task_id pid;
+        int rc = proc_submit_serialize(w, pc->objs, pc->tobjs, pc->n, pc->keys, &pid);
+        if (rc == KVS_OK) {
+            pc->sub_id = pid;
+            list_add_locked(w, pc, PH_SERIALIZE);
+        } else {
+            kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+            finish_locked(w, pc, to_free);
+        }
+    }
+}
+
 /* One submit for both directions and both shapes. views: owned by the
  * task from here on (freed with it, or here if it is refused). */
 static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
@@ -917,9 +1008,19 @@ static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *k
     }
     wt->views = views;
     if (take_temps(w, wt, est) == KVS_OK) {
+        size_t per = d == KVS_L2_STORE ? piece_objects(wt) : 0, npieces = 0;
+        struct wtask **pieces = per ? make_pieces(wt, per, &npieces) : NULL;
         struct temp *to_free = NULL;
         struct wrapper *prev = lock_mu(w);
         uint64_t sub;
+        if (pieces) {
+            w->inflight++;
+            submit_pieces_locked(w, wt, pieces, npieces, &to_free);
+            unlock_mu(w, prev, &to_free);
+            free(pieces);
+            kvs_l2_tq_end_submit(&w->tq);
+            return KVS_OK;
+        }
         if (d == KVS_L2_STORE) {
             kvs_task_id pid;
             rc = proc_submit_serialize(w, wt->objs, wt->tobjs, wt->n, wt->keys, &pid);

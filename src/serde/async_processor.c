@@ -103,6 +103,7 @@ struct core {
     unsigned nworkers;
     _Atomic size_t split_min_bytes;    /* kvs_async_processor_set_split */
     _Atomic size_t split_chunk_bytes;
+    _Atomic size_t inline_max_bytes;   /* kvs_async_processor_set_inline */
 
     pthread_mutex_t mu;                /* guards everything below */
     kvs_task_id next_id;               /* shared by both directions */
@@ -254,6 +255,21 @@ static void run_task(kvs_job *job)
  * Submit and query
  * ------------------------------------------------------------------ */
 
+/* Whether a task is small enough to run on the submitting thread
+ * (kvs_async_processor_set_inline): the bytes of all its objects, both
+ * sides, at most the limit. */
+static int task_runs_inline(struct core *c, const struct task *t)
+{
+    size_t limit = atomic_load(&c->inline_max_bytes), bytes = 0;
+    if (limit == 0) return 0;
+    for (size_t i = 0; i < t->n * (c->group_size + 1); i++) {
+        if (t->objs[i] == NULL) continue;
+        bytes += t->objs[i]->capacity;
+        if (bytes > limit) return 0;
+    }
+    return 1;
+}
+
 /* Queue n items: the source part holds n x group_size pointers when
  * serializing (groups in, blobs out), n otherwise; the destination part the
  * other way round; keys (NULL = none) n keys, copied after the pointers so
@@ -324,6 +340,13 @@ static int core_submit(struct core *c, enum direction dir, kvs_memobj *const *sr
         if (hook.fn == NULL) (void)kvs_notifier_notify(&c->notifier[dir]);
         pthread_mutex_unlock(&c->mu);
         if (hook.fn) hook.fn(hook.ctx, *id);
+        return KVS_OK;
+    }
+    if (task_runs_inline(c, t)) {
+        /* Counted in flight like a queued task, so close() waits for it. */
+        c->inflight++;
+        pthread_mutex_unlock(&c->mu);
+        run_task(&t->job);
         return KVS_OK;
     }
     /* Queue under the lock: close() sets `closing` under the same lock
@@ -459,6 +482,11 @@ static void core_set_hooks(struct core *c, kvs_completion_hook ser, kvs_completi
     c->hook[DIR_SERIALIZE] = ser;
     c->hook[DIR_DESERIALIZE] = de;
     pthread_mutex_unlock(&c->mu);
+}
+
+static void core_set_inline(struct core *c, size_t max_bytes)
+{
+    atomic_store(&c->inline_max_bytes, max_bytes);
 }
 
 static void core_set_split(struct core *c, size_t min_bytes, size_t chunk_bytes)
@@ -600,6 +628,13 @@ int kvs_async_processor_set_hooks(kvs_processor *p, kvs_completion_hook ser,
     return 1;
 }
 
+int kvs_async_processor_set_inline(kvs_processor *p, size_t max_bytes)
+{
+    if (p == NULL || p->ops != &async_ops) return 0;
+    core_set_inline(ap_core(p), max_bytes);
+    return 1;
+}
+
 /* =====================================================================
  * The multi processor (kvs_multi_processor)
  * ================================================================== */
@@ -738,6 +773,13 @@ int kvs_async_multi_processor_set_hooks(kvs_multi_processor *p, kvs_completion_h
 {
     if (p == NULL || p->ops != &async_multi_ops) return 0;
     core_set_hooks(amp_core(p), ser, de);
+    return 1;
+}
+
+int kvs_async_multi_processor_set_inline(kvs_multi_processor *p, size_t max_bytes)
+{
+    if (p == NULL || p->ops != &async_multi_ops) return 0;
+    core_set_inline(amp_core(p), max_bytes);
     return 1;
 }
 

@@ -19,4 +19,14 @@ int kvs_async_processor_set_hooks(kvs_processor *p, kvs_completion_hook ser,
 int kvs_async_multi_processor_set_hooks(kvs_multi_processor *p, kvs_completion_hook ser,
                                         kvs_completion_hook de);
 
+/* Run a task whose objects (both sides, by capacity) add up to at most
+ * max_bytes on the thread that submits it, inside the submit, instead of
+ * waking a worker (0, the default: every task goes to a worker). Its hook
+ * (or fd) then fires before the submit returns, on that thread. For the
+ * serde wrapper, whose submits come from the thread that finished the
+ * previous phase: a small task's transform costs less than the wake-up of
+ * another thread. Returns 1 if set, 0 for another processor implementation. */
+int kvs_async_processor_set_inline(kvs_processor *p, size_t max_bytes);
+int kvs_async_multi_processor_set_inline(kvs_multi_processor *p, size_t max_bytes);
+
 #endif /* KVS_SERDE_PROCESSOR_HOOKS_H */
