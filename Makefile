@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build demo test bench bench-pipeline install clean
+.PHONY: all setup configure build demo test bench bench-pipeline bench-small install clean
 
 all: build
 
@@ -33,6 +33,12 @@ bench: build
 # bfloat16, 1 and 2 threads); BENCH_ARGS="--runs 9" etc.
 bench-pipeline: build
 	./$(BUILD)/bench_pipeline $(BENCH_ARGS)
+
+# Small objects one task at a time and in batches of 64 (8 KiB, 1 MiB, 32 MiB),
+# memory and fs, bare and through the fp8 serde wrapper: per-object latency
+# and throughput over 10 runs; BENCH_ARGS="--runs 20 --fsync" etc.
+bench-small: build
+	./$(BUILD)/bench_small $(BENCH_ARGS)
 
 install: build
 	cmake --install $(BUILD)

@@ -25,7 +25,23 @@
  * the memcpy into the destination object. Every run (default 9) does the
  * five in turn, the order rotating by run, so load changes on a shared
  * machine hit all of them alike. Reports median, min and max GB/s of each,
- * the ratios of the medians to plain hiredis, and the load average. */
+ * the ratios of the medians to plain hiredis, and the load average.
+ *
+ *   bench_l2 --vs-plain-fs [runs] [chunks]
+ *
+ * The fs adapter (fsync on, its default 2 workers) next to a plain loop on
+ * the same bytes, in a directory under /tmp: `chunks` (default 8) bfloat16
+ * chunks of 16 Mi elements, i.e. 16 MiB each as fp8. Every run (default 9)
+ * does, in rotating order: one store task of the chunks through the fp8
+ * serde ("serde": {"type": "fp8"}); one store task of their fp8 codes
+ * (made once, before timing) through the raw adapter (no serde); and the
+ * plain loop: 2 threads, each writing its half of the same codes as files,
+ * one per chunk: open a temp file, write, fsync, close, rename over the
+ * final name, fsync the directory. Then the fp8 serialize alone: the
+ * chunks through kvs_serialize on this thread (the wrapper's processor
+ * does that work before its inner store starts). GB/s are of the fp8 bytes
+ * written; the fp8 store's ratio to the plain loop pairs each run's two
+ * figures (median of the per-run ratios). */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -47,11 +63,13 @@
 #include <hiredis/hiredis.h>
 
 #include "kvserde/error.h"
+#include "kvserde/fp8.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
 #include "kvserde/l2_redis.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
+#include "bench_timing.h"
 
 extern char **environ;
 
@@ -60,19 +78,6 @@ extern char **environ;
 
 static pid_t server_pid;
 static char workdir[64];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
@@ -190,6 +195,19 @@ static int make_pair(const kvs_layout *l, size_t k, const char *model, kvs_objec
     return 0;
 }
 
+/* Plausible KV values: small magnitudes, every mantissa bit used. */
+static void fill_chunk(kvs_memobj *o, size_t elems, size_t k)
+{
+    uint16_t *v = o->data;
+    for (size_t i = 0; i < elems; i++) {
+        uint32_t x = (uint32_t)(i + k * 7919u) * 2654435761u;
+        float f = ((float)(x >> 8) / 16777216.0f) * 8.0f - 4.0f;
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        v[i] = (uint16_t)(bits >> 16);
+    }
+}
+
 /* Store then load `n` chunks, `reps` times; medians in *store_s / *load_s.
  * 0, or -1 with a message. */
 static int run(const char *spec, kvs_object_key *keys, kvs_memobj **src, kvs_memobj **dst,
@@ -272,12 +290,40 @@ enum { VS_KVS_STORE, VS_PLAIN_SET, VS_KVS_LOAD, VS_PLAIN_GET, VS_PLAIN_GET_COPY,
 static const char *const vs_name[VS_NCASES] = {
     "kvserde store", "hiredis SET", "kvserde load", "hiredis GET", "hiredis GET + copy"};
 
+/* The plain clients' threads: each argument starts with this. */
+typedef struct plain_thread {
+    size_t begin, end; /* its share of the values */
+    int failed;
+} plain_thread;
+
+/* Seconds for `nt` threads (at most 2) running fn over args[0..nt) (each
+ * `size` bytes, a plain_thread first), the n values split between them; -1
+ * if a thread could not start or failed. */
+static double run_plain_threads(void *(*fn)(void *), void *args, size_t size, int nt, size_t n)
+{
+    pthread_t th[2];
+    int started = 0, failed = nt > 2;
+    double t0 = now_s();
+    for (int k = 0; k < nt && !failed; k++) {
+        plain_thread *p = (plain_thread *)((char *)args + size * (size_t)k);
+        p->begin = n * (size_t)k / (size_t)nt;
+        p->end = n * (size_t)(k + 1) / (size_t)nt;
+        p->failed = 0;
+        if (pthread_create(&th[k], NULL, fn, p) != 0) failed = 1;
+        else started++;
+    }
+    for (int k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        failed |= ((plain_thread *)((char *)args + size * (size_t)k))->failed;
+    }
+    return failed ? -1 : now_s() - t0;
+}
+
 typedef struct vs_thread {
+    plain_thread pt;
     int port, mode; /* VS_PLAIN_* */
     kvs_object_key *keys;
     kvs_memobj **objs;
-    size_t begin, end;
-    int failed;
 } vs_thread;
 
 /* One plain-hiredis thread: SET or GET keys [begin, end) on a blocking
@@ -287,23 +333,23 @@ static void *vs_plain(void *arg)
     vs_thread *t = arg;
     redisContext *c = redisConnect("127.0.0.1", t->port);
     if (c == NULL || c->err) {
-        t->failed = 1;
+        t->pt.failed = 1;
         if (c) redisFree(c);
         return NULL;
     }
     char path[KVS_FS_KEY_PATH_MAX + 16];
-    for (size_t i = t->begin; i < t->end && !t->failed; i++) {
+    for (size_t i = t->pt.begin; i < t->pt.end && !t->pt.failed; i++) {
         memcpy(path, "vs:", 3);
         (void)kvs_fs_key_path(&t->keys[i], path + 3, sizeof path - 3);
         kvs_memobj *o = t->objs[i];
         redisReply *r;
         if (t->mode == VS_PLAIN_SET) {
             r = redisCommand(c, "SET %s %b", path, o->data, kvs_memobj_size(o));
-            t->failed = r == NULL || r->type != REDIS_REPLY_STATUS;
+            t->pt.failed = r == NULL || r->type != REDIS_REPLY_STATUS;
         } else {
             r = redisCommand(c, "GET %s", path);
-            t->failed = r == NULL || r->type != REDIS_REPLY_STRING || r->len > o->capacity;
-            if (!t->failed && t->mode == VS_PLAIN_GET_COPY) {
+            t->pt.failed = r == NULL || r->type != REDIS_REPLY_STRING || r->len > o->capacity;
+            if (!t->pt.failed && t->mode == VS_PLAIN_GET_COPY) {
                 memcpy(o->data, r->str, r->len);
                 (void)kvs_memobj_set_used_size(o, r->len);
             }
@@ -318,19 +364,8 @@ static void *vs_plain(void *arg)
 static double vs_plain_run(int port, int mode, kvs_object_key *keys, kvs_memobj **objs, size_t n)
 {
     vs_thread t[VS_CONNS];
-    pthread_t th[VS_CONNS];
-    double t0 = now_s();
-    for (int k = 0; k < VS_CONNS; k++) {
-        t[k] = (vs_thread){port, mode, keys, objs, n * (size_t)k / VS_CONNS,
-                           n * (size_t)(k + 1) / VS_CONNS, 0};
-        if (pthread_create(&th[k], NULL, vs_plain, &t[k]) != 0) return -1;
-    }
-    int failed = 0;
-    for (int k = 0; k < VS_CONNS; k++) {
-        pthread_join(th[k], NULL);
-        failed |= t[k].failed;
-    }
-    return failed ? -1 : now_s() - t0;
+    for (int k = 0; k < VS_CONNS; k++) t[k] = (vs_thread){{0, 0, 0}, port, mode, keys, objs};
+    return run_plain_threads(vs_plain, t, sizeof t[0], VS_CONNS, n);
 }
 
 /* Seconds for one kvserde store or load task of all n values, or -1. */
@@ -455,6 +490,188 @@ static int vs_hiredis(int port, int runs, size_t n)
     return rc;
 }
 
+/* ---------------------------------------------------------------------
+ * --vs-plain-fs: the fs store of fp8 chunks against a plain write loop
+ * ------------------------------------------------------------------ */
+
+#define PF_CHUNK_ELEMS ((size_t)16 << 20) /* 16 MiB of fp8 per chunk */
+#define PF_CHUNKS_MAX 32
+#define PF_THREADS 2
+
+enum { PF_FP8_STORE, PF_RAW_STORE, PF_PLAIN, PF_NCASES };
+static const char *const pf_name[PF_NCASES] = {"fs store, fp8 serde", "fs store, raw (codes)",
+                                               "plain loop, 2 threads"};
+
+typedef struct pf_thread {
+    plain_thread pt;
+    const char *dir;
+    kvs_memobj **codes;
+} pf_thread;
+
+/* The plain loop's files [begin, end): temp file, write, fsync, rename,
+ * directory fsync, as the fs adapter does for each object. */
+static void *pf_plain(void *arg)
+{
+    pf_thread *t = arg;
+    int dfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        t->pt.failed = 1;
+        return NULL;
+    }
+    for (size_t i = t->pt.begin; i < t->pt.end && !t->pt.failed; i++) {
+        char tmp[160], fin[160];
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%zu", t->dir, i);
+        snprintf(fin, sizeof fin, "%s/chunk-%zu", t->dir, i);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            t->pt.failed = 1;
+            break;
+        }
+        const uint8_t *p = t->codes[i]->data;
+        size_t left = kvs_memobj_size(t->codes[i]);
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                t->pt.failed = 1;
+                break;
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+        if (fsync(fd) != 0) t->pt.failed = 1;
+        close(fd);
+        if (t->pt.failed || rename(tmp, fin) != 0 || fsync(dfd) != 0) t->pt.failed = 1;
+    }
+    close(dfd);
+    return NULL;
+}
+
+static double pf_plain_run(const char *dir, kvs_memobj **codes, size_t n)
+{
+    pf_thread t[PF_THREADS];
+    for (int k = 0; k < PF_THREADS; k++) t[k] = (pf_thread){{0, 0, 0}, dir, codes};
+    return run_plain_threads(pf_plain, t, sizeof t[0], PF_THREADS, n);
+}
+
+static int vs_plain_fs(int runs, size_t n)
+{
+    kvs_layout l;
+    if (kvs_layout_flat(&l, PF_CHUNK_ELEMS, KVS_DTYPE_BFLOAT16) != KVS_OK) return 1;
+    kvs_object_key keys[PF_CHUNKS_MAX];
+    kvs_memobj *src[PF_CHUNKS_MAX], *codes[PF_CHUNKS_MAX];
+    kvs_serializer *ser = NULL;
+    kvs_deserializer *de = NULL;
+    if (kvs_fp8_serde_create(KVS_DTYPE_FLOAT8_E4M3FN, 1, &ser, &de) != KVS_OK) {
+        fprintf(stderr, "bench_l2: %s\n", kvs_last_error());
+        return 1;
+    }
+    kvs_layout cl;
+    if (kvs_layout_flat(&cl, PF_CHUNK_ELEMS, KVS_DTYPE_UINT8) != KVS_OK) return 1;
+    for (size_t k = 0; k < n; k++) {
+        kvs_memobj *unused;
+        if (make_pair(&l, k, "bench/plainfs", &keys[k], &src[k], &unused) != 0) return 1;
+        kvs_memobj_free(unused);
+        fill_chunk(src[k], PF_CHUNK_ELEMS, k);
+        size_t w = 0;
+        if (kvs_memobj_alloc(&cl, KVS_FMT_BINARY_BUFFER, &codes[k]) != KVS_OK ||
+            kvs_serialize(ser, src[k], codes[k], NULL, &w) != KVS_OK ||
+            kvs_memobj_set_used_size(codes[k], w) != KVS_OK) {
+            fprintf(stderr, "bench_l2: %s\n", kvs_last_error());
+            return 1;
+        }
+    }
+    char fsdir[96], rawdir[96], plaindir[96], spec[512];
+    snprintf(fsdir, sizeof fsdir, "%s/fs-fp8", workdir);
+    snprintf(rawdir, sizeof rawdir, "%s/fs-raw", workdir);
+    snprintf(plaindir, sizeof plaindir, "%s/plain", workdir);
+    if (mkdir(plaindir, 0700) != 0) {
+        perror("bench_l2: mkdir");
+        return 1;
+    }
+    kvs_l2_adapter *fp8 = NULL, *raw = NULL;
+    snprintf(spec, sizeof spec, "{\"type\":\"fs\",\"path\":\"%s\",\"serde\":{\"type\":\"fp8\"}}",
+             fsdir);
+    int rc = kvs_l2_create(spec, &fp8);
+    snprintf(spec, sizeof spec, "{\"type\":\"fs\",\"path\":\"%s\"}", rawdir);
+    if (rc == KVS_OK) rc = kvs_l2_create(spec, &raw);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "bench_l2: %s\n", kvs_last_error());
+        return 1;
+    }
+    double secs[PF_NCASES][64], ratio[64], ser_s[64];
+    /* one untimed round of each first: directories made, temps pooled */
+    if (vs_kvs_run(fp8, VS_KVS_STORE, keys, src, n) < 0 ||
+        vs_kvs_run(raw, VS_KVS_STORE, keys, codes, n) < 0 || pf_plain_run(plaindir, codes, n) < 0)
+        rc = 1;
+    for (int r = 0; r < runs && rc == 0; r++) {
+        for (int j = 0; j < PF_NCASES && rc == 0; j++) {
+            int c = (j + r) % PF_NCASES;
+            double t = c == PF_FP8_STORE ? vs_kvs_run(fp8, VS_KVS_STORE, keys, src, n)
+                       : c == PF_RAW_STORE ? vs_kvs_run(raw, VS_KVS_STORE, keys, codes, n)
+                                           : pf_plain_run(plaindir, codes, n);
+            if (t < 0) {
+                fprintf(stderr, "bench_l2: %s failed\n", pf_name[c]);
+                rc = 1;
+            }
+            secs[c][r] = t;
+        }
+        ratio[r] = secs[PF_PLAIN][r] / secs[PF_FP8_STORE][r];
+        double t0 = now_s();
+        for (size_t k = 0; k < n && rc == 0; k++) {
+            size_t w;
+            if (kvs_serialize(ser, src[k], codes[k], NULL, &w) != KVS_OK) rc = 1;
+        }
+        ser_s[r] = now_s() - t0;
+    }
+    if (rc == 0) {
+        double bytes = (double)n * (double)PF_CHUNK_ELEMS;
+        char la[64];
+        loadavg(la, sizeof la);
+        printf("fs store (fsync on) against a plain write loop: %zu chunks, %.0f MiB of fp8 "
+               "written per case, %d runs\n",
+               n, bytes / (1 << 20), runs);
+        printf("%-26s %10s %10s %10s  (GB/s of fp8 bytes written)\n", "", "median", "min",
+               "max");
+        double med[PF_NCASES];
+        for (int c = 0; c < PF_NCASES; c++) {
+            qsort(secs[c], (size_t)runs, sizeof secs[c][0], cmp_double);
+            med[c] = bytes / secs[c][runs / 2] / 1e9;
+            printf("%-26s %10.2f %10.2f %10.2f\n", pf_name[c], med[c],
+                   bytes / secs[c][runs - 1] / 1e9, bytes / secs[c][0] / 1e9);
+        }
+        qsort(ser_s, (size_t)runs, sizeof *ser_s, cmp_double);
+        printf("%-26s %10.2f             (%.1f ms per task)\n", "fp8 serialize alone",
+               bytes / ser_s[runs / 2] / 1e9, ser_s[runs / 2] * 1e3);
+        qsort(ratio, (size_t)runs, sizeof *ratio, cmp_double);
+        printf("\nfp8 store / plain loop, per-run ratios: median %.2fx (min %.2fx, max "
+               "%.2fx)\n",
+               ratio[runs / 2], ratio[0], ratio[runs - 1]);
+        printf("raw store / plain loop (medians):       %.2fx\n",
+               med[PF_RAW_STORE] / med[PF_PLAIN]);
+        printf("fp8 store = serialize alone + raw store would be %.2f GB/s\n",
+               bytes / (ser_s[runs / 2] + secs[PF_RAW_STORE][runs / 2]) / 1e9);
+        json_t *st = NULL;
+        if (kvs_l2_status(fp8, &st) == KVS_OK) {
+            json_t *pool = json_object_get(st, "serde_temp_pool");
+            printf("fp8 store's temps: %lld made for %d tasks of %zu (the rest reused)\n",
+                   (long long)json_integer_value(json_object_get(pool, "allocated_temps")),
+                   runs + 1, n);
+            json_decref(st);
+        }
+        printf("load average: %s\n", la);
+    }
+    kvs_l2_destroy(fp8);
+    kvs_l2_destroy(raw);
+    kvs_serializer_destroy(ser);
+    kvs_deserializer_destroy(de);
+    for (size_t k = 0; k < n; k++) {
+        kvs_memobj_free(src[k]);
+        kvs_memobj_free(codes[k]);
+    }
+    return rc;
+}
+
 /* A work directory under /tmp and a redis-server in it, both removed at
  * exit; the server's port, or -1. */
 static int setup(void)
@@ -482,6 +699,22 @@ int main(int argc, char **argv)
         int port = setup();
         return port < 0 ? 1 : vs_hiredis(port, runs, n);
     }
+    if (argc > 1 && strcmp(argv[1], "--vs-plain-fs") == 0) {
+        int runs = argc > 2 ? atoi(argv[2]) : 9;
+        size_t n = argc > 3 ? (size_t)strtoul(argv[3], NULL, 10) : 8;
+        if (runs < 1 || runs > 64 || n < 1 || n > PF_CHUNKS_MAX) {
+            fprintf(stderr, "usage: bench_l2 --vs-plain-fs [runs 1-64] [chunks 1-%d]\n",
+                    PF_CHUNKS_MAX);
+            return 2;
+        }
+        snprintf(workdir, sizeof workdir, "/tmp/kvs_bench_l2_XXXXXX");
+        if (mkdtemp(workdir) == NULL) {
+            perror("bench_l2: mkdtemp");
+            return 1;
+        }
+        atexit(cleanup);
+        return vs_plain_fs(runs, n);
+    }
     size_t n = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 4;
     int reps = argc > 2 ? atoi(argv[2]) : 5;
     if (n < 1 || n > 64 || reps < 1 || reps > 64) {
@@ -497,15 +730,7 @@ int main(int argc, char **argv)
     kvs_memobj *src[64], *dst[64];
     for (size_t k = 0; k < n; k++) {
         if (make_pair(&l, k, "bench/model", &keys[k], &src[k], &dst[k]) != 0) return 1;
-        /* Plausible KV values: small magnitudes, every mantissa bit used. */
-        uint16_t *v = src[k]->data;
-        for (size_t i = 0; i < CHUNK_ELEMS; i++) {
-            uint32_t x = (uint32_t)(i + k * 7919u) * 2654435761u;
-            float f = ((float)(x >> 8) / 16777216.0f) * 8.0f - 4.0f;
-            uint32_t bits;
-            memcpy(&bits, &f, sizeof bits);
-            v[i] = (uint16_t)(bits >> 16);
-        }
+        fill_chunk(src[k], CHUNK_ELEMS, k);
         memset(dst[k]->data, 0, dst[k]->capacity);
     }
 

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <openssl/evp.h>
 #include <xxhash.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -49,6 +50,7 @@
 #include "kvserde/memobj.h"
 #include "kvserde/registry.h"
 #include "kvserde/serde.h"
+#include "frame/pipeline_internal.h"
 #include "util/crc32c.h"
 
 #define MAX_RUNS 101
@@ -133,6 +135,36 @@ __attribute__((target("avx2"))) static void unpack_avx2(const uint8_t *in, uint1
     for (; i < n; i++) out[i] = (uint16_t)(in[i] << 8);
     _mm_sfence();
 }
+
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const uint8_t *in, size_t n)
+{
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    size_t i = 0;
+    for (; i + 256 <= n; i += 256) {
+        a = _mm512_xor_si512(a, _mm512_loadu_si512((const void *)(in + i)));
+        b = _mm512_xor_si512(b, _mm512_loadu_si512((const void *)(in + i + 64)));
+        c = _mm512_xor_si512(c, _mm512_loadu_si512((const void *)(in + i + 128)));
+        d = _mm512_xor_si512(d, _mm512_loadu_si512((const void *)(in + i + 192)));
+    }
+    uint64_t r = (uint64_t)_mm512_reduce_or_epi64(
+        _mm512_or_si512(_mm512_or_si512(a, b), _mm512_or_si512(c, d)));
+    for (; i < n; i++) r += in[i];
+    return r;
+}
+
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *in, size_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a = _mm256_xor_si256(a, _mm256_loadu_si256((const void *)(in + i)));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256((const void *)(in + i + 32)));
+    }
+    a = _mm256_or_si256(a, b);
+    uint64_t r = (uint64_t)_mm256_extract_epi64(a, 0) | (uint64_t)_mm256_extract_epi64(a, 3);
+    for (; i < n; i++) r += in[i];
+    return r;
+}
 #endif
 
 static void pack_scalar(const uint16_t *in, uint8_t *out, size_t n)
@@ -145,7 +177,15 @@ static void unpack_scalar(const uint8_t *in, uint16_t *out, size_t n)
     for (size_t i = 0; i < n; i++) out[i] = (uint16_t)(in[i] << 8);
 }
 
+static uint64_t read_scalar(const uint8_t *in, size_t n)
+{
+    uint64_t r = 0;
+    for (size_t i = 0; i < n; i++) r += in[i];
+    return r;
+}
+
 static void (*g_pack)(const uint16_t *, uint8_t *, size_t) = pack_scalar;
+static uint64_t (*g_read)(const uint8_t *, size_t) = read_scalar;
 static void (*g_unpack)(const uint8_t *, uint16_t *, size_t) = unpack_scalar;
 static const char *g_stream_isa = "scalar";
 
@@ -156,10 +196,12 @@ static void pick_stream_kernel(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
         g_pack = pack_avx512;
         g_unpack = unpack_avx512;
+        g_read = read_avx512;
         g_stream_isa = "avx512";
     } else if (__builtin_cpu_supports("avx2")) {
         g_pack = pack_avx2;
         g_unpack = unpack_avx2;
+        g_read = read_avx2;
         g_stream_isa = "avx2";
     }
 #endif
@@ -167,7 +209,14 @@ static void pick_stream_kernel(void)
 
 /* ---- what a thread does ---------------------------------------------------- */
 
-enum kind { K_MEMCPY, K_STREAM, K_SERDE, K_CRC32C, K_XXH3 };
+enum kind {
+    K_MEMCPY, K_STREAM, K_SERDE, K_CRC32C, K_XXH3,
+    /* the parts of the bounds, over the n bytes of fp8 codes */
+    K_READ,       /* read-only stream of the codes (a blob region) */
+    K_CRC_CACHE,  /* CRC-32C of one cache-resident block, n bytes in all */
+    K_AES_CACHE,  /* AES-256-GCM in place over one cache-resident block */
+    K_AES_STREAM, /* AES-256-GCM in place over the codes (from memory) */
+};
 
 typedef struct row {
     const char *name;
@@ -190,9 +239,36 @@ typedef struct share {
     size_t blob_len; /* after encode */
     size_t n;        /* elements */
     kvs_memobj src_obj, dst_obj;
+    uint8_t *block;  /* its cache-resident block (g_block bytes) */
     int rc;
     uint64_t sink;
 } share;
+
+static size_t g_block = (size_t)256 << 10; /* --fuse-kib */
+static const uint8_t g_aes_key[32] = {1, 2, 3, 4, 5, 6, 7, 8};
+static const uint8_t g_aes_iv[12] = {9, 9, 9};
+
+/* AES-256-GCM in place over n bytes: `p` itself (block 0), or the same
+ * block of `block` bytes again and again; the tag into the share's sink. */
+static void aes_run(share *s, uint8_t *p, size_t n, size_t block)
+{
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    int outl = 0, ok = c && EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, g_aes_key, g_aes_iv);
+    for (size_t done = 0; ok && done < n;) {
+        size_t step = block && n - done > block ? block : n - done;
+        ok = EVP_EncryptUpdate(c, block ? p : p + done, &outl, block ? p : p + done, (int)step);
+        done += step;
+    }
+    uint8_t tag[16] = {0}, last[16];
+    ok = ok && EVP_EncryptFinal_ex(c, last, &outl) &&
+         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag);
+    EVP_CIPHER_CTX_free(c);
+    if (!ok) {
+        fprintf(stderr, "bench_pipeline: AES-256-GCM failed\n");
+        exit(1);
+    }
+    s->sink += tag[0];
+}
 
 static void run_share(share *s)
 {
@@ -205,6 +281,16 @@ static void run_share(share *s)
         break;
     case K_CRC32C: s->sink += kvs_crc32c(0, s->src, s->n * 2); break;
     case K_XXH3: s->sink += XXH3_64bits(s->src, s->n * 2); break;
+    case K_READ: s->sink += g_read(s->blob, s->n); break;
+    case K_CRC_CACHE: {
+        uint32_t c = 0;
+        for (size_t done = 0; done < s->n; done += g_block)
+            c = kvs_crc32c(c, s->block, s->n - done < g_block ? s->n - done : g_block);
+        s->sink += c;
+        break;
+    }
+    case K_AES_CACHE: aes_run(s, s->block, s->n, g_block); break;
+    case K_AES_STREAM: aes_run(s, s->blob, s->n, 0); break;
     case K_SERDE: {
         if (s->decode) {
             kvs_memobj b;
@@ -252,7 +338,7 @@ static double pass(share *sh, int nthreads)
 /* ---- the buffers ------------------------------------------------------------ */
 
 static uint16_t *g_src, *g_dst;
-static uint8_t *g_blob;
+static uint8_t *g_blob, *g_blocks[NTHREADS_MAX];
 static size_t g_n, g_blob_bytes;
 
 static uint64_t rng = 0x2545F4914F6CDD1DULL;
@@ -296,6 +382,7 @@ static void make_shares(share *sh, const row *r, int nthreads, int decode)
         s->blob = g_blob + (cap & ~(size_t)63) * (size_t)i;
         s->blob_cap = cap & ~(size_t)63;
         s->blob_len = blob_len;
+        s->block = g_blocks[i];
         kvs_layout lay;
         kvs_layout_flat(&lay, s->n, KVS_DTYPE_BFLOAT16);
         kvs_memobj_init(&s->src_obj, s->src, s->n * 2, &lay, KVS_FMT_KV_2LTD);
@@ -347,20 +434,36 @@ static int write_key_file(char *path, size_t cap)
 static void usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--size-mib N] [--runs N]\n"
+            "usage: %s [--size-mib N] [--runs N] [--fuse-kib N]\n"
             "  --size-mib N  bfloat16 buffer size (default 256)\n"
-            "  --runs N      timed runs per figure, median reported (default 5, at most %d)\n",
+            "  --runs N      timed runs per figure, median reported (default 5, at most %d)\n"
+            "  --fuse-kib N  the pipeline's fused block and the in-cache block of the bound\n"
+            "                rows, KiB of fp8 output (default 256, 4 to 1048576)\n"
+            "  --only TEXT   measure only the rows whose name holds TEXT (repeatable; memcpy\n"
+            "                and plain fp8 are always measured, the baselines)\n",
             argv0, MAX_RUNS);
 }
 
 int main(int argc, char **argv)
 {
     size_t size_mib = 256;
+    const char *only[16];
+    int nonly = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--size-mib") == 0 && i + 1 < argc) {
             size_mib = (size_t)atol(argv[++i]);
         } else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
             g_runs = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc && nonly < 16) {
+            only[nonly++] = argv[++i];
+        } else if (strcmp(argv[i], "--fuse-kib") == 0 && i + 1 < argc) {
+            long kib = atol(argv[++i]);
+            if (kib < 4 || kib > (1 << 20)) {
+                usage(argv[0]);
+                return 2;
+            }
+            g_block = (size_t)kib << 10;
+            kvs_pipeline_fuse_block = g_block;
         } else {
             usage(argv[0]);
             return 2;
@@ -397,8 +500,15 @@ int main(int argc, char **argv)
         {"pipeline fp8+aes_gcm", K_SERDE, aes_cfg, NULL, NULL, ""},
         {"crc32c alone", K_CRC32C, NULL, NULL, NULL, ""},
         {"xxh3 alone", K_XXH3, NULL, NULL, NULL, ""},
+        {"[b] read the codes", K_READ, NULL, NULL, NULL, ""},
+        {"[b] crc32c in cache", K_CRC_CACHE, NULL, NULL, NULL, ""},
+        {"[b] aes_gcm in cache", K_AES_CACHE, NULL, NULL, NULL, ""},
+        {"[b] aes_gcm over codes", K_AES_STREAM, NULL, NULL, NULL, ""},
     };
-    enum { NROWS = sizeof rows / sizeof rows[0], ROW_FP8 = 2 };
+    enum {
+        NROWS = sizeof rows / sizeof rows[0], ROW_MEMCPY = 0, ROW_FP8 = 2, ROW_CRC = 3,
+        ROW_AES = 6, ROW_READ = 9, ROW_CRC_CACHE = 10, ROW_AES_CACHE = 11, ROW_AES_STREAM = 12
+    };
 
     /* Serdes, and the largest blob any of them writes for the whole buffer
      * or for a half (2 threads). */
@@ -434,14 +544,25 @@ int main(int argc, char **argv)
             2 * (e2 + 64) > g_blob_bytes)
             g_blob_bytes = 2 * (e2 + 64);
     }
-    if (!have_key && rows[6].na[0] == '\0')
-        snprintf(rows[6].na, sizeof rows[6].na, "n/a (no key file could be written)");
+    for (int i = 0; i < NROWS && nonly > 0; i++) {
+        int keep = i == ROW_MEMCPY || i == ROW_FP8;
+        for (int k = 0; k < nonly; k++) keep |= strstr(rows[i].name, only[k]) != NULL;
+        if (!keep && rows[i].na[0] == '\0')
+            snprintf(rows[i].na, sizeof rows[i].na, "(not selected)");
+    }
+    if (!have_key && rows[ROW_AES].na[0] == '\0')
+        snprintf(rows[ROW_AES].na, sizeof rows[ROW_AES].na, "n/a (no key file could be written)");
 
     g_blob_bytes = (g_blob_bytes + 63) & ~(size_t)63;
     g_src = aligned_alloc(64, g_n * 2);
     g_dst = aligned_alloc(64, g_n * 2);
     g_blob = aligned_alloc(64, g_blob_bytes);
-    if (g_src == NULL || g_dst == NULL || g_blob == NULL) {
+    for (int i = 0; i < NTHREADS_MAX; i++) {
+        g_blocks[i] = aligned_alloc(64, g_block);
+        if (g_blocks[i]) memset(g_blocks[i], 0x5a, g_block);
+    }
+    if (g_src == NULL || g_dst == NULL || g_blob == NULL || g_blocks[0] == NULL ||
+        g_blocks[1] == NULL) {
         fprintf(stderr, "bench_pipeline: cannot allocate %zu MiB\n",
                 (4 * g_n + g_blob_bytes) >> 20);
         return 1;
@@ -450,7 +571,7 @@ int main(int argc, char **argv)
     memset(g_dst, 0, g_n * 2);
     memset(g_blob, 0, g_blob_bytes);
 
-    static result res[9][2][2]; /* row, threads-1, decode */
+    static result res[NROWS][2][2]; /* row, threads-1, decode */
     static share sh[NTHREADS_MAX], cp[NTHREADS_MAX];
     row memcpy_row = {"memcpy", K_MEMCPY, NULL, NULL, NULL, ""};
     for (int t = 1; t <= 2; t++) {
@@ -465,8 +586,7 @@ int main(int argc, char **argv)
                     for (int k = 0; k < t; k++) sh[k].decode = 1;
                 }
                 make_shares(cp, &memcpy_row, t, 0);
-                if (d && (rows[i].kind == K_CRC32C || rows[i].kind == K_XXH3 ||
-                          rows[i].kind == K_MEMCPY)) {
+                if (d && rows[i].kind != K_SERDE && rows[i].kind != K_STREAM) {
                     res[i][t - 1][1] = res[i][t - 1][0]; /* the same pass */
                     continue;
                 }
@@ -504,8 +624,53 @@ int main(int argc, char **argv)
             }
         }
     }
-    printf("\n(crc32c / xxh3 alone: one pass over the bfloat16 bytes, shown under encode and "
-           "decode alike)\n");
+    printf("\n(crc32c / xxh3 alone: one pass over the bfloat16 bytes; [b] rows: the parts of "
+           "the bounds below,\n over the fp8 codes (half the bfloat16 bytes; in cache: one "
+           "%zu KiB block per thread again and again),\n GB/s still of the bfloat16 they "
+           "stand for; each is one pass, shown under encode and decode alike)\n",
+           g_block >> 10);
+    /* What the rule allows: a frame's checks pass before a destination byte
+     * is written, so on decode the check (a read of the codes, or their
+     * decryption into scratch) and the fp8 decode run one after the other;
+     * on encode the check or the cipher runs on each block in cache right
+     * after fp8 writes it. Times add: bound = 1 / (1/a + 1/b). */
+    printf("\n== bounds: what each pipeline would reach if it cost only its parts, measured "
+           "above ==\n");
+    printf("%-8s %-22s %-44s %8s %8s %8s %8s\n", "threads", "pipeline", "bound = a + b",
+           "GB/s", "bound", "x bound", "bnd/mcp");
+    struct {
+        int row, dir, a, b;
+        const char *what;
+    } bounds[] = {
+        {ROW_CRC, 0, ROW_FP8, ROW_CRC_CACHE, "fp8 encode + crc32c in cache"},
+        {ROW_CRC, 1, ROW_READ, ROW_FP8, "read the codes + fp8 decode"},
+        {ROW_AES, 0, ROW_FP8, ROW_AES_CACHE, "fp8 encode + aes_gcm in cache"},
+        {ROW_AES, 1, ROW_AES_STREAM, ROW_FP8, "aes_gcm over codes + fp8 decode"},
+    };
+    for (int t = 1; t <= 2; t++) {
+        for (size_t k = 0; k < sizeof bounds / sizeof bounds[0]; k++) {
+            const result *m = &res[bounds[k].row][t - 1][bounds[k].dir];
+            const result *a = &res[bounds[k].a][t - 1][bounds[k].dir];
+            const result *b = &res[bounds[k].b][t - 1][bounds[k].dir];
+            const result *mc = &res[ROW_MEMCPY][t - 1][0];
+            if (!m->measured || !a->measured || !b->measured) continue;
+            double bound = 1.0 / (1.0 / a->med_gbps + 1.0 / b->med_gbps);
+            char name[64];
+            snprintf(name, sizeof name, "%s %s", rows[bounds[k].row].name + 9,
+                     bounds[k].dir ? "dec" : "enc");
+            printf("%-8d %-22s %-44s %8.2f %8.2f %8.2f %8.2f\n", t, name, bounds[k].what,
+                   m->med_gbps, bound, m->med_gbps / bound, bound / mc->med_gbps);
+        }
+    }
+    printf("(GB/s: the pipeline's median; bnd/mcp: the bound over the same run's memcpy of "
+           "the bfloat16)\n");
+    char la[64] = "?";
+    FILE *lf = fopen("/proc/loadavg", "r");
+    if (lf) {
+        if (fgets(la, sizeof la, lf) == NULL) snprintf(la, sizeof la, "?");
+        fclose(lf);
+    }
+    printf("load average at the end: %s", la);
     for (int i = 0; i < NROWS; i++) {
         kvs_serializer_destroy(rows[i].ser);
         kvs_deserializer_destroy(rows[i].de);
@@ -513,5 +678,6 @@ int main(int argc, char **argv)
     free(g_src);
     free(g_dst);
     free(g_blob);
+    for (int i = 0; i < NTHREADS_MAX; i++) free(g_blocks[i]);
     return 0;
 }

@@ -26,34 +26,39 @@
  * over the time unsplit, tasks interleaved.
  *
  *   bench_processor --split      only the split figures
+ *
+ *   bench_processor --latency-runs [runs] [iterations] [same|apart|free]
+ *
+ * The round trip above, `runs` times (default 10) with a fresh processor
+ * each (a fresh worker thread, placed anew by the scheduler), `iterations`
+ * tasks each (default 5000): per run the median and p99, the CPUs the
+ * caller and the worker ran on, and how often each CPU entered an idle
+ * state per task (cpuidle "usage" counters: a halted vCPU must be woken
+ * by an IPI, a VM exit on a KVM guest). `same` pins the caller and the
+ * worker to CPU 0, `apart` the caller to CPU 0 and the worker to CPU 1,
+ * `free` (default) pins nothing. Then the median and p99 over all runs.
+ * This is how the two modes of the round trip (docs/performance.md,
+ * "Processor round trip: two modes") were told apart.
  */
+#include <dirent.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvserde/error.h"
 #include "kvserde/fp8.h"
 #include "kvserde/memobj.h"
 #include "kvserde/processor.h"
 #include "kvserde/serde.h"
+#include "bench_timing.h"
+#include "kv_values.h"
 
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int die(const char *what)
 {
@@ -71,23 +76,28 @@ static int fp8_processor(unsigned workers, kvs_processor **p)
     return kvs_async_processor_create(ser, de, workers, p);
 }
 
-/* Plausible KV values: small magnitudes, all mantissa bits in use. */
-static void fill_bf16(uint16_t *v, size_t n, uint32_t seed)
+/* Idle entries of one CPU so far, over its cpuidle states (-1: unknown). */
+static long long idle_entries(int cpu)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t h = (uint32_t)(i + seed) * 2654435761u;
-        float f = ((float)(h >> 8) / 16777216.0f) * 8.0f - 4.0f;
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        v[i] = (uint16_t)(bits >> 16);
+    long long sum = -1;
+    for (int st = 0; st < 8; st++) {
+        char path[128];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cpuidle/state%d/usage", cpu, st);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) break;
+        long long v = 0;
+        if (fscanf(f, "%lld", &v) == 1) sum = (sum < 0 ? 0 : sum) + v;
+        fclose(f);
     }
+    return sum;
 }
 
-static int bench_latency(int iterations)
+/* The round trip of a 64-element bfloat16 object through fp8 on `p`:
+ * `iterations` timed tasks (us into lat[]) after iterations / 10 untimed
+ * ones. If idle[] is not NULL, the idle entries of CPUs 0 and 1 over the
+ * timed tasks go there (see idle_entries). */
+static int round_trips(kvs_processor *p, int iterations, double *lat, long long *idle)
 {
-    kvs_processor *p;
-    if (fp8_processor(1, &p) != KVS_OK)
-        return die("create");
     kvs_layout kv, tmp_layout;
     kvs_layout_flat(&kv, 64, KVS_DTYPE_BFLOAT16);
     size_t est;
@@ -97,13 +107,11 @@ static int bench_latency(int iterations)
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src) != KVS_OK ||
         kvs_memobj_alloc(&tmp_layout, KVS_FMT_BINARY_BUFFER, &dst) != KVS_OK)
         return die("alloc");
-    fill_bf16(src->data, 64, 1);
+    kvs_bench_fill_bf16(src->data, 64, 1);
     int fd = kvs_processor_serialize_event_fd(p);
-    double *lat = malloc((size_t)iterations * sizeof *lat);
-    if (lat == NULL)
-        return 1;
-    int warmup = iterations / 10;
-    for (int i = -warmup; i < iterations; i++) {
+    for (int i = -iterations / 10; i < iterations; i++) {
+        if (i == 0 && idle)
+            for (int c = 0; c < 2; c++) idle[c] = idle_entries(c);
         double t0 = now_s();
         kvs_task_id id;
         if (kvs_processor_submit_serialize(p, &src, 1, &dst, 1, NULL, &id) != KVS_OK)
@@ -123,14 +131,30 @@ static int bench_latency(int iterations)
         if (i >= 0)
             lat[i] = (t1 - t0) * 1e6;
     }
+    if (idle)
+        for (int c = 0; c < 2; c++)
+            idle[c] = idle[c] < 0 ? -1 : idle_entries(c) - idle[c];
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+    return 0;
+}
+
+static int bench_latency(int iterations)
+{
+    kvs_processor *p;
+    if (fp8_processor(1, &p) != KVS_OK)
+        return die("create");
+    double *lat = malloc((size_t)iterations * sizeof *lat);
+    if (lat == NULL)
+        return 1;
+    if (round_trips(p, iterations, lat, NULL) != 0)
+        return 1;
     qsort(lat, (size_t)iterations, sizeof *lat, cmp_double);
     printf("round trip (submit -> fd readable -> query), 64 bf16 elements, 1 worker, %d "
            "tasks:\n  median %.1f us   p99 %.1f us   min %.1f us\n",
            iterations, lat[iterations / 2], lat[(size_t)((double)iterations * 0.99)],
            lat[0]);
     free(lat);
-    kvs_memobj_free(src);
-    kvs_memobj_free(dst);
     kvs_processor_destroy(p);
     return 0;
 }
@@ -229,7 +253,7 @@ static int bench_throughput(size_t obj_bytes, int nobj, int waves, int rounds)
         if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &src[i]) != KVS_OK ||
             kvs_memobj_alloc(&tmp_layout, KVS_FMT_BINARY_BUFFER, &dst[i]) != KVS_OK)
             return die("alloc");
-        fill_bf16(src[i]->data, nel, (uint32_t)i * 977u);
+        kvs_bench_fill_bf16(src[i]->data, nel, (uint32_t)i * 977u);
     }
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy) != KVS_OK ||
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy2) != KVS_OK)
@@ -352,7 +376,7 @@ static int bench_split_large(size_t bytes, int rounds)
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &back) != KVS_OK ||
         kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &copy) != KVS_OK)
         return die("alloc");
-    fill_bf16(src->data, nel, 7);
+    kvs_bench_fill_bf16(src->data, nel, 7);
     memset(tmp->data, 0, tmp->capacity);
     memset(back->data, 0, bytes);
     memset(copy->data, 0, bytes);
@@ -435,7 +459,7 @@ static int bench_split_sweep(void)
     if (kvs_memobj_alloc(&kv, KVS_FMT_KV_2LTD, &big) != KVS_OK ||
         kvs_memobj_alloc(&blob, KVS_FMT_BINARY_BUFFER, &bigtmp) != KVS_OK)
         return die("alloc");
-    fill_bf16(big->data, maxb / 2, 3);
+    kvs_bench_fill_bf16(big->data, maxb / 2, 3);
     memset(bigtmp->data, 0x3c, maxb / 2);
     kvs_processor *whole = split_processor(2, SIZE_MAX, 0);
     kvs_processor *split = split_processor(2, 0, 0);
@@ -492,8 +516,119 @@ static int bench_split_sweep(void)
     return 0;
 }
 
+/* The worker thread of the processor just created: the task named
+ * "kvs-proc-0" of this process (tid, or -1). */
+static int find_worker_tid(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL) return -1;
+    int tid = -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && tid < 0) {
+        if (e->d_name[0] == '.') continue;
+        char path[300], name[64] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) continue;
+        if (fgets(name, sizeof name, f) && strncmp(name, "kvs-proc-0", 10) == 0)
+            tid = atoi(e->d_name);
+        fclose(f);
+    }
+    closedir(d);
+    return tid;
+}
+
+/* The CPU a thread last ran on (/proc/<tid>/stat field 39), or -1. */
+static int last_cpu(int tid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    if (p == NULL) return -1;
+    int field = 2, cpu = -1;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " "))
+        if (++field == 39) { cpu = atoi(tok); break; }
+    return cpu;
+}
+
+static void pin(int tid, int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void)sched_setaffinity(tid, sizeof set, &set);
+}
+
+static int bench_latency_runs(int runs, int iterations, const char *placement)
+{
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double *all = malloc((size_t)runs * (size_t)iterations * sizeof *all);
+    double *lat = malloc((size_t)iterations * sizeof *lat);
+    if (all == NULL || lat == NULL) return 1;
+    cpu_set_t saved;
+    sched_getaffinity(0, sizeof saved, &saved);
+    printf("round trip, %d runs of %d tasks, a fresh processor per run, placement %s:\n",
+           runs, iterations, placement);
+    printf("  run  median us  p99 us  caller cpu  worker cpu  idle entries per task (cpu0 cpu1)\n");
+    for (int run = 0; run < runs; run++) {
+        kvs_processor *p;
+        if (fp8_processor(1, &p) != KVS_OK) return die("create");
+        int wtid = find_worker_tid();
+        if (strcmp(placement, "same") == 0) {
+            pin(0, 0);
+            pin(wtid, 0);
+        } else if (strcmp(placement, "apart") == 0 && ncpu > 1) {
+            pin(0, 0);
+            pin(wtid, 1);
+        }
+        long long idle[2];
+        if (round_trips(p, iterations, lat, idle) != 0)
+            return 1;
+        double idle_per[2];
+        for (int c = 0; c < 2; c++)
+            idle_per[c] = c < ncpu && idle[c] >= 0 ? (double)idle[c] / iterations : -1;
+        int ccpu = sched_getcpu(), wcpu = last_cpu(wtid);
+        memcpy(all + (size_t)run * iterations, lat, (size_t)iterations * sizeof *lat);
+        qsort(lat, (size_t)iterations, sizeof *lat, cmp_double);
+        printf("  %3d  %9.1f  %6.1f  %10d  %10d  %.2f %.2f\n", run, lat[iterations / 2],
+               lat[(size_t)((double)iterations * 0.99)], ccpu, wcpu, idle_per[0], idle_per[1]);
+        kvs_processor_destroy(p);
+        sched_setaffinity(0, sizeof saved, &saved);
+    }
+    size_t total = (size_t)runs * iterations;
+    qsort(all, total, sizeof *all, cmp_double);
+    double la[3] = {0};
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf %lf %lf", &la[0], &la[1], &la[2]) != 3) la[0] = -1;
+        fclose(f);
+    }
+    printf("  all runs: median %.1f us  p99 %.1f us  (load average %.2f %.2f %.2f)\n",
+           all[total / 2], all[(size_t)((double)total * 0.99)], la[0], la[1], la[2]);
+    free(all);
+    free(lat);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--latency-runs") == 0) {
+        int runs = argc > 2 ? atoi(argv[2]) : 10;
+        int iterations = argc > 3 ? atoi(argv[3]) : 5000;
+        const char *placement = argc > 4 ? argv[4] : "free";
+        if (runs < 1 || iterations < 10 ||
+            (strcmp(placement, "free") && strcmp(placement, "same") && strcmp(placement, "apart"))) {
+            fprintf(stderr, "usage: bench_processor --latency-runs [runs >= 1] "
+                            "[iterations >= 10] [same|apart|free]\n");
+            return 2;
+        }
+        return bench_latency_runs(runs, iterations, placement);
+    }
     if (argc > 1 && strcmp(argv[1], "--split") == 0) {
         if (bench_split_large((size_t)256 << 20, 15) != 0)
             return 1;
@@ -503,7 +638,9 @@ int main(int argc, char **argv)
     int nobj = argc > 2 ? atoi(argv[2]) : 4;
     if (iterations < 10 || nobj < 1) {
         fprintf(stderr, "usage: bench_processor [latency_iterations >= 10] [objects >= 1]\n"
-                        "       bench_processor --split\n");
+                        "       bench_processor --split\n"
+                        "       bench_processor --latency-runs [runs] [iterations] "
+                        "[same|apart|free]\n");
         return 2;
     }
     if (bench_latency(iterations) != 0)

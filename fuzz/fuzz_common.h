@@ -18,6 +18,7 @@
 
 #include "kvserde/error.h"
 #include "kvserde/memobj.h"
+#include "kvserde/serde.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -127,6 +128,26 @@ static inline int fz_is_canary(const uint8_t *p, size_t n)
     for (size_t i = 0; i < n; i++)
         if (p[i] != 0xA5) return 0;
     return 1;
+}
+
+/* Deserialize src with `de` into a fresh canary-filled buffer of `layout`
+ * (nbytes, KV_2LTD), returned in *out (to free); a refusal must be a KVS_E*
+ * code with a message and leave the canary whole. Returns de's status. */
+static inline int fz_deserialize_canary(kvs_deserializer *de, const kvs_memobj *src,
+                                        const kvs_layout *layout, uint8_t **out, size_t nbytes,
+                                        const char *what)
+{
+    uint8_t *buf = fz_canary_alloc(nbytes);
+    kvs_memobj dst;
+    int rc = kvs_memobj_init(&dst, nbytes ? buf : NULL, nbytes, layout, KVS_FMT_KV_2LTD);
+    FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
+    rc = kvs_deserialize(de, src, &dst, NULL);
+    if (rc != KVS_OK) {
+        FZ_ASSERT_REFUSAL(rc, what);
+        FZ_ASSERT(fz_is_canary(buf, nbytes), "a refused %s wrote to the destination", what);
+    }
+    *out = buf;
+    return rc;
 }
 
 #endif /* KVS_FUZZ_COMMON_H */

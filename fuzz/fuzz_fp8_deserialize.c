@@ -23,23 +23,6 @@
 
 static const char *const isas[] = {"avx2", "avx512"};
 
-/* Deserialize src into a fresh canary-filled copy of dst's layout. */
-static int run(kvs_deserializer *de, const kvs_memobj *src, const kvs_layout *layout,
-               uint8_t **out, size_t nbytes)
-{
-    uint8_t *buf = fz_canary_alloc(nbytes);
-    kvs_memobj dst;
-    int rc = kvs_memobj_init(&dst, nbytes ? buf : NULL, nbytes, layout, KVS_FMT_KV_2LTD);
-    FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
-    rc = kvs_deserialize(de, src, &dst, NULL);
-    if (rc != KVS_OK) {
-        FZ_ASSERT_REFUSAL(rc, "fp8 deserialize");
-        FZ_ASSERT(fz_is_canary(buf, nbytes), "a refused deserialize wrote to the destination");
-    }
-    *out = buf;
-    return rc;
-}
-
 static void encode_differential(const uint8_t *bytes, size_t len, kvs_dtype fp8, int saturate,
                                 uint8_t sel)
 {
@@ -120,7 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     FZ_ASSERT(kvs_fp8_set_isa("scalar") == KVS_OK, "scalar isa");
     uint8_t *ref = NULL;
-    int rc = run(de, &src, &layout, &ref, nbytes);
+    int rc = fz_deserialize_canary(de, &src, &layout, &ref, nbytes, "fp8 deserialize");
     if (rc == KVS_OK)
         FZ_ASSERT(all_wide && used == total,
                   "accepted %zu source bytes for %" PRIu64 " elements (all float dtypes: %d)",
@@ -129,7 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!kvs_fp8_isa_available(isas[i])) continue;
         FZ_ASSERT(kvs_fp8_set_isa(isas[i]) == KVS_OK, "isa %s", isas[i]);
         uint8_t *got = NULL;
-        int rc2 = run(de, &src, &layout, &got, nbytes);
+        int rc2 = fz_deserialize_canary(de, &src, &layout, &got, nbytes, "fp8 deserialize");
         FZ_ASSERT(rc2 == rc, "%s deserialize returns %d, scalar %d", isas[i], rc2, rc);
         if (rc == KVS_OK) {
             for (size_t j = 0; j < nbytes; j++)

@@ -5,8 +5,9 @@
  *   bits 0-1  the element size the typed stage announces in kvs_stage_ctx:
  *             0 unknown, 1, 2, 4
  *   bit 2     encode mode: the data is the typed stage's output; encode it
- *             (level from bits 3-4: 1, -7, 3, 19 only for data <= 4 KiB),
- *             then decode that
+ *             (level from bits 3-4: 1, -7, 3, 19 only for data <= 4 KiB;
+ *             bit 5: the rANS coder instead, with the channel count from
+ *             bits 6-7: 1, 3, 256, 4096), then decode that
  *   else      decode mode: the data is a stage payload
  * Properties:
  *   - decoded_size and decode refuse (a KVS_E* code and a message) or
@@ -26,7 +27,7 @@
 
 #define MAX_OUT ((size_t)4 << 20)
 
-static kvs_stage *g_stage[4];
+static kvs_stage *g_stage[5]; /* levels 1, -7, 3, 19; the rANS coder */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -38,6 +39,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
         json_decref(cfg);
     }
+    json_t *cfg = json_pack("{s:s,s:s}", "type", "lossless", "coder", "rans");
+    if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[4]) != KVS_OK) abort();
+    json_decref(cfg);
     return 0;
 }
 
@@ -69,9 +73,9 @@ static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, siz
 }
 
 static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
-                       size_t *m)
+                       uint64_t channels, size_t *m)
 {
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, channels, NULL};
     size_t cap = T->bytes_bound(st, n);
     uint8_t *out = malloc(cap);
     int rc = T->transform_encode(st, PARAMS, 2, &ctx, in, n, out, cap, m);
@@ -80,13 +84,17 @@ static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigne
     return out;
 }
 
-static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem)
+static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
+                      uint64_t channels)
 {
     size_t m, back_n;
-    uint8_t *enc = encode(st, in, n, elem, &m);
+    uint8_t *enc = encode(st, in, n, elem, channels, &m);
     unsigned s = elem == 1 || elem == 2 || elem == 4 ? elem : 1;
     size_t blocks = (n / s + 65535) / 65536;
-    FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
+    if (enc[0] == 2)
+        FZ_ASSERT(m <= n + 24 + 5 * blocks, "%zu bytes grew to %zu (version 2)", n, m);
+    else
+        FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
     uint8_t *back;
     int rc = decode(enc, m, elem, &back, &back_n);
     FZ_ASSERT(rc == KVS_OK, "own output refused: %s", kvs_last_error());
@@ -113,14 +121,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *in = malloc(n ? n : 1);
     memcpy(in, data + 1, n);
     if (opt & 4) {
+        static const uint64_t channels[4] = {1, 3, 256, 4096};
         int li = (opt >> 3) & 3;
         if (li == 3 && n > 4096) li = 0;
-        roundtrip(g_stage[li], in, n, elem);
+        if (opt & 32) li = 4;
+        roundtrip(g_stage[li], in, n, elem, channels[opt >> 6]);
     } else {
         uint8_t *out;
         size_t m;
         if (decode(in, n, elem, &out, &m) == KVS_OK) {
-            roundtrip(g_stage[0], out, m, elem);
+            roundtrip(g_stage[in[0] == 2 ? 4 : 0], out, m, elem, 256);
             free(out);
         }
     }

@@ -145,6 +145,45 @@ static void fp8_seeds(void)
     }
 }
 
+/* fuzz_ggml: opt (bit 0 q4_0, bit 1 cut the source, bits 2-3 the encode
+ * dtype), ngroups-1, per group (dtype | ndim<<3 | 0x80: last dim 32 x byte),
+ * dims, u32 selector, source bytes: real blocks of kvs_ggml_encode. */
+static void ggml_seeds(void)
+{
+    struct {
+        const char *name;
+        unsigned opt;
+        kvs_dtype dt;
+        unsigned ndim, dims[3]; /* the last one in units of 32 */
+        size_t cut;             /* bytes dropped from the blocks */
+    } s[] = {
+        {"q8-bf16-2x64", 0x00, KVS_DTYPE_BFLOAT16, 2, {2, 2}, 0},
+        {"q4-f32-4x32", 0x01, KVS_DTYPE_FLOAT32, 2, {4, 1}, 0},
+        {"q4-f16-3d", 0x05, KVS_DTYPE_FLOAT16, 3, {2, 1, 3}, 0},
+        {"q8-short", 0x00, KVS_DTYPE_BFLOAT16, 1, {2}, 5},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        static buf b;
+        static float x[4096];
+        static uint8_t blocks[4096];
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        b_u8(&b, 0);
+        b_u8(&b, (unsigned)s[i].dt | s[i].ndim << 3 | 0x80);
+        size_t n = 1;
+        for (unsigned d = 0; d < s[i].ndim; d++) {
+            b_u8(&b, s[i].dims[d]);
+            n *= d + 1 == s[i].ndim ? 32 * s[i].dims[d] : s[i].dims[d];
+        }
+        b_u32(&b, 0);
+        kvs_ggml_type t = (s[i].opt & 1) ? KVS_GGML_Q4_0 : KVS_GGML_Q8_0;
+        for (size_t j = 0; j < n; j++) x[j] = (float)((int)(j * 7919 % 61) - 30) * 0.125f;
+        check(kvs_ggml_encode(x, KVS_DTYPE_FLOAT32, blocks, t, n), "ggml encode");
+        b_mem(&b, blocks, n / 32 * kvs_ggml_block_bytes(t) - s[i].cut);
+        put("ggml", s[i].name, b.b, b.n);
+    }
+}
+
 /* fuzz_kv_split: opt, dtypes, u32 nk, u32 nv, blob. */
 static void kv_split_seeds(void)
 {
@@ -471,6 +510,7 @@ int main(int argc, char **argv)
     mkdir(g_root, 0777);
     json_seeds();
     fp8_seeds();
+    ggml_seeds();
     kv_split_seeds();
     key_seeds();
     safetensors_seed();

@@ -773,6 +773,55 @@ static void test_threads(void)
     kvs_keyring_free(kr);
 }
 
+/* The stream (stage.h's stream_*: what the pipeline runs block by block
+ * after the typed stage) writes the same bytes and tag as transform_encode
+ * with the same params, whatever the pieces; an abandoned stream writes
+ * nothing; a stream fed more or fewer bytes than announced is refused. */
+static void test_stream(void)
+{
+    kvs_stage *s = NULL;
+    REQUIRE_OK(make_stage_files(k1_raw, NULL, &s));
+    kvs_object_key key = test_key("tenant-a", 1);
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, NULL, 0, 0, NULL};
+    enum { N = 100003 };
+    static uint8_t in[N], whole[N + 16], piece[N + 16];
+    for (size_t i = 0; i < N; i++) in[i] = (uint8_t)(i * 13 + 7);
+    uint8_t params[20];
+    size_t outn = 0;
+    REQUIRE_OK(T->write_params(s, params));
+    REQUIRE_OK(T->transform_encode(s, params, 20, &ctx, in, N, whole, sizeof whole, &outn));
+    static const size_t cuts[][3] = {{0, 1, N}, {16, 4096, 65536}, {17, 50000, N}};
+    for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+        memcpy(piece, in, N); /* in place, as the pipeline runs it */
+        memset(piece + N, 0xee, 16);
+        void *st = NULL;
+        REQUIRE_OK(T->stream_begin(s, params, 20, &ctx, N, &st));
+        size_t at = 0;
+        for (size_t k = 0; k < 3; k++) {
+            CHECK_OK(T->stream_update(st, piece + at, piece + at, cuts[c][k] - at));
+            at = cuts[c][k];
+        }
+        CHECK_OK(T->stream_update(st, piece + at, piece + at, N - at));
+        CHECK_OK(T->stream_end(st, piece + N));
+        CHECK(memcmp(piece, whole, sizeof whole) == 0);
+    }
+    void *st = NULL;
+    uint8_t tag[16] = {0};
+    REQUIRE_OK(T->stream_begin(s, params, 20, &ctx, 10, &st));
+    CHECK_ERR(T->stream_update(st, in, piece, 11), KVS_EINVAL,
+              "aes_gcm: 11 more bytes than the 10 announced");
+    CHECK_OK(T->stream_update(st, in, piece, 4));
+    CHECK_ERR(T->stream_end(st, tag), KVS_EINVAL, "aes_gcm: stream ended 6 bytes short");
+    CHECK(all_zero(tag, sizeof tag));
+    REQUIRE_OK(T->stream_begin(s, params, 20, &ctx, 10, &st));
+    CHECK_OK(T->stream_end(st, NULL)); /* abandoned */
+    CHECK_ERR(T->stream_begin(s, params, 19, &ctx, 10, &st), KVS_EINVAL,
+              "aes_gcm: parameter block of 19 bytes; expected 20 (8-byte key id, 12-byte "
+              "nonce)");
+    CHECK(st == NULL);
+    T->destroy(s);
+}
+
 /* More than INT_MAX bytes, in place. */
 static void test_large(void)
 {
@@ -866,6 +915,7 @@ int main(void)
     RUN(test_sizes_and_params);
     RUN(test_known_answers);
     RUN(test_pieces);
+    RUN(test_stream);
     RUN(test_threads);
     RUN(test_large);
 

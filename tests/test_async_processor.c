@@ -18,6 +18,7 @@
 #include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "kvserde/serde.h"
+#include "serde/processor_hooks.h"
 
 /* ---------------------------------------------------------------------
  * A fake serde whose behaviour each test sets (upstream's fake serializer
@@ -1333,6 +1334,155 @@ static void test_other_implementations_are_checked(void)
     CHECK_EQ_INT(bad_destroyed, 1);
 }
 
+
+/* ---------------------------------------------------------------------
+ * Completion hooks (serde/processor_hooks.h: the serde wrapper's phase
+ * chaining)
+ * ------------------------------------------------------------------ */
+
+struct hook_log {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kvs_processor *p;
+    int dir;
+    int n;
+    uint64_t ids[8];
+    int states[8];
+    char threads[8][16];
+};
+
+/* Queries the task from inside the hook: the result must be readable
+ * already, and no processor lock held (a held lock would deadlock here). */
+static void hook_record(void *ctx, uint64_t id)
+{
+    struct hook_log *h = ctx;
+    kvs_task_result r;
+    int rc = query(h->p, h->dir, id, &r);
+    pthread_mutex_lock(&h->mu);
+    if (h->n < 8) {
+        h->ids[h->n] = id;
+        h->states[h->n] = rc == KVS_OK ? (int)r.state : -1;
+        if (pthread_getname_np(pthread_self(), h->threads[h->n], 16) != 0)
+            snprintf(h->threads[h->n], 16, "?");
+    }
+    h->n++;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int hook_wait(struct hook_log *h, int n)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 5;
+    pthread_mutex_lock(&h->mu);
+    int rc = 0;
+    while (h->n < n && rc == 0) rc = pthread_cond_timedwait(&h->cv, &h->mu, &deadline);
+    int ok = h->n >= n;
+    pthread_mutex_unlock(&h->mu);
+    return ok;
+}
+
+/* Each finished task calls its direction's hook once, with its id, on the
+ * thread that finished it (the worker; the submitting thread for an empty
+ * batch, before the submit returns), once the result is readable; the fds
+ * are not signalled. Another implementation takes no hooks (0). */
+/* kvs_async_processor_set_inline: a task whose objects add up to at most
+ * the limit runs inside its submit (its hook fires on the submitting thread
+ * before the submit returns); a larger one goes to a worker. */
+static void test_small_tasks_run_inline(void)
+{
+    kvs_processor *p = make_proc(1);
+    REQUIRE(p != NULL);
+    struct hook_log hs = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                          .p = p, .dir = SER};
+    REQUIRE(kvs_async_processor_set_hooks(p, (kvs_completion_hook){hook_record, &hs},
+                                          (kvs_completion_hook){NULL, NULL}) == 1);
+    kvs_processor other = {&other_ops};
+    CHECK_EQ_INT(kvs_async_processor_set_inline(&other, 1), 0);
+    /* two objects of OBJ_BYTES: inline at a limit of 2 x OBJ_BYTES, not below */
+    CHECK_EQ_INT(kvs_async_processor_set_inline(p, 2 * OBJ_BYTES), 1);
+    buf_obj a, b;
+    make_obj(&a, 1);
+    make_obj(&b, 2);
+    kvs_memobj *src[] = {&a.obj}, *dst[] = {&b.obj};
+    kvs_task_id id;
+    REQUIRE_OK(submit(p, SER, src, 1, dst, 1, &id));
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_INT(hs.n, 1); /* finished before the submit returned */
+    CHECK_EQ_STR(hs.threads[0], "test_async_proc");
+    pthread_mutex_unlock(&hs.mu);
+    CHECK_EQ_INT(b.data[0], 1); /* transformed (the test serde copies) */
+    CHECK_EQ_INT(kvs_async_processor_set_inline(p, 2 * OBJ_BYTES - 1), 1);
+    REQUIRE_OK(submit(p, SER, src, 1, dst, 1, &id));
+    REQUIRE(hook_wait(&hs, 2));
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_STR(hs.threads[1], "kvs-proc-0");
+    pthread_mutex_unlock(&hs.mu);
+    kvs_processor_destroy(p);
+}
+
+static void test_completion_hooks_replace_the_fd(void)
+{
+    kvs_processor *p = make_proc(1);
+    REQUIRE(p != NULL);
+    struct hook_log hs = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                          .p = p, .dir = SER};
+    struct hook_log hd = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                          .p = p, .dir = DE};
+    CHECK_EQ_INT(kvs_async_processor_set_hooks(p, (kvs_completion_hook){hook_record, &hs},
+                                               (kvs_completion_hook){hook_record, &hd}),
+                 1);
+    kvs_processor other = {&other_ops};
+    CHECK_EQ_INT(kvs_async_processor_set_hooks(&other, (kvs_completion_hook){hook_record, &hs},
+                                               (kvs_completion_hook){NULL, NULL}),
+                 0);
+    buf_obj a, b, c, d;
+    make_obj(&a, 1);
+    make_obj(&b, 2);
+    make_obj(&c, 3);
+    make_obj(&d, 4);
+    kvs_memobj *src1[] = {&a.obj}, *dst1[] = {&b.obj}, *src2[] = {&c.obj}, *dst2[] = {&d.obj};
+    kvs_task_id id;
+    REQUIRE_OK(submit(p, SER, NULL, 0, NULL, 0, &id)); /* empty: done inside the submit */
+    CHECK_EQ_U64(id, 0);
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_INT(hs.n, 1);
+    CHECK_EQ_STR(hs.threads[0], "test_async_proc");
+    pthread_mutex_unlock(&hs.mu);
+    REQUIRE_OK(submit(p, SER, src1, 1, dst1, 1, &id));
+    REQUIRE_OK(submit(p, DE, src2, 1, dst2, 1, &id));
+    REQUIRE_OK(submit(p, SER, src2, 1, dst1, 1, &id));
+    REQUIRE(hook_wait(&hs, 3));
+    REQUIRE(hook_wait(&hd, 1));
+    pthread_mutex_lock(&hs.mu);
+    CHECK_EQ_INT(hs.n, 3);
+    uint64_t want[3] = {0, 1, 3};
+    for (int i = 0; i < 3 && i < hs.n; i++) {
+        CHECK_EQ_U64(hs.ids[i], want[i]);
+        CHECK_EQ_INT(hs.states[i], KVS_TASK_OK);
+    }
+    CHECK_EQ_STR(hs.threads[1], "kvs-proc-0");
+    CHECK_EQ_STR(hs.threads[2], "kvs-proc-0");
+    pthread_mutex_unlock(&hs.mu);
+    pthread_mutex_lock(&hd.mu);
+    CHECK_EQ_INT(hd.n, 1);
+    CHECK_EQ_U64(hd.ids[0], 2);
+    CHECK_EQ_INT(hd.states[0], KVS_TASK_OK);
+    CHECK_EQ_STR(hd.threads[0], "kvs-proc-0");
+    pthread_mutex_unlock(&hd.mu);
+    /* the hook replaced the signal; the results were popped inside it */
+    uint64_t count = 99;
+    CHECK_OK(kvs_event_fd_consume(event_fd(p, SER), &count));
+    CHECK_EQ_U64(count, 0);
+    CHECK_OK(kvs_event_fd_consume(event_fd(p, DE), &count));
+    CHECK_EQ_U64(count, 0);
+    kvs_task_result r;
+    CHECK_OK(query(p, SER, 1, &r));
+    CHECK_EQ_INT(r.state, KVS_TASK_PENDING);
+    kvs_processor_destroy(p);
+}
+
 /* ---------------------------------------------------------------------
  * With the registry and the real fp8 serde
  * ------------------------------------------------------------------ */
@@ -2058,6 +2208,8 @@ int main(void)
     base_threads = count_threads();
     /* upstream group A */
     RUN(test_fds_are_distinct);
+    RUN(test_completion_hooks_replace_the_fd);
+    RUN(test_small_tasks_run_inline);
     RUN(test_serialize_signals_fd_and_result_is_ok);
     RUN(test_deserialize_signals_fd_and_result_is_ok);
     RUN(test_serialize_failure_reports_failed);

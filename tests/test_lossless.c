@@ -5,6 +5,8 @@
  * expansion bound, the stage's own refusals of damaged and truncated
  * payloads, the frame's refusal of every damaged block, a blob split across
  * an async processor's two workers (the same bytes and values as without),
+ * all of it under both coders ("zstd", "rans"), a version-1 frame written
+ * before the rANS coder, the version-2 payload's exact bytes and refusals,
  * and every file of the real KV cache (../shared/kvdata/, skipped with a message when absent). */
 #include <dirent.h>
 #include <jansson.h>
@@ -18,6 +20,7 @@
 
 #include "frame/stage.h"
 #include "kvs_test.h"
+#include "kvs_test_proc.h"
 #include "kvserde/memobj.h"
 #include "kvserde/pipeline.h"
 #include "kvserde/processor.h"
@@ -25,6 +28,9 @@
 #include "kvserde/serde.h"
 
 #define BYTES_LL "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\"}]}"
+#define RANS_LL                                                                           \
+    "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":" \
+    "\"rans\"}]}"
 #define FP8_LL "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}"
 #define BLOCK 65536u
 
@@ -163,6 +169,7 @@ static void test_adversarial_roundtrips(void)
                                     KVS_DTYPE_UINT8, KVS_DTYPE_FLOAT8_E4M3FN};
     static const uint64_t sizes[] = {0, 1, 2, 3, 63, 64, 65, 4095, BLOCK - 1, BLOCK, BLOCK + 1,
                                      2 * BLOCK + 7, 3 * BLOCK - 1};
+    for (int coder = 0; coder < 2; coder++)
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
         for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
             for (int f = ALL_EQUAL; f <= SMOOTH; f++) {
@@ -170,18 +177,27 @@ static void test_adversarial_roundtrips(void)
                 kvs_memobj *o = new_obj(&l);
                 fill(o, (enum fill)f, sizes[z] * 31 + (uint64_t)f);
                 size_t stored;
-                int ok = roundtrip(BYTES_LL, o, &stored);
+                int ok = roundtrip(coder ? RANS_LL : BYTES_LL, o, &stored);
                 if (!ok)
-                    fprintf(stderr, "dtype %s, %llu elements, fill %d\n", kvs_dtype_name(dts[d]),
+                    fprintf(stderr, "%s: dtype %s, %llu elements, fill %d\n",
+                            coder ? "rans" : "zstd", kvs_dtype_name(dts[d]),
                             (unsigned long long)sizes[z], f);
                 CHECK(ok);
-                /* never more than its block headers: 16 + (4 + 4 s) per block,
-                 * plus the frame (header <= 64 bytes here, crc32c 4) */
+                /* never more than its block headers: 16 + (4 + 4 s) per block
+                 * (the rANS coder's version 2: 24 + 5 per block), plus the
+                 * frame (header <= 64 bytes here, crc32c 4) */
                 size_t nb = (size_t)kvs_layout_nbytes(&l);
                 size_t s = kvs_dtype_size(dts[d]);
                 size_t blocks = (size_t)((sizes[z] + BLOCK - 1) / BLOCK);
-                CHECK(stored <= 64 + 4 + nb + 16 + (4 + 4 * s) * blocks);
-                if (f == ALL_EQUAL && sizes[z] >= BLOCK) CHECK(stored < nb / 20);
+                if (coder && s == 2)
+                    CHECK(stored <= 64 + 4 + nb + 24 + 5 * blocks);
+                else
+                    CHECK(stored <= 64 + 4 + nb + 16 + (4 + 4 * s) * blocks);
+                /* all equal: zstd's matches; rANS codes the exponent in ~0 bits */
+                if (f == ALL_EQUAL && sizes[z] >= BLOCK)
+                    CHECK(stored < (coder && s == 2 ? nb / 2 + nb / 50 : nb / 20));
+                if (coder && s == 2 && f == RANDOM && sizes[z] >= BLOCK)
+                    CHECK(stored <= 64 + 4 + nb + 24 + 5 * blocks); /* stored raw */
                 kvs_memobj_free(o);
             }
 }
@@ -197,6 +213,8 @@ static void test_shapes_and_fp8(void)
     size_t stored;
     CHECK(roundtrip(BYTES_LL, o, &stored));
     CHECK(stored < kvs_layout_nbytes(&l) * 3 / 4); /* the exponent plane compresses */
+    CHECK(roundtrip(RANS_LL, o, &stored));
+    CHECK(stored < kvs_layout_nbytes(&l) * 3 / 4);
     CHECK(fp8_same(o));
     kvs_memobj_free(o);
 
@@ -207,6 +225,7 @@ static void test_shapes_and_fp8(void)
     o = new_obj(&m);
     fill(o, RANDOM, 9);
     CHECK(roundtrip(BYTES_LL, o, NULL)); /* mixed sizes: one-byte elements */
+    CHECK(roundtrip(RANS_LL, o, NULL));  /* ... so version 1 under the rANS coder */
     kvs_memobj_free(o);
 
     /* levels */
@@ -235,6 +254,14 @@ static void test_config_refused(void)
          "\"level\":\"max\"}]}",
          "pipeline: stage 1: lossless: \"level\" must be an integer from -7 to 19 other than 0 "
          "(zstd's level; default 1), got string"},
+        {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
+         "\"coder\":\"lz4\"}]}",
+         "pipeline: stage 1: lossless: \"coder\" must be \"zstd\" (default) or \"rans\", got "
+         "\"lz4\""},
+        {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
+         "\"coder\":1}]}",
+         "pipeline: stage 1: lossless: \"coder\" must be \"zstd\" (default) or \"rans\", got "
+         "integer"},
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"crc32c\"},"
          "{\"type\":\"lossless\"}]}",
          "pipeline: stage 2 'lossless' rewrites the bytes after the checksum at stage 1 "
@@ -313,12 +340,12 @@ static void test_stage_refusals(void)
 }
 
 /* Through the frame: every damaged byte of the payload is refused. */
-static void test_frame_damage(void)
+static void frame_damage(const char *json)
 {
     kvs_layout l = flat(2 * BLOCK + 3, KVS_DTYPE_BFLOAT16);
     kvs_memobj *o = new_obj(&l);
     fill(o, SMOOTH, 3);
-    kvs_serde_pair p = make_pair(BYTES_LL);
+    kvs_serde_pair p = make_pair(json);
     size_t len;
     uint8_t *b = ser(&p, o, &len);
     REQUIRE(b != NULL);
@@ -338,6 +365,193 @@ static void test_frame_damage(void)
     kvs_memobj_free(back);
     kvs_memobj_free(o);
     kvs_serde_pair_destroy(&p);
+}
+
+static void test_frame_damage(void)
+{
+    frame_damage(BYTES_LL);
+    frame_damage(RANS_LL);
+}
+
+/* ---------------------------------------------------------------------
+ * Old frames: a version-1 blob written by main before the rANS coder
+ * (commit acc97f9) still decodes, under either coder's configuration
+ * ------------------------------------------------------------------ */
+
+static const uint8_t v1_blob[148] = {
+    0x4B, 0x56, 0x53, 0x46, 0x01, 0x00, 0x40, 0x00, 0x54, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x04, 0x01, 0x03, 0x00, 0x03, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00,
+    0x00, 0x00, 0x28, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
+    0x00, 0x00, 0x50, 0x00, 0x02, 0x00, 0x01, 0x00, 0x40, 0x00, 0x00, 0x00,
+    0x84, 0xC5, 0xC7, 0x35, 0x01, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
+    0xF0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x3C, 0x00, 0x00, 0x00,
+    0x1F, 0x00, 0x00, 0x80, 0x28, 0xB5, 0x2F, 0xFD, 0x20, 0x78, 0xB5, 0x00,
+    0x00, 0x78, 0x00, 0x01, 0x02, 0x80, 0x81, 0x02, 0x00, 0x01, 0x82, 0x80,
+    0x01, 0x02, 0x00, 0x81, 0x82, 0x01, 0x00, 0x46, 0xD2, 0x59, 0x07, 0x15,
+    0x00, 0x00, 0x80, 0x28, 0xB5, 0x2F, 0xFD, 0x20, 0x78, 0x65, 0x00, 0x00,
+    0x28, 0x3F, 0x40, 0x41, 0x3F, 0x40, 0x01, 0x00, 0x10, 0x69, 0xD1, 0x02,
+    0x41, 0xEE, 0xC3, 0x8B};
+
+static void test_old_frames(void)
+{
+    kvs_layout l = {0};
+    const int64_t dims[2] = {3, 40};
+    REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
+    uint8_t want[240];
+    for (int i = 0; i < 120; i++) {
+        unsigned v = 0x3F00u + (unsigned)((i * 7) % 5) * 0x80u + (unsigned)(i % 3);
+        want[2 * i] = (uint8_t)v;
+        want[2 * i + 1] = (uint8_t)(v >> 8);
+    }
+    const char *cfgs[2] = {BYTES_LL, RANS_LL};
+    for (int c = 0; c < 2; c++) {
+        kvs_serde_pair p = make_pair(cfgs[c]);
+        kvs_memobj *back = NULL;
+        REQUIRE(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &back) == KVS_OK);
+        CHECK_OK(deser(&p, v1_blob, sizeof v1_blob, back));
+        CHECK(memcmp(back->data, want, sizeof want) == 0);
+        kvs_memobj_free(back);
+        kvs_serde_pair_destroy(&p);
+    }
+}
+
+/* ---------------------------------------------------------------------
+ * The rANS coder's payload (version 2): exact bytes and refusals
+ * ------------------------------------------------------------------ */
+
+static kvs_stage *rans_stage(void)
+{
+    json_t *cfg = json_pack("{s:s,s:s}", "type", "lossless", "coder", "rans");
+    kvs_stage *st = NULL;
+    if (kvs_stage_lossless_type.create(cfg, &st) != KVS_OK) abort();
+    json_decref(cfg);
+    return st;
+}
+
+static size_t rans_encode(kvs_stage *st, const uint8_t *in, size_t n, uint64_t channels,
+                          uint8_t **out)
+{
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 2, channels, NULL};
+    size_t cap = kvs_stage_lossless_type.bytes_bound(st, n), m = 0;
+    *out = malloc(cap);
+    if (kvs_stage_lossless_type.transform_encode(st, NULL, 0, &ctx, in, n, *out, cap, &m))
+        abort();
+    return m;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void test_rans_payload(void)
+{
+    kvs_stage *st = rans_stage();
+    uint8_t params[2];
+    CHECK_OK(kvs_stage_lossless_type.write_params(st, params));
+    CHECK(params[0] == 1 && params[1] == 1);
+    json_t *desc = kvs_stage_lossless_type.describe_params(params, 2);
+    char *text = json_dumps(desc, JSON_SORT_KEYS | JSON_COMPACT);
+    CHECK_EQ_STR(text, "{\"coder\":\"rans\",\"level\":1}");
+    free(text);
+    json_decref(desc);
+    static const uint8_t bad_params[2] = {1, 2};
+    CHECK_ERR(kvs_stage_lossless_type.check_params(bad_params, 2), KVS_ECORRUPT,
+              "lossless: parameters level 1 (-7 to 19, not 0), coder 2 (0 zstd, 1 rans)");
+
+    /* ten elements of 1.0 with 4 channels: the coded block would be larger
+     * than raw (its 128 bytes of states), so it is stored raw */
+    uint8_t in[2 * 4096 + 1];
+    for (int i = 0; i < 4096; i++) in[2 * i] = 0x80, in[2 * i + 1] = 0x3F;
+    in[8192] = 0x5A;
+    uint8_t *enc = NULL, *back = malloc(sizeof in);
+    size_t m = rans_encode(st, in, 20, 4, &enc), got = 0;
+    static const uint8_t head[24] = {2, 2, 0, 0, 0, 0, 1, 0, 20, 0, 0, 0,
+                                     0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+    CHECK_EQ_INT((int)m, 24 + 4 + 1 + 20);
+    CHECK(memcmp(enc, head, 24) == 0);
+    CHECK(enc[24] == 21 && enc[25] == 0 && enc[26] == 0 && enc[27] == 0);
+    CHECK(enc[28] == 0 && memcmp(enc + 29, in, 20) == 0);
+    CHECK(stage_decode(enc, m, 2, back, sizeof in, &got) == KVS_OK && got == 20 &&
+          memcmp(back, in, 20) == 0);
+    free(enc);
+
+    /* 4096 of them and a tail byte: one symbol, coded in no bits; the
+     * record is kind 1, the 4096 sign+mantissa bytes (0), one group, the
+     * table {127..127: 1024} and the 32 states at their start 2^15 */
+    m = rans_encode(st, in, sizeof in, 4, &enc);
+    size_t rec = 1 + 4096 + 1 + 4 + 128;
+    CHECK_EQ_INT((int)m, (int)(24 + 4 + rec + 1));
+    static const uint8_t rtail[5] = {1, 127, 127, 0x84, 0x00};
+    CHECK(enc[28] == 1);
+    CHECK(memcmp(enc + 29 + 4096, rtail, 5) == 0);
+    int zeros = 1, states = 1;
+    for (int i = 0; i < 4096; i++) zeros &= enc[29 + i] == 0;
+    for (int l = 0; l < 32; l++) {
+        const uint8_t *q = enc + 34 + 4096 + 4 * l;
+        states &= q[0] == 0 && q[1] == 0x80 && q[2] == 0 && q[3] == 0;
+    }
+    CHECK(zeros && states);
+    CHECK(enc[m - 1] == 0x5A);
+    CHECK(stage_decode(enc, m, 2, back, sizeof in, &got) == KVS_OK && got == sizeof in &&
+          memcmp(back, in, sizeof in) == 0);
+    /* every truncation refused; every damaged header and table byte refused,
+     * but for the block size E (bytes 4-7) and the channel period (16-19),
+     * which change nothing for one block coded with one group */
+    for (size_t k = 0; k < m; k += (k < 64 ? 1 : 331))
+        CHECK(stage_decode(enc, k, 2, back, sizeof in, &got) != KVS_OK);
+    for (size_t k = 0; k < 24 + 4 + 1; k++)
+        for (int bit = 0; bit < 8; bit++) {
+            enc[k] ^= (uint8_t)(1u << bit);
+            int rc = stage_decode(enc, m, 2, back, sizeof in, &got);
+            if (rc == KVS_OK && (memcmp(back, in, sizeof in) != 0 || k < 4 || k > 19 ||
+                                 (k > 7 && k < 16)))
+                KVS_FAIL_("byte %zu bit %d accepted", k, bit);
+            enc[k] ^= (uint8_t)(1u << bit);
+        }
+    /* the messages */
+    enc[1] = 1;
+    CHECK_ERR(stage_decode(enc, m, 1, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: version 2 with element size 1 (2), channel period 4 (1 to 4096), "
+              "reserved 0 (0)");
+    enc[1] = 2;
+    put_u32(enc + 16, 4097);
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: version 2 with element size 2 (2), channel period 4097 (1 to 4096), "
+              "reserved 0 (0)");
+    put_u32(enc + 16, 4);
+    enc[28] = 2;
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: record kind 2 (0 raw, 1 rANS)");
+    enc[28] = 1;
+    uint8_t *g = enc + 29 + 4096; /* the group count, then the map or the table */
+    g[0] = 5;
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: 5 channel groups (1 to 4)");
+    g[0] = 2, g[1] = 0x0C; /* channel 1 in group 3 */
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: channel 1 in group 3 of 2");
+    put_u32(enc + 16, 3), g[1] = 0x40; /* channel 3 of 3 */
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: group map bits past channel 2 set");
+    put_u32(enc + 16, 4), g[0] = 1, g[1] = 127;
+    g[3] = 0x83; /* the table sums to 768 */
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: frequencies sum to 768, expected 1024");
+    g[3] = 0x84;
+    enc[34 + 4096 + 1] = 0; /* state 0 below 2^15 */
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: rANS state 0 is 0, outside [32768, 2147483648)");
+    enc[34 + 4096 + 1] = 0x80;
+    enc[28] = 0; /* raw, but the record is not 1 + 2k bytes */
+    CHECK_ERR(stage_decode(enc, m, 2, back, sizeof in, &got), KVS_ECORRUPT,
+              "lossless: block 0: raw record of 4230 bytes, expected 8193");
+    enc[28] = 1;
+    CHECK(stage_decode(enc, m, 2, back, sizeof in, &got) == KVS_OK);
+    free(enc);
+    free(back);
+    kvs_stage_lossless_type.destroy(st);
 }
 
 /* ---------------------------------------------------------------------
@@ -411,7 +625,7 @@ static void test_kvdata(void)
     REQUIRE(d != NULL);
     struct dirent *ent;
     int files = 0;
-    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0;
+    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0, stored_r = 0;
     while ((ent = readdir(d)) != NULL) {
         size_t nl = strlen(ent->d_name);
         if (nl < 12 || strcmp(ent->d_name + nl - 12, ".safetensors") != 0) continue;
@@ -427,10 +641,14 @@ static void test_kvdata(void)
         REQUIRE(kvs_layout_nbytes(&l) == nbytes);
         kvs_memobj *o = new_obj(&l);
         memcpy(o->data, kv, nbytes);
-        size_t s1, s2;
+        size_t s1, s2, s3;
         int ok = roundtrip(BYTES_LL, o, &s1);
         if (!ok) fprintf(stderr, "%s: not bit-exact\n", ent->d_name);
         CHECK(ok);
+        ok = roundtrip(RANS_LL, o, &s3);
+        if (!ok) fprintf(stderr, "%s: not bit-exact through the rANS coder\n", ent->d_name);
+        CHECK(ok);
+        stored_r += (double)s3;
         CHECK(fp8_same(o));
         kvs_serde_pair p = make_pair(FP8_LL);
         size_t len;
@@ -447,9 +665,10 @@ static void test_kvdata(void)
         files++;
     }
     closedir(d);
-    printf("test_kvdata: %d files bit-exact; bytes + lossless %.4fx, fp8 + lossless %.4fx "
-           "over the fp8 bytes (all layers, frame headers included)\n",
-           files, raw / stored_b, raw8 / stored8);
+    printf("test_kvdata: %d files bit-exact; bytes + lossless %.4fx (the rANS coder %.4fx), "
+           "fp8 + lossless %.4fx over the fp8 bytes (all layers, frame headers included)\n",
+           files, raw / stored_b, raw / stored_r, raw8 / stored8);
+    CHECK(raw / stored_r > 1.3);
     CHECK(files >= 1);
     CHECK(raw / stored_b > 1.3);
     CHECK(raw8 / stored8 > 1.1);
@@ -459,29 +678,18 @@ static void test_kvdata(void)
  * Split across a processor's workers: the same bytes, the same values
  * ------------------------------------------------------------------ */
 
-static int proc_wait(kvs_processor *p, int serialize, kvs_task_id id, kvs_task_result *r)
-{
-    for (int i = 0; i < 10000; i++) {
-        int rc = serialize ? kvs_processor_query_serialize_result(p, id, r)
-                           : kvs_processor_query_deserialize_result(p, id, r);
-        if (rc || r->state != KVS_TASK_PENDING) return rc;
-        usleep(1000);
-    }
-    return -1;
-}
-
-static void test_split_across_workers(void)
+static void split_across_workers(const char *json)
 {
     kvs_layout l = {0};
     const int64_t dims[2] = {2560, 256}; /* 10 blocks of bfloat16 */
     REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
     kvs_memobj *src = new_obj(&l);
     fill(src, SMOOTH, 21);
-    kvs_serde_pair sync = make_pair(BYTES_LL);
+    kvs_serde_pair sync = make_pair(json);
     size_t len;
     uint8_t *want = ser(&sync, src, &len);
     REQUIRE(want != NULL);
-    kvs_serde_pair p2 = make_pair(BYTES_LL);
+    kvs_serde_pair p2 = make_pair(json);
     kvs_processor *p = NULL;
     REQUIRE(kvs_async_processor_create(p2.serializer, p2.deserializer, 2, &p) == KVS_OK);
     REQUIRE(kvs_async_processor_set_split(p, 0, 64 << 10) == KVS_OK);
@@ -493,12 +701,12 @@ static void test_split_across_workers(void)
         kvs_task_id id;
         kvs_task_result r;
         REQUIRE(kvs_processor_submit_serialize(p, &src, 1, &blob, 1, NULL, &id) == KVS_OK);
-        REQUIRE(proc_wait(p, 1, id, &r) == KVS_OK);
+        REQUIRE(kvs_test_proc_wait(p, 1, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(blob->used_size == len && memcmp(blob->data, want, len) == 0);
         memset(back->data, 0, back->capacity);
         REQUIRE(kvs_processor_submit_deserialize(p, &blob, 1, &back, 1, NULL, &id) == KVS_OK);
-        REQUIRE(proc_wait(p, 0, id, &r) == KVS_OK);
+        REQUIRE(kvs_test_proc_wait(p, 0, id, &r) == KVS_OK);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(memcmp(back->data, src->data, (size_t)kvs_layout_nbytes(&l)) == 0);
     }
@@ -510,6 +718,12 @@ static void test_split_across_workers(void)
     kvs_serde_pair_destroy(&sync);
 }
 
+static void test_split_across_workers(void)
+{
+    split_across_workers(BYTES_LL);
+    split_across_workers(RANS_LL);
+}
+
 int main(void)
 {
     RUN(test_adversarial_roundtrips);
@@ -518,6 +732,8 @@ int main(void)
     RUN(test_stage_refusals);
     RUN(test_frame_damage);
     RUN(test_split_across_workers);
+    RUN(test_old_frames);
+    RUN(test_rans_payload);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -1217,10 +1217,12 @@ static void test_builtins_and_kinds(void)
 {
     const char *names[8];
     size_t n = kvs_serde_types(names, 8);
-    REQUIRE(n == 3);
+    REQUIRE(n == 5);
     CHECK_EQ_STR(names[0], "fp8");
     CHECK_EQ_STR(names[1], "kv_split");
     CHECK_EQ_STR(names[2], "pipeline");
+    CHECK_EQ_STR(names[3], "ggml_q8_0");
+    CHECK_EQ_STR(names[4], "ggml_q4_0");
     kvs_serde_kind kind = (kvs_serde_kind)0;
     CHECK_OK(kvs_serde_type_kind("fp8", &kind));
     CHECK_EQ_INT(kind, KVS_SERDE_SINGLE);
@@ -1230,12 +1232,14 @@ static void test_builtins_and_kinds(void)
     CHECK_EQ_STR(kvs_serde_kind_name(KVS_SERDE_MULTI), "multi");
     CHECK_EQ_STR(kvs_serde_kind_name((kvs_serde_kind)9), "unknown");
     CHECK_ERR(kvs_serde_type_kind("nope", &kind), KVS_EINVAL,
-              "unknown serde type 'nope'; registered: fp8, kv_split, pipeline");
+              "unknown serde type 'nope'; registered: fp8, ggml_q4_0, ggml_q8_0, "
+              "kv_split, pipeline");
     CHECK_ERR(kvs_serde_type_kind(NULL, &kind), KVS_EINVAL, "serde registry: NULL name");
     CHECK_ERR(kvs_serde_type_kind("fp8", NULL), KVS_EINVAL, "serde registry: NULL output");
     kvs_multi_processor *mp;
     CHECK_ERR(kvs_multi_serde_create("{\"type\": \"nope\"}", &mp), KVS_EINVAL,
-              "unknown serde type 'nope'; registered: fp8, kv_split, pipeline");
+              "unknown serde type 'nope'; registered: fp8, ggml_q4_0, ggml_q8_0, "
+              "kv_split, pipeline");
 }
 
 /* Creating a name through the other kind's functions is refused, naming
@@ -1324,8 +1328,8 @@ static void test_register_multi_factory(void)
     CHECK_OK(kvs_serde_type_kind("toy-concat", &kind));
     CHECK_EQ_INT(kind, KVS_SERDE_MULTI);
     const char *names[8];
-    CHECK_EQ_U64(kvs_serde_types(names, 8), 4);
-    CHECK_EQ_STR(names[3], "toy-concat");
+    CHECK_EQ_U64(kvs_serde_types(names, 8), 6);
+    CHECK_EQ_STR(names[5], "toy-concat");
 
     toy_reset();
     kvs_multi_processor *p;
@@ -1357,7 +1361,8 @@ static void test_register_multi_factory(void)
     CHECK_ERR(kvs_serde_create("{\"type\": \"toy-concat\"}", &sp), KVS_EINVAL,
               "serde type 'toy-concat' is multi-output (a group of tensors per blob, such as K and V); create it with the multi-output API");
     CHECK_ERR(kvs_multi_serde_create("{\"type\": \"nope\"}", &p), KVS_EINVAL,
-              "unknown serde type 'nope'; registered: fp8, kv_split, pipeline, toy-concat");
+              "unknown serde type 'nope'; registered: fp8, ggml_q4_0, ggml_q8_0, kv_split, "
+              "pipeline, toy-concat");
 }
 
 static void *nothing(void *arg) { return arg; }

@@ -7,6 +7,7 @@
  *
  * aes_gcm is not tested here (its real implementation lands separately). */
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@
 #include <xxhash.h>
 
 #include "frame/frame.h"
+#include "frame/pipeline_internal.h"
+#include "frame/stage_aes_gcm.h"
 #include "kvs_test.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
@@ -250,8 +253,8 @@ static void test_create_refused(void)
         {ST("[{\"type\":2}]"),
          "pipeline: stage 0 must be an object with a string \"type\"; its \"type\" is integer"},
         {ST("[{\"type\":\"zstd\"}]"),
-         "pipeline: stage 0: unknown stage type 'zstd'; known: bytes, fp8, transform, crc32c, "
-         "xxh3, aes_gcm, lossless"},
+         "pipeline: stage 0: unknown stage type 'zstd'; known: bytes, fp8, crc32c, xxh3, "
+         "aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int, transform"},
         {ST("[{\"type\":\"crc32c\"}]"),
          "pipeline: stage 0 'crc32c' is a bytes -> bytes stage; the chain starts with one "
          "typed stage (bytes, fp8 or transform)"},
@@ -317,12 +320,14 @@ static void test_checksum_appended(void)
               "frame: not a kvserde frame (3 bytes, no 'KVSF' magic)");
     CHECK_ERR(kvs_frame_inspect(b.data, b.len, NULL), KVS_EINVAL,
               "frame: inspect: NULL argument");
-    const char *names[8];
-    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 8), 7);
+    const char *names[10];
+    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 10), 10);
     CHECK_EQ_STR(names[0], "bytes");
-    CHECK_EQ_STR(names[2], "transform");
-    CHECK_EQ_STR(names[5], "aes_gcm");
-    CHECK_EQ_STR(names[6], "lossless");
+    CHECK_EQ_STR(names[4], "aes_gcm");
+    CHECK_EQ_STR(names[5], "lossless");
+    CHECK_EQ_STR(names[6], "ggml_q8_0");
+    CHECK_EQ_STR(names[8], "int");
+    CHECK_EQ_STR(names[9], "transform");
     free(b.data);
     kvs_memobj_free(src);
     kvs_serde_pair_destroy(&p);
@@ -652,7 +657,8 @@ static void test_patched_fields(void)
          "pipeline: frame format version 2; this build reads version 1"},
         {68, 2, 99, KVS_EUNSUPPORTED,
          "pipeline: frame stage 1 has unknown stage id 99; this build knows ids 1 (bytes), 2 "
-         "(fp8), 3 (transform), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless)"},
+         "(fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless), 16 (ggml_q8_0), "
+         "17 (ggml_q4_0), 8 (int), 3 (transform)"},
         {5, 1, 3, KVS_EUNSUPPORTED, "pipeline: unknown frame flags 0x03"},
         {5, 1, 0, KVS_ECORRUPT, "pipeline: unbound frame carries a key fingerprint"},
         {24, 1, 9, KVS_ECORRUPT, "pipeline: unknown memory format 9 in the frame"},
@@ -1225,6 +1231,125 @@ static void test_aes_gcm_pipeline(void)
     unlink(open_key);
 }
 
+/* Encryption runs fused with the typed stage, block by block (256 KiB of
+ * codes per block: 640000 codes make three blocks, the last one short),
+ * the checksum's digest encrypted after them: the payload is exactly
+ * AES-256-GCM (subkey of the key file's key and the key's salt, AAD = the
+ * header then the key's canonical bytes) of the plain fp8 codes and their
+ * CRC-32C. Decoding goes through one scratch buffer the deserializer keeps:
+ * a second decode allocates none. */
+static void test_aes_gcm_fused_blocks(void)
+{
+    char k1[128], json[512];
+    key_file(k1, sizeof k1, 0x11, 0600);
+    uint8_t master[32];
+    memset(master, 0x11, sizeof master);
+    for (int with_crc = 0; with_crc < 2; with_crc++) {
+        if (with_crc)
+            aes_config(json, sizeof json, k1, NULL);
+        else
+            snprintf(json, sizeof json,
+                     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},"
+                     "{\"type\":\"aes_gcm\",\"key_file\":\"%s\"}]}",
+                     k1);
+        fixture f;
+        REQUIRE(fixture_open(&f, json, 20000));
+        size_t n = 640000, d = with_crc ? 4 : 0;
+        kvs_frame fr;
+        REQUIRE_OK(kvs_frame_parse(f.b.data, f.b.len, "test", &fr));
+        CHECK_EQ_U64(fr.payload_len, n + d + 16);
+        uint8_t sub[32], kb[KVS_KEY_CANONICAL_MAX];
+        REQUIRE_OK(kvs_aes_gcm_subkey(master, "salt", sub));
+        size_t klen = kvs_key_canonical(&f.key, kb);
+        uint8_t *plain = malloc(n + d);
+        REQUIRE(plain != NULL);
+        const uint8_t *params = fr.stages[with_crc ? 2 : 1].params;
+        CHECK_OK(kvs_aes_gcm_open(sub, params + KVS_AES_GCM_KEY_ID_LEN, fr.header,
+                                  fr.header_len, kb, klen, fr.payload, n + d,
+                                  fr.payload + n + d, plain));
+        kvs_serde_pair fp8 = make_pair("{\"type\":\"fp8\"}");
+        blob ref = ser(&fp8, f.src, NULL);
+        REQUIRE(ref.data != NULL && ref.len == n);
+        CHECK(memcmp(plain, ref.data, n) == 0);
+        if (with_crc) CHECK_EQ_U64(rd_le(plain + n, 4), ref_crc32c(plain, n));
+        CHECK_EQ_U64(kvs_pipeline_scratch_allocs(f.p.deserializer), 0);
+        CHECK_OK(deser(&f.p, f.b.data, f.b.len, f.dst, &f.key));
+        kvs_memobj *c = new_obj(&f.src->layout);
+        CHECK_OK(deser(&fp8, ref.data, ref.len, c, NULL));
+        CHECK(same_data(f.dst, c));
+        memset(f.dst->data, CANARY, f.dst->capacity);
+        CHECK_OK(deser(&f.p, f.b.data, f.b.len, f.dst, &f.key));
+        CHECK(same_data(f.dst, c));
+        CHECK_EQ_U64(kvs_pipeline_scratch_allocs(f.p.deserializer), 1);
+        /* a refused blob gives its buffer back too */
+        memset(f.dst->data, CANARY, f.dst->capacity);
+        uint8_t *w = fixture_copy(&f);
+        w[fr.header_len + 300000] ^= 0x08; /* in the second block */
+        expect_refused(&f, w, f.b.len, &f.key, KVS_EAUTH,
+                       "aes_gcm: authentication failed (wrong key, or ciphertext, header or "
+                       "object key altered)");
+        CHECK_EQ_U64(kvs_pipeline_scratch_allocs(f.p.deserializer), 1);
+        kvs_memobj_free(c);
+        free(ref.data);
+        free(plain);
+        kvs_serde_pair_destroy(&fp8);
+        fixture_close(&f);
+    }
+    unlink(k1);
+}
+
+/* Threads decoding through one deserializer share its kept scratch
+ * buffers: 4 threads x 20 decodes of an encrypted blob allocate at most one
+ * buffer per thread decoding at once, and every decode is exact. */
+typedef struct scratch_worker {
+    kvs_serde_pair *p;
+    const blob *b;
+    const kvs_object_key *key;
+    const kvs_memobj *want;
+    int failures;
+} scratch_worker;
+
+static void *scratch_work(void *arg)
+{
+    scratch_worker *w = arg;
+    kvs_memobj *dst = new_obj(&w->want->layout);
+    for (int i = 0; i < 20; i++) {
+        memset(dst->data, CANARY, dst->capacity);
+        if (deser(w->p, w->b->data, w->b->len, dst, w->key) != KVS_OK ||
+            !same_data(dst, w->want))
+            w->failures++;
+    }
+    kvs_memobj_free(dst);
+    return NULL;
+}
+
+static void test_scratch_shared_by_threads(void)
+{
+    char k1[128], json[512];
+    key_file(k1, sizeof k1, 0x44, 0600);
+    aes_config(json, sizeof json, k1, NULL);
+    fixture f;
+    REQUIRE(fixture_open(&f, json, 2000));
+    kvs_memobj *want = new_obj(&f.src->layout);
+    REQUIRE_OK(deser(&f.p, f.b.data, f.b.len, want, &f.key));
+    enum { NT = 4 };
+    pthread_t th[NT];
+    scratch_worker w[NT];
+    for (int i = 0; i < NT; i++) {
+        w[i] = (scratch_worker){&f.p, &f.b, &f.key, want, 0};
+        REQUIRE(pthread_create(&th[i], NULL, scratch_work, &w[i]) == 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ_INT(w[i].failures, 0);
+    }
+    uint64_t allocs = kvs_pipeline_scratch_allocs(f.p.deserializer);
+    CHECK(allocs >= 1 && allocs <= NT);
+    kvs_memobj_free(want);
+    fixture_close(&f);
+    unlink(k1);
+}
+
 int main(void)
 {
     RUN(test_create_ok);
@@ -1246,6 +1371,8 @@ int main(void)
     RUN(test_processor_keys);
     RUN(test_wrapper_keys);
     RUN(test_aes_gcm_pipeline);
+    RUN(test_aes_gcm_fused_blocks);
+    RUN(test_scratch_shared_by_threads);
     RUN(test_unchecked_frame_refused);
     return TEST_SUMMARY();
 }

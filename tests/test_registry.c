@@ -138,7 +138,8 @@ static void test_create_processor(void)
     kvs_processor_destroy(q);
 
     CHECK_ERR(kvs_serde_create("{\"type\": \"zzz\"}", &p), KVS_EINVAL,
-              "unknown serde type 'zzz'; registered: fp8, kv_split, pipeline");
+              "unknown serde type 'zzz'; registered: fp8, ggml_q4_0, ggml_q8_0, "
+              "kv_split, pipeline");
     CHECK_ERR(kvs_serde_create("{\"type\": \"fp8\", \"max_workers\": 0}", &p), KVS_EINVAL,
               "serde config: max_workers must be an integer from 1 to 1024, got 0");
     CHECK_ERR(kvs_serde_create_json(NULL, &p), KVS_EINVAL, "serde config: NULL config");
@@ -168,7 +169,8 @@ static void test_unknown_type(void)
 {
     kvs_serde_pair pair;
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"does-not-exist\"}", &pair), KVS_EINVAL,
-              "unknown serde type 'does-not-exist'; registered: fp8, kv_split, pipeline");
+              "unknown serde type 'does-not-exist'; registered: fp8, ggml_q4_0, ggml_q8_0, "
+              "kv_split, pipeline");
 }
 
 static void test_not_an_object_and_bad_json(void)
@@ -265,12 +267,13 @@ static void test_dispatch_to_registered_factory(void)
 
     /* the unknown-type message lists every registered name, sorted */
     CHECK_ERR(kvs_serde_create_pair("{\"type\": \"nope\"}", &pair), KVS_EINVAL,
-              "unknown serde type 'nope'; registered: fp8, kv_split, pipeline, "
+              "unknown serde type 'nope'; registered: fp8, ggml_q4_0, ggml_q8_0, kv_split, "
+              "pipeline, "
               "test-dummy-ser-de-xyz");
     const char *names[8];
-    CHECK_EQ_U64(kvs_serde_types(names, 8), 4);
+    CHECK_EQ_U64(kvs_serde_types(names, 8), 6);
     CHECK_EQ_STR(names[2], "pipeline");
-    CHECK_EQ_STR(names[3], "test-dummy-ser-de-xyz");
+    CHECK_EQ_STR(names[5], "test-dummy-ser-de-xyz");
 }
 
 /* 22: duplicates refused, built-in or not. */

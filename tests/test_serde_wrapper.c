@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -288,6 +289,21 @@ static const char *bits(const kvs_l2_bitmap *bm)
     return s;
 }
 
+/* Store n objects, load them back into dst: every key found, every byte
+ * back. */
+static void store_and_load_all(kvs_l2_adapter *a, const kvs_object_key *keys, kvs_memobj **src,
+                               kvs_memobj **dst, size_t n)
+{
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(a, keys, src, n, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(a, keys, dst, n, &bm));
+    CHECK_EQ_INT(bm.nhits, n);
+    kvs_l2_bitmap_release(&bm);
+    for (size_t i = 0; i < n; i++) CHECK(same_bytes(src[i], dst[i]));
+}
+
 /* A field of the wrapper's "serde_temp_pool" status (-1 if missing). */
 static long long pool_stat(kvs_l2_adapter *a, const char *field)
 {
@@ -374,18 +390,25 @@ static const struct kvs_serializer_ops tser_ops = {"tserde", tser_serialize, tse
                                                    tser_destroy};
 static const struct kvs_deserializer_ops tde_ops = {"tserde", tde_deserialize, tde_destroy};
 
-static kvs_processor *test_proc(int ser_mode, int de_fail)
+/* A processor (1 worker) over the test serde; ops: the serializer's. */
+static kvs_processor *test_proc_ops(const struct kvs_serializer_ops *ops, int ser_mode,
+                                    int de_fail)
 {
     struct tser *s = calloc(1, sizeof *s);
     struct tde *d = calloc(1, sizeof *d);
     if (s == NULL || d == NULL) abort();
-    s->base.ops = &tser_ops;
+    s->base.ops = ops;
     s->mode = ser_mode;
     d->base.ops = &tde_ops;
     d->fail = de_fail;
     kvs_processor *p = NULL;
     if (kvs_async_processor_create(&s->base, &d->base, 1, &p) != KVS_OK) return NULL;
     return p;
+}
+
+static kvs_processor *test_proc(int ser_mode, int de_fail)
+{
+    return test_proc_ops(&tser_ops, ser_mode, de_fail);
 }
 
 /* A wrapper around a fresh memory adapter; *inner keeps a pointer to it for
@@ -586,6 +609,95 @@ static void test_cycles_hold_no_temps(void)
     CHECK(pool_stat(w, "cached_bytes") <= pool_stat(w, "capacity_bytes"));
     free_objs(src, 3);
     free_objs(dst, 3);
+    kvs_l2_destroy(w);
+}
+
+/* Temps cost nothing to reuse: stores and loads of the same shape, task
+ * after task, run on the temps the first task allocated (allocated_temps
+ * counts every temp ever made); a store of another size makes its own. */
+static void test_pool_reuses_temps(void)
+{
+    kvs_l2_adapter *w = mem_wrapper(test_proc(TS_IDENTITY, 0), 0, NULL);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){3 << 12});
+    kvs_layout small = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){100});
+    kvs_object_key keys[4];
+    kvs_memobj *src[4], *dst[4], *one;
+    new_objs(src, 4, &l);
+    new_objs(dst, 4, &l);
+    one = new_obj(&small);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 0);
+    for (int cycle = 0; cycle < 4; cycle++) {
+        keys_range(keys, 10 * cycle, 4);
+        for (int i = 0; i < 4; i++) fill_exact(src[i], cycle * 4 + i);
+        store_and_load_all(w, keys, src, dst, 4);
+        CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 4);
+        CHECK_EQ_INT(pool_stat(w, "cached_temps"), 4);
+        CHECK_EQ_INT(pool_stat(w, "cached_bytes"), 4 * (3 << 12));
+    }
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, &one, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 5);
+    CHECK_EQ_INT(pool_stat(w, "cached_temps"), 5);
+    free_objs(src, 4);
+    free_objs(dst, 4);
+    kvs_memobj_free(one);
+    kvs_l2_destroy(w);
+}
+
+/* A store of several large objects goes on in pieces (about 4 MiB of temps
+ * each): the inner adapter stores the first piece while the last is still
+ * being serialized. The serializer, on the task's last key, waits (at most
+ * 5 s) for key 0 to appear in the inner adapter: a store that serialized
+ * the whole batch first would never let it. */
+static kvs_l2_adapter *piece_inner;
+static int piece_saw_key0 = -1;
+
+static int piece_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memobj *dst,
+                           const kvs_object_key *key, size_t *nwritten)
+{
+    kvs_object_key k0 = key_of(0), last = key_of(7);
+    if (key && kvs_object_key_equal(key, &last)) {
+        piece_saw_key0 = 0;
+        for (int i = 0; i < 500 && !piece_saw_key0; i++) {
+            int64_t size = -1;
+            if (kvs_l2_object_sizes(piece_inner, &k0, 1, &size) == KVS_OK && size >= 0)
+                piece_saw_key0 = 1;
+            else
+                usleep(10000);
+        }
+    }
+    return tser_serialize(s, src, dst, key, nwritten);
+}
+
+static const struct kvs_serializer_ops piece_ser_ops = {"tserde", piece_serialize,
+                                                        tser_estimate, tser_destroy};
+
+static void test_large_store_goes_in_pieces(void)
+{
+    kvs_l2_adapter *w =
+        mem_wrapper(test_proc_ops(&piece_ser_ops, TS_IDENTITY, 0), (uint64_t)64 << 20, &piece_inner);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_UINT8, 1, (int64_t[]){1 << 20});
+    kvs_object_key keys[8];
+    kvs_memobj *src[8], *dst[8];
+    keys_range(keys, 0, 8);
+    new_objs(src, 8, &l);
+    new_objs(dst, 8, &l);
+    for (int i = 0; i < 8; i++) fill_exact(src[i], i);
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, src, 8, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    CHECK_EQ_INT(res.bytes_written, 8 << 20); /* the pieces' bytes add up */
+    CHECK_EQ_INT(piece_saw_key0, 1);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, 8, &bm));
+    CHECK_EQ_STR(bits(&bm), "11111111");
+    kvs_l2_bitmap_release(&bm);
+    for (int i = 0; i < 8; i++) CHECK(same_bytes(src[i], dst[i]));
+    free_objs(src, 8);
+    free_objs(dst, 8);
     kvs_l2_destroy(w);
 }
 
@@ -837,13 +949,18 @@ static void test_pool_cache_stays_in_budget(void)
     CHECK_OK(do_store(w, keys, src, 3, &res));
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK_EQ_INT(pool_stat(w, "cached_bytes"), 3072);
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 3);
     CHECK_OK(do_store(w, keys, &big, 1, &res));
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK_EQ_INT(in_use(w), 0);
     CHECK(pool_stat(w, "cached_bytes") <= 3072);
+    /* two idle 1 KiB temps made way for the 2 KiB one */
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 4);
     CHECK_OK(do_store(w, keys, src, 3, &res)); /* still fits */
     CHECK_EQ_INT(res.state, KVS_TASK_OK);
     CHECK(pool_stat(w, "cached_bytes") <= 3072);
+    /* one idle 1 KiB temp reused, the 2 KiB one evicted for two new ones */
+    CHECK_EQ_INT(pool_stat(w, "allocated_temps"), 6);
     free_objs(src, 3);
     kvs_memobj_free(big);
     kvs_l2_destroy(w);
@@ -1263,14 +1380,7 @@ static void test_fs_escaping_keys(void)
     new_objs(src, 4, &l);
     new_objs(dst, 4, &l);
     for (int i = 0; i < 4; i++) fill_exact(src[i], i);
-    kvs_l2_store_result res;
-    CHECK_OK(do_store(w, keys, src, 4, &res));
-    CHECK_EQ_INT(res.state, KVS_TASK_OK);
-    kvs_l2_bitmap bm;
-    CHECK_OK(do_load(w, keys, dst, 4, &bm));
-    CHECK_EQ_STR(bits(&bm), "1111");
-    kvs_l2_bitmap_release(&bm);
-    for (int i = 0; i < 4; i++) CHECK(same_bytes(src[i], dst[i]));
+    store_and_load_all(w, keys, src, dst, 4);
     /* everything is under top/store */
     CHECK_EQ_INT(list_files(dir, NULL, 0), 4);
     CHECK_EQ_INT(list_files(top, NULL, 0), 4);
@@ -1773,6 +1883,439 @@ static void test_list_keys_passes_through(void)
     free_objs(src, N);
 }
 
+
+/* ---------------------------------------------------------------------
+ * Phase order and chaining (issue 16 items 4 and 6)
+ * ------------------------------------------------------------------ */
+
+/* A processor of another implementation than the async one, so the
+ * wrapper cannot hook it and drives it from its poll thread: the identity
+ * transform, done at submit, whose tasks finish only when the test
+ * releases them (all at once, one eventfd write). It records the thread
+ * each submit came from. */
+#define MANUAL_MAX 16
+struct manual_proc {
+    kvs_processor base;
+    pthread_mutex_t mu;
+    int fd[2];                 /* serialize, deserialize eventfds */
+    int auto_release[2];       /* finish at submit, signalling at once */
+    uint64_t next_id;
+    size_t ntasks;
+    struct {
+        uint64_t id;
+        int dir, released;
+    } tasks[MANUAL_MAX];
+    size_t nsubmits[2];
+    char submit_thread[2][MANUAL_MAX][16];
+};
+
+static struct manual_proc *mp_of(kvs_processor *p)
+{
+    return KVS_CONTAINER_OF(p, struct manual_proc, base);
+}
+
+static int mp_ser_fd(kvs_processor *p) { return mp_of(p)->fd[0]; }
+static int mp_de_fd(kvs_processor *p) { return mp_of(p)->fd[1]; }
+
+static int mp_submit(kvs_processor *p, int dir, kvs_memobj *const *src,
+                     kvs_memobj *const *dst, size_t n, kvs_task_id *id)
+{
+    struct manual_proc *m = mp_of(p);
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = kvs_memobj_size(src[i]);
+        if (bytes > dst[i]->capacity)
+            return kvs_set_error(KVS_ENOSPC, "manual: destination too small");
+        memcpy(dst[i]->data, src[i]->data, bytes);
+        if (dir == 0) (void)kvs_memobj_set_used_size(dst[i], bytes);
+    }
+    pthread_mutex_lock(&m->mu);
+    if (m->ntasks == MANUAL_MAX) {
+        pthread_mutex_unlock(&m->mu);
+        return kvs_set_error(KVS_ENOMEM, "manual: too many tasks");
+    }
+    *id = m->next_id++;
+    m->tasks[m->ntasks].id = *id;
+    m->tasks[m->ntasks].dir = dir;
+    m->tasks[m->ntasks].released = m->auto_release[dir];
+    m->ntasks++;
+    if (m->nsubmits[dir] < MANUAL_MAX) {
+        char *name = m->submit_thread[dir][m->nsubmits[dir]++];
+        if (pthread_getname_np(pthread_self(), name, 16) != 0) snprintf(name, 16, "?");
+    }
+    if (m->auto_release[dir]) {
+        uint64_t one = 1;
+        if (write(m->fd[dir], &one, sizeof one) != sizeof one) abort();
+    }
+    pthread_mutex_unlock(&m->mu);
+    return KVS_OK;
+}
+
+static int mp_submit_ser(kvs_processor *p, kvs_memobj *const *src, kvs_memobj *const *dst,
+                         size_t n, const kvs_object_key *keys, kvs_task_id *id)
+{
+    (void)keys;
+    return mp_submit(p, 0, src, dst, n, id);
+}
+
+static int mp_submit_de(kvs_processor *p, kvs_memobj *const *src, kvs_memobj *const *dst,
+                        size_t n, const kvs_object_key *keys, kvs_task_id *id)
+{
+    (void)keys;
+    return mp_submit(p, 1, src, dst, n, id);
+}
+
+static int mp_query(kvs_processor *p, int dir, kvs_task_id id, kvs_task_result *out)
+{
+    struct manual_proc *m = mp_of(p);
+    memset(out, 0, sizeof *out);
+    out->state = KVS_TASK_PENDING;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->ntasks; i++) {
+        if (m->tasks[i].id == id && m->tasks[i].dir == dir && m->tasks[i].released) {
+            out->state = KVS_TASK_OK;
+            m->tasks[i] = m->tasks[--m->ntasks];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&m->mu);
+    return KVS_OK;
+}
+
+static int mp_query_ser(kvs_processor *p, kvs_task_id id, kvs_task_result *out)
+{
+    return mp_query(p, 0, id, out);
+}
+
+static int mp_query_de(kvs_processor *p, kvs_task_id id, kvs_task_result *out)
+{
+    return mp_query(p, 1, id, out);
+}
+
+static int mp_estimate(kvs_processor *p, const kvs_layout *l, size_t *nbytes)
+{
+    (void)p;
+    *nbytes = (size_t)kvs_layout_nbytes(l);
+    return KVS_OK;
+}
+
+static int mp_close(kvs_processor *p)
+{
+    (void)p;
+    return KVS_OK;
+}
+
+static void mp_destroy(kvs_processor *p)
+{
+    struct manual_proc *m = mp_of(p);
+    close(m->fd[0]);
+    close(m->fd[1]);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+static const struct kvs_processor_ops manual_ops = {
+    .name = "manual",
+    .serialize_event_fd = mp_ser_fd,
+    .deserialize_event_fd = mp_de_fd,
+    .submit_serialize = mp_submit_ser,
+    .query_serialize_result = mp_query_ser,
+    .submit_deserialize = mp_submit_de,
+    .query_deserialize_result = mp_query_de,
+    .estimate_serialized_size = mp_estimate,
+    .close = mp_close,
+    .destroy = mp_destroy,
+};
+
+static struct manual_proc *manual_proc_new(int auto_ser, int auto_de)
+{
+    struct manual_proc *m = calloc(1, sizeof *m);
+    if (m == NULL) abort();
+    m->base.ops = &manual_ops;
+    pthread_mutex_init(&m->mu, NULL);
+    m->fd[0] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    m->fd[1] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (m->fd[0] < 0 || m->fd[1] < 0) abort();
+    m->auto_release[0] = auto_ser;
+    m->auto_release[1] = auto_de;
+    return m;
+}
+
+/* Finish every unreleased task of the direction at once: one eventfd
+ * write of their count, so the wrapper sees them in one drain. */
+static size_t manual_release_all(struct manual_proc *m, int dir)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->ntasks; i++)
+        if (m->tasks[i].dir == dir && !m->tasks[i].released) {
+            m->tasks[i].released = 1;
+            n++;
+        }
+    if (n && write(m->fd[dir], &n, sizeof n) != sizeof n) abort();
+    pthread_mutex_unlock(&m->mu);
+    return (size_t)n;
+}
+
+static size_t manual_submits(struct manual_proc *m, int dir)
+{
+    pthread_mutex_lock(&m->mu);
+    size_t n = m->nsubmits[dir];
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+/* Tasks whose serialize finishes at the same moment move on to the inner
+ * store in submission order, so their stores finish, and are popped, oldest
+ * first (l2.h). Adding at the head of the phase list moved them on newest
+ * first: the pops came 4, 3, 2, 1, 0. */
+static void test_phase_order_is_submission_order(void)
+{
+    struct manual_proc *mp = manual_proc_new(0, 1);
+    kvs_l2_adapter *w = mem_wrapper(&mp->base, 0, NULL);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 2, (int64_t[]){4, 8});
+    enum { NT = 5 };
+    kvs_object_key keys[NT];
+    kvs_memobj *src[NT];
+    keys_range(keys, 0, NT);
+    new_objs(src, NT, &l);
+    kvs_l2_task_id ids[NT];
+    for (int t = 0; t < NT; t++) {
+        fill_exact(src[t], t);
+        CHECK_OK(kvs_l2_submit_store(w, &keys[t], &src[t], 1, &ids[t]));
+        CHECK_EQ_U64(ids[t], (uint64_t)t);
+    }
+    /* every serialize was submitted inside its store's submit */
+    CHECK_EQ_INT(manual_submits(mp, 0), NT);
+    CHECK_EQ_INT(pool_stat(w, "tasks_in_flight"), NT);
+    CHECK_EQ_INT(manual_release_all(mp, 0), NT);
+
+    kvs_l2_store_result out[NT];
+    size_t got = 0;
+    int64_t deadline = now_ms() + WAIT_MS;
+    while (got < NT && now_ms() < deadline) {
+        size_t c = 0;
+        CHECK_OK(kvs_l2_pop_completed_stores(w, out + got, NT - got, &c));
+        got += c;
+        if (c == 0) {
+            struct pollfd p = {kvs_l2_store_event_fd(w), POLLIN, 0};
+            if (poll(&p, 1, 50) > 0) kvs_event_fd_consume(p.fd, NULL);
+        }
+    }
+    CHECK_EQ_INT(got, NT);
+    for (size_t i = 0; i < got; i++) {
+        CHECK_EQ_U64(out[i].id, (uint64_t)i);
+        CHECK_EQ_INT(out[i].state, KVS_TASK_OK);
+        CHECK_EQ_U64(out[i].bytes_written, 64);
+    }
+    /* and what was stored is each task's own object */
+    kvs_memobj *dst[NT];
+    new_objs(dst, NT, &l);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, NT, &bm));
+    CHECK_EQ_STR(bits(&bm), "11111");
+    kvs_l2_bitmap_release(&bm);
+    for (int t = 0; t < NT; t++) CHECK(same_bytes(src[t], dst[t]));
+    free_objs(src, NT);
+    free_objs(dst, NT);
+    kvs_l2_destroy(w);
+}
+
+/* A thin adapter around a memory adapter that records the thread each
+ * submit_store came from. Not a memory adapter itself, so the wrapper
+ * polls its fds (the memory adapter's) rather than hooking it. */
+struct spy_adapter {
+    kvs_l2_adapter base;
+    kvs_l2_adapter *m;
+    pthread_mutex_t mu;
+    size_t nstores;
+    char store_thread[MANUAL_MAX][16];
+};
+
+static struct spy_adapter *spy_of(kvs_l2_adapter *a)
+{
+    return KVS_CONTAINER_OF(a, struct spy_adapter, base);
+}
+
+static int spy_store_fd(kvs_l2_adapter *a) { return kvs_l2_store_event_fd(spy_of(a)->m); }
+static int spy_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_lookup_event_fd(spy_of(a)->m); }
+static int spy_load_fd(kvs_l2_adapter *a) { return kvs_l2_load_event_fd(spy_of(a)->m); }
+
+static int spy_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
+                            kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    struct spy_adapter *s = spy_of(a);
+    pthread_mutex_lock(&s->mu);
+    if (s->nstores < MANUAL_MAX) {
+        char *name = s->store_thread[s->nstores++];
+        if (pthread_getname_np(pthread_self(), name, 16) != 0) snprintf(name, 16, "?");
+    }
+    pthread_mutex_unlock(&s->mu);
+    return kvs_l2_submit_store(s->m, keys, objects, n, id);
+}
+
+static int spy_pop(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap, size_t *count)
+{
+    return kvs_l2_pop_completed_stores(spy_of(a)->m, out, cap, count);
+}
+
+static int spy_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                             kvs_l2_task_id *id)
+{
+    return kvs_l2_submit_lookup_and_lock(spy_of(a)->m, keys, n, id);
+}
+
+static int spy_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    return kvs_l2_query_lookup_and_lock(spy_of(a)->m, id, out);
+}
+
+static int spy_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
+{
+    return kvs_l2_unlock(spy_of(a)->m, keys, n);
+}
+
+static int spy_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
+                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
+{
+    return kvs_l2_submit_load(spy_of(a)->m, keys, objects, n, id);
+}
+
+static int spy_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    return kvs_l2_query_load(spy_of(a)->m, id, out);
+}
+
+static int spy_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
+                      uint8_t *deleted)
+{
+    return kvs_l2_delete(spy_of(a)->m, keys, n, deleted);
+}
+
+static int spy_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n, int64_t *sizes)
+{
+    return kvs_l2_object_sizes(spy_of(a)->m, keys, n, sizes);
+}
+
+static int spy_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
+{
+    return kvs_l2_get_usage(spy_of(a)->m, out);
+}
+
+static int spy_status(kvs_l2_adapter *a, json_t **out) { return kvs_l2_status(spy_of(a)->m, out); }
+static int spy_close(kvs_l2_adapter *a) { return kvs_l2_close(spy_of(a)->m); }
+
+static void spy_destroy(kvs_l2_adapter *a)
+{
+    struct spy_adapter *s = spy_of(a);
+    kvs_l2_destroy(s->m);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static const struct kvs_l2_adapter_ops spy_ops = {
+    .name = "spy",
+    .store_event_fd = spy_store_fd,
+    .lookup_event_fd = spy_lookup_fd,
+    .load_event_fd = spy_load_fd,
+    .submit_store = spy_submit_store,
+    .pop_completed_stores = spy_pop,
+    .submit_lookup_and_lock = spy_submit_lookup,
+    .query_lookup_and_lock = spy_query_lookup,
+    .unlock = spy_unlock,
+    .submit_load = spy_submit_load,
+    .query_load = spy_query_load,
+    .delete_keys = spy_delete,
+    .object_sizes = spy_sizes,
+    .usage = spy_usage,
+    .status = spy_status,
+    .close = spy_close,
+    .destroy = spy_destroy,
+};
+
+/* Each phase is submitted by the thread that finished the one before it,
+ * not handed to the wrapper's poll thread ("kvs-serde-l2"): the processor's
+ * worker submits the inner store, the inner adapter's worker submits the
+ * deserialize. */
+static void test_phases_chain_on_the_finishing_thread(void)
+{
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 2, (int64_t[]){4, 8});
+    kvs_object_key keys[2];
+    keys_range(keys, 0, 2);
+    kvs_memobj *src[2], *dst[2];
+    new_objs(src, 2, &l);
+    new_objs(dst, 2, &l);
+    fill_exact(src[0], 1);
+    fill_exact(src[1], 2);
+    kvs_l2_bitmap bm0;
+
+    /* store: an async (hookable) processor, an inner it cannot hook */
+    struct spy_adapter *spy = calloc(1, sizeof *spy);
+    REQUIRE(spy != NULL);
+    spy->base.ops = &spy_ops;
+    pthread_mutex_init(&spy->mu, NULL);
+    REQUIRE(kvs_memory_adapter_create(NULL, &spy->m) == KVS_OK);
+    kvs_l2_adapter *w = NULL;
+    REQUIRE(kvs_serde_wrapper_create(&spy->base, test_proc(TS_IDENTITY, 0), NULL, &w) ==
+            KVS_OK);
+    nstash = 0;
+    kvs_l2_store_result res;
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(do_store(w, &keys[i], &src[i], 1, &res));
+        CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    }
+    /* an object over the inline limit (128 KiB both sides): its serialize
+     * runs on the processor's worker, which then submits the store */
+    kvs_layout big = layout1(KVS_DTYPE_BFLOAT16, 2, (int64_t[]){256, 256});
+    kvs_memobj *bsrc = new_obj(&big), *bdst = new_obj(&big);
+    fill_exact(bsrc, 3);
+    kvs_object_key bkey = key_of(9);
+    CHECK_OK(do_store(w, &bkey, &bsrc, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    pthread_mutex_lock(&spy->mu);
+    CHECK_EQ_INT(spy->nstores, 3);
+    /* the small ones were serialized inline, inside the caller's submit */
+    CHECK_EQ_STR(spy->store_thread[0], "test_serde_wrap");
+    CHECK_EQ_STR(spy->store_thread[1], "test_serde_wrap");
+    CHECK_EQ_STR(spy->store_thread[2], "kvs-proc-0");
+    pthread_mutex_unlock(&spy->mu);
+    CHECK_OK(do_load(w, &bkey, &bdst, 1, &bm0));
+    CHECK_EQ_STR(bits(&bm0), "1");
+    kvs_l2_bitmap_release(&bm0);
+    CHECK(same_bytes(bsrc, bdst));
+    kvs_memobj_free(bsrc);
+    kvs_memobj_free(bdst);
+    kvs_l2_bitmap bm;
+    CHECK_OK(do_load(w, keys, dst, 2, &bm)); /* the poll thread drives this load */
+    CHECK_EQ_STR(bits(&bm), "11");
+    kvs_l2_bitmap_release(&bm);
+    CHECK(same_bytes(src[0], dst[0]) && same_bytes(src[1], dst[1]));
+    kvs_l2_destroy(w);
+
+    /* load: a hookable inner (memory), a processor it cannot hook */
+    struct manual_proc *mp = manual_proc_new(1, 1);
+    w = mem_wrapper(&mp->base, 0, NULL);
+    REQUIRE(w != NULL);
+    CHECK_OK(do_store(w, keys, src, 2, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    memset(dst[0]->data, 0, dst[0]->capacity);
+    memset(dst[1]->data, 0, dst[1]->capacity);
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(do_load(w, &keys[i], &dst[i], 1, &bm));
+        CHECK_EQ_STR(bits(&bm), "1");
+        kvs_l2_bitmap_release(&bm);
+    }
+    CHECK(same_bytes(src[0], dst[0]) && same_bytes(src[1], dst[1]));
+    CHECK_EQ_INT(manual_submits(mp, 1), 2);
+    for (size_t i = 0; i < 2; i++) CHECK_EQ_STR(mp->submit_thread[1][i], "kvs-mem-0");
+    /* the serializes were submitted by the caller, inside its submits */
+    CHECK_EQ_INT(manual_submits(mp, 0), 1);
+    CHECK_EQ_STR(mp->submit_thread[0][0], "test_serde_wrap");
+    kvs_l2_destroy(w);
+    free_objs(src, 2);
+    free_objs(dst, 2);
+}
+
 int main(void)
 {
     RUN(test_store_load_5_keys_fp8);
@@ -1784,6 +2327,8 @@ int main(void)
     RUN(test_pool_runs_out_on_key_1_of_3);
     RUN(test_pool_shared_by_tasks_in_flight);
     RUN(test_pool_cache_stays_in_budget);
+    RUN(test_pool_reuses_temps);
+    RUN(test_large_store_goes_in_pieces);
     RUN(test_inner_store_failure);
     RUN(test_one_damaged_blob_memory);
     RUN(test_one_damaged_blob_fs);
@@ -1805,5 +2350,7 @@ int main(void)
     RUN(test_concurrent_clients);
     RUN(test_racing_closes);
     RUN(test_list_keys_passes_through);
+    RUN(test_phase_order_is_submission_order);
+    RUN(test_phases_chain_on_the_finishing_thread);
     return TEST_SUMMARY();
 }

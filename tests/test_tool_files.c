@@ -1282,6 +1282,76 @@ static void test_plain_fp8(void)
 
 /* ----- refusals -------------------------------------------------------- */
 
+/* ggml blocks: one U8 tensor of llama.cpp's blocks per float tensor (the
+ * library's bytes), metadata to undo it, decode restores the dequantized
+ * values; a last dimension that is not a multiple of 32 is refused with the
+ * numbers. */
+static void test_ggml_blocks(void)
+{
+    clear_dir(work);
+    static uint16_t bf[4 * 64];
+    static float f32[2 * 32];
+    for (int i = 0; i < 4 * 64; i++) bf[i] = kvs_f32_to_bf16((float)(i % 37) * 0.25f - 4.0f);
+    for (int i = 0; i < 2 * 32; i++) f32[i] = (float)i * 0.5f - 9.0f;
+    const tdesc t[2] = {{"a", "BF16", "[4,64]", bf, sizeof bf},
+                        {"b", "F32", "[2,32]", f32, sizeof f32}};
+    const char *in = path_in("in.safetensors"), *enc = path_in("q4.safetensors"),
+               *dec = path_in("dec.safetensors");
+    REQUIRE(write_st(in, t, 2, NULL, 1) == 0);
+    REQUIRE(run(NULL, NULL, ARGS("encode", "--serde", "{\"type\":\"ggml_q4_0\"}", in, enc)) == 0);
+    uint8_t want_a[8 * 18], want_b[2 * 18];
+    REQUIRE(kvs_ggml_encode(bf, KVS_DTYPE_BFLOAT16, want_a, KVS_GGML_Q4_0, 256) == KVS_OK);
+    REQUIRE(kvs_ggml_encode(f32, KVS_DTYPE_FLOAT32, want_b, KVS_GGML_Q4_0, 64) == KVS_OK);
+    stf f;
+    REQUIRE(st_load(enc, &f) == 0);
+    const uint8_t *p;
+    if ((p = st_get(&f, "a", "U8", "[144]", 144))) CHECK(memcmp(p, want_a, 144) == 0);
+    if ((p = st_get(&f, "b", "U8", "[36]", 36))) CHECK(memcmp(p, want_b, 36) == 0);
+    char *m = st_meta(&f);
+    CHECK_EQ_STR(m, "{\"kvserde.dtype.a\":\"bfloat16\",\"kvserde.dtype.b\":\"float32\","
+                    "\"kvserde.format\":\"1\",\"kvserde.serde\":\"{\\\"type\\\":\\\"ggml_q4_0\\\"}\","
+                    "\"kvserde.shape.a\":\"[4,64]\",\"kvserde.shape.b\":\"[2,32]\"}");
+    free(m);
+    st_free(&f);
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("decode", enc, dec)), 0);
+    uint16_t back_a[256];
+    float back_b[64];
+    REQUIRE(kvs_ggml_decode(want_a, KVS_GGML_Q4_0, back_a, KVS_DTYPE_BFLOAT16, 256) == KVS_OK);
+    REQUIRE(kvs_ggml_decode(want_b, KVS_GGML_Q4_0, back_b, KVS_DTYPE_FLOAT32, 64) == KVS_OK);
+    REQUIRE(st_load(dec, &f) == 0);
+    if ((p = st_get(&f, "a", "BF16", "[4,64]", 512))) CHECK(memcmp(p, back_a, 512) == 0);
+    if ((p = st_get(&f, "b", "F32", "[2,32]", 256))) CHECK(memcmp(p, back_b, 256) == 0);
+    st_free(&f);
+
+    /* Framed: the pipeline stage of the same name, same values back. */
+    const char *fr = path_in("q4f.safetensors");
+    CHECK_EQ_INT(run(NULL, NULL,
+                     ARGS("encode", "--serde",
+                          "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"ggml_q4_0\"},"
+                          "{\"type\":\"crc32c\"}]}",
+                          in, fr)),
+                 0);
+    CHECK_EQ_INT(run(NULL, NULL, ARGS("decode", fr, dec)), 0);
+    REQUIRE(st_load(dec, &f) == 0);
+    if ((p = st_get(&f, "a", "BF16", "[4,64]", 512))) CHECK(memcmp(p, back_a, 512) == 0);
+    st_free(&f);
+
+    /* Refused with the numbers; no output left behind. */
+    static uint16_t odd[3 * 40];
+    const tdesc t2[1] = {{"c", "F16", "[3,40]", odd, sizeof odd}};
+    const char *in2 = path_in("odd.safetensors"), *enc2 = path_in("odd-q8.safetensors");
+    REQUIRE(write_st(in2, t2, 1, NULL, 1) == 0);
+    char *err = NULL;
+    CHECK_EQ_INT(run(NULL, &err, ARGS("encode", "--serde", "{\"type\":\"ggml_q8_0\"}", in2, enc2)),
+                 1);
+    const char *want = strf("kvserde encode: %s: tensor 'c': ggml_q8_0: source group 0 [3x40 float16]: "
+                      "the last dimension 40 is not a multiple of 32 (blocks of 32 run along it)\n",
+                      in2);
+    CHECK_EQ_STR(err, want);
+    CHECK(!exists(enc2));
+    free(err);
+}
+
 static void test_usage(void)
 {
     clear_dir(work);
@@ -2124,6 +2194,7 @@ int main(int argc, char **argv)
         RUN(test_frames_aes_gcm);
         RUN(test_frames_inspect);
         RUN(test_plain_fp8);
+        RUN(test_ggml_blocks);
         RUN(test_kv_split_roundtrip);
         RUN(test_kv_split_per_token);
         RUN(test_kv_split_refusals);

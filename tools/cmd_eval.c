@@ -26,11 +26,36 @@ const kvs_eval_preset kvs_eval_presets[] = {
     {"lossless-max",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"level\":19}]}",
      "byte planes, zstd -19 (slow encode)"},
+    {"lossless-rans",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":\"rans\"}]}",
+     "bf16 exponent by rANS per channel group, sign+mantissa raw"},
     {"fp8", "{\"type\":\"fp8\"}", "the plain fp8 serde, e4m3, saturating"},
     {"fp8-pipeline", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}",
      "fp8 codes in a frame"},
     {"fp8-lossless", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}",
      "fp8 codes, then the lossless stage"},
+    {"ggml_q8_0", "{\"type\":\"ggml_q8_0\"}", "llama.cpp q8_0 blocks (8.5 bits)"},
+    {"ggml_q4_0", "{\"type\":\"ggml_q4_0\"}", "llama.cpp q4_0 blocks (4.5 bits)"},
+    /* The int stage (docs/frame_format.md). The kivi rows treat K and V apart:
+     * measure them with --objects layer (per-slice objects are quantized
+     * with the V settings). Figures: eval --objects layer, all 16 kvdata
+     * files (docs/performance.md). */
+    {"int8", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+             "\"k_axis\":\"token\",\"zero_point\":false}]}",
+     "int8 symmetric, a float16 scale per 64 channels of a token (8.25 bits)"},
+    {"int4-kivi", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":4}]}",
+     "int4 KIVI: K per channel, V per token, groups of 64, scale and zero (4.5 bits)"},
+    {"int2-kivi", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":2,"
+                  "\"group\":32}]}",
+     "int2 KIVI, groups of 32 (3 bits)"},
+    {"int47-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":47,\"k_axis\":\"tensor\",\"v_axis\":\"tensor\","
+                     "\"zero_point\":false,\"hadamard\":256},{\"type\":\"lossless\"}]}",
+     "Hadamard over 256 channels, one step per K or V, 47 levels, entropy-coded (~4 bits)"},
+    {"int21-had-ll", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":8,"
+                     "\"levels\":21,\"k_axis\":\"tensor\",\"v_axis\":\"tensor\","
+                     "\"zero_point\":false,\"hadamard\":256},{\"type\":\"lossless\"}]}",
+     "Hadamard over 256 channels, one step per K or V, 21 levels, entropy-coded (~2.9 bits)"},
     /* The calibrated ladder: "@calibration" stands for the transform file
      * `kvserde eval --calibration` writes; without it these are left out.
      * Steps (in units of each layer's RMS) from docs/fidelity.md. */
@@ -98,10 +123,12 @@ typedef struct acc {
     int attn;
     double slice_raw[2][MAX_LAYERS], slice_stored[2][MAX_LAYERS];
     int slice_exact[2][MAX_LAYERS];
+    char skipped[600]; /* --sweep: why the preset does not apply to a file */
 } acc;
 
 typedef struct opts {
     int json, sweep, per_slice;
+    int layer_objects; /* --objects layer: one KV_2TD [2, tokens, hidden] object per layer */
     const char *serde;
     const char *plot; /* --plot FILE.svg */
     int heads, kv_heads, head_dim;
@@ -115,8 +142,8 @@ static int usage(FILE *out, int rc)
 {
     fprintf(out,
             "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
-            "                    [--kv-heads N] [--head-dim N] [--calibration FILE]...\n"
-            "                    [--plot FILE.svg]\n"
+            "                    [--kv-heads N] [--head-dim N] [--objects slice|layer]\n"
+            "                    [--calibration FILE]... [--plot FILE.svg]\n"
             "                    (--serde JSON | --sweep) FILE...\n\n"
             "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
             "tensor [2, layers, tokens, hidden] of each file, one object per (K or V, layer)\n"
@@ -126,7 +153,10 @@ static int usage(FILE *out, int rc)
             "has `q` [layers, tokens, heads*head_dim], the attention output's SNR and cosine\n"
             "(causal within the chunk). --skip leaves slices out (v0: layer 0 V); --per-slice\n"
             "adds each slice's ratio. Head counts come from __metadata__ (num_heads,\n"
-            "num_kv_heads, head_dim) or the flags.\n\n"
+            "num_kv_heads, head_dim) or the flags. --objects layer stores each layer's K and V\n"
+            "as one KV_2TD object [2, tokens, hidden] instead (what a serde that treats K and V\n"
+            "differently, such as the int stage, needs; --skip then leaves out the layer, and\n"
+            "--per-slice reports layers, as KV).\n\n"
             "--calibration FILE (repeatable, or FILE,FILE,...) first calibrates the transform\n"
             "stage on those files (never on the files evaluated: a file given both ways is\n"
             "refused); --sweep then adds the calibrated presets (xform-*), and \"%s\"\n"
@@ -239,7 +269,8 @@ static int round_trip(const kvs_serde_pair *p, const void *src, size_t nbytes,
     return rc;
 }
 
-/* One file through one config. */
+/* One file through one config: 0 (with --sweep also when the config refuses
+ * these tensors: a->skipped says why) or -1 (reported). */
 static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
                      const opts *o, acc *a)
 {
@@ -266,6 +297,15 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
     int rc = whole ? kvs_layout_add_group(&l, 4, wdims, dt) : kvs_layout_add_group(&l, 2, dims, dt);
     size_t cap = 0, wn = 0, bsize = whole ? 2 * (size_t)L * slice : slice;
     if (rc == KVS_OK) rc = kvs_estimate_serialized_size(p.serializer, &l, &cap);
+    if (rc == KVS_EINVAL && o->sweep) {
+        /* A preset that cannot take this layout (ggml blocks need a hidden
+         * size that is a multiple of 32, a Hadamard rotation one it divides)
+         * is reported as skipped, so one
+         * preset does not stop the sweep. */
+        if (!a->skipped[0]) snprintf(a->skipped, sizeof a->skipped, "%.200s: %.380s", path, kvs_last_error());
+        kvs_serde_pair_destroy(&p);
+        return 0;
+    }
     uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(bsize ? bsize : 1);
     float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
@@ -282,46 +322,98 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
             rc = -1;
         }
     }
-    for (int kvi = 0; kvi < 2 && rc == 0; kvi++)
+    /* Objects: one slice (K or V of a layer) each, or with --objects layer
+     * one KV_2TD [2, T, H] object per layer (both slices copied into pair);
+     * a transform serde took the whole chunk above. */
+    int layer_objects = o->layer_objects && !whole;
+    int nobj_kv = layer_objects ? 1 : 2;
+    uint8_t *pair = layer_objects ? malloc(2 * slice + 1) : NULL;
+    if (layer_objects && pair == NULL) {
+        fprintf(stderr, "kvserde eval: out of memory\n");
+        rc = -1;
+    }
+    kvs_layout ol = l;
+    const int64_t dims3[3] = {2, T, H};
+    if (layer_objects) {
+        memset(&ol, 0, sizeof ol);
+        kvs_layout_add_group(&ol, 3, dims3, dt);
+    }
+    size_t ocap = cap, oslice = slice * (size_t)(3 - nobj_kv);
+    if (layer_objects && kvs_estimate_serialized_size(p.serializer, &ol, &ocap) != KVS_OK) {
+        fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
+        rc = -1;
+    }
+    if (rc == 0 && ocap > cap) {
+        free(blob);
+        blob = malloc(ocap);
+        cap = ocap;
+    }
+    uint8_t *oback = layer_objects ? malloc(oslice + 1) : back;
+    for (int kvi = 0; kvi < nobj_kv && rc == 0 && blob && oback; kvi++)
         for (int layer = 0; layer < L && rc == 0; layer++) {
             size_t idx = (size_t)kvi * L + layer;
             const uint8_t *src = kv->data + idx * slice;
-            float *of = orig + idx * T * H, *rf = rest + idx * T * H;
-            for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(src + i * es, dt);
-            if (o->skip[kvi][layer] && !whole) {
-                memcpy(rf, of, sizeof(float) * T * H);
+            for (int h = 0; h < 3 - nobj_kv; h++) {
+                size_t ix = (size_t)(kvi + h) * L + layer;
+                float *of = orig + ix * T * H;
+                const uint8_t *sp = kv->data + ix * slice;
+                for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(sp + i * es, dt);
+            }
+            int skipped = !whole && (o->skip[kvi][layer] || (layer_objects && o->skip[1][layer]));
+            if (skipped) {
+                for (int h = 0; h < 3 - nobj_kv; h++) {
+                    size_t ix = (size_t)(kvi + h) * L + layer;
+                    memcpy(rest + ix * T * H, orig + ix * T * H, sizeof(float) * T * H);
+                }
                 continue;
             }
+            if (layer_objects) {
+                memcpy(pair, kv->data + (size_t)layer * slice, slice);
+                memcpy(pair + slice, kv->data + ((size_t)L + layer) * slice, slice);
+                src = pair;
+            }
             size_t n = 0;
-            uint8_t *back_slice = back;
+            const uint8_t *got = oback;
             if (whole) {
-                back_slice = back + idx * slice;
+                got = back + idx * slice;
                 n = wn / (2 * (size_t)L) + (idx < wn % (2 * (size_t)L));
             } else {
-                rc = round_trip(&p, src, slice, &l, KVS_FMT_BINARY, blob, cap, back, &n, a);
+                kvs_memory_format fmt = layer_objects ? KVS_FMT_KV_2TD : KVS_FMT_BINARY;
+                rc = round_trip(&p, src, oslice, &ol, fmt, blob, cap, oback, &n, a);
             }
             if (rc) {
                 fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
                 rc = -1;
                 break;
             }
-            a->raw += (double)slice;
+            a->raw += (double)oslice;
             a->stored += (double)n;
-            a->elems += (double)T * H;
-            int ex = memcmp(src, back_slice, slice) == 0;
+            a->elems += (double)(3 - nobj_kv) * T * H;
+            int ex = memcmp(src, got, oslice) == 0;
             a->exact &= ex;
-            a->slice_raw[kvi][layer] += (double)slice;
+            a->slice_raw[kvi][layer] += (double)oslice;
             a->slice_stored[kvi][layer] += (double)n;
             a->slice_exact[kvi][layer] &= ex;
-            for (size_t i = 0; i < (size_t)T * H; i++) {
-                rf[i] = to_float(back_slice + i * es, dt);
-                double x = of[i], y = rf[i], e = x - y;
-                if (isnan(x) && isnan(y)) e = 0;
-                a->sig[kvi] += x * x;
-                a->noise[kvi] += e * e;
-                if (fabs(e) > a->maxabs || isnan(e)) a->maxabs = isnan(e) ? INFINITY : fabs(e);
+            for (int h = 0; h < 3 - nobj_kv; h++) {
+                size_t ix = (size_t)(kvi + h) * L + layer;
+                float *of = orig + ix * T * H, *rf = rest + ix * T * H;
+                const uint8_t *bk = got + (size_t)h * slice;
+                for (size_t i = 0; i < (size_t)T * H; i++) {
+                    rf[i] = to_float(bk + i * es, dt);
+                    double x = of[i], y = rf[i], e = x - y;
+                    if (isnan(x) && isnan(y)) e = 0;
+                    a->sig[kvi + h] += x * x;
+                    a->noise[kvi + h] += e * e;
+                    if (fabs(e) > a->maxabs || isnan(e)) a->maxabs = isnan(e) ? INFINITY : fabs(e);
+                }
             }
         }
+    if (rc == 0 && (!blob || !oback)) {
+        fprintf(stderr, "kvserde eval: out of memory\n");
+        rc = -1;
+    }
+    free(pair);
+    if (oback != back) free(oback);
     const kvs_st_tensor *q = kvs_st_find(f, "q");
     kvs_dtype qdt;
     int heads = meta_int(f, "num_heads", o->heads), kvh = meta_int(f, "num_kv_heads", o->kv_heads),
@@ -378,7 +470,10 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
     json_t *r = json_object();
     json_object_set_new(r, "serde", cfg ? cfg : json_string(serde));
     json_object_set_new(r, "preset", preset ? json_string(preset) : json_null());
-    json_object_set_new(r, "calibrated", json_boolean(takes_whole_chunk(serde)));
+    int whole = takes_whole_chunk(serde);
+    int layer_objects = o->layer_objects && !whole; /* a transform serde took chunks whole */
+    json_object_set_new(r, "calibrated", json_boolean(whole));
+    if (a->skipped[0]) json_object_set_new(r, "skipped", json_string(a->skipped));
     int any = a->elems > 0;
     json_object_set_new(r, "bits_per_element", num_or_null(any, 8 * a->stored / a->elems));
     json_object_set_new(r, "ratio", num_or_null(any, a->raw / a->stored));
@@ -401,7 +496,8 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
             for (int layer = 0; layer < L; layer++) {
                 if (a->slice_raw[kvi][layer] == 0) continue;
                 json_array_append_new(
-                    sl, json_pack("{s:s,s:i,s:f,s:b}", "kv", kvi ? "V" : "K", "layer", layer,
+                    sl, json_pack("{s:s,s:i,s:f,s:b}", "kv",
+                                  layer_objects ? "KV" : kvi ? "V" : "K", "layer", layer,
                                   "ratio", a->slice_raw[kvi][layer] / a->slice_stored[kvi][layer],
                                   "lossless", a->slice_exact[kvi][layer]));
             }
@@ -420,6 +516,11 @@ static void fmt(char *buf, size_t n, const json_t *v, int prec)
 
 static void print_row(const json_t *r, const char *name)
 {
+    const char *skipped = json_string_value(json_object_get(r, "skipped"));
+    if (skipped) {
+        printf("%-14s skipped: %s\n", name, skipped);
+        return;
+    }
     char c[8][32];
     fmt(c[0], 32, json_object_get(r, "bits_per_element"), 3);
     fmt(c[1], 32, json_object_get(r, "ratio"), 4);
@@ -579,6 +680,14 @@ int kvs_cmd_eval(int argc, char **argv)
         else if (i + 1 < argc && strcmp(a, "--calibration") == 0) {
             for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ","))
                 if (o.ncalibration < MAX_LAYERS) o.calibration[o.ncalibration++] = tok;
+        }
+        else if (i + 1 < argc && strcmp(a, "--objects") == 0) {
+            const char *v = argv[++i];
+            if (strcmp(v, "slice") != 0 && strcmp(v, "layer") != 0) {
+                fprintf(stderr, "kvserde eval: --objects takes slice or layer; got '%s'\n", v);
+                return 2;
+            }
+            o.layer_objects = strcmp(v, "layer") == 0;
         }
         else if (i + 1 < argc && strcmp(a, "--skip") == 0) {
             if (parse_skip(argv[++i], &o)) return 2;

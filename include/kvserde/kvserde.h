@@ -10,6 +10,7 @@
 #include "error.h"
 #include "export.h"
 #include "fp8.h"
+#include "ggml.h"
 #include "l2.h"
 #include "l2_fs.h"
 #include "l2_memory.h"

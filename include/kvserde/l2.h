@@ -334,6 +334,14 @@ typedef struct kvs_serde_wrapper_options {
  *     exhausted: need N bytes for K temps, F of C free"). The inner adapter
  *     stores only the bytes each serialize wrote, and bytes_written is the
  *     inner's (serialized) count.
+ *   - Temps are reused: a finished task's temps stay in the pool, idle, for
+ *     later tasks that need temps of the same size (loads and stores alike),
+ *     at most 1024 of them and, with the temps in use, never more than
+ *     temp_pool_bytes (idle ones are freed to make room). A new temp's
+ *     pages are mapped when it is made (MADV_POPULATE_WRITE where the
+ *     kernel has it), so neither a new nor a reused temp takes page faults
+ *     under the serializer. Thread-safe (the pool has the wrapper's lock);
+ *     close frees every temp.
  *   - Load: the inner loads serialized bytes into temps; only the keys it
  *     found are deserialized into the caller's objects, which keep their
  *     layout's size. Per key, as the general contract: a key whose
@@ -345,12 +353,25 @@ typedef struct kvs_serde_wrapper_options {
  *     failed: fp8: stored object is 98304 bytes, destination layout needs
  *     131072" (the processor's object index counts only the keys found). A
  *     partial inner load keeps its bitmap.
+ *   - Phases and order: a store is serialize, then the inner store; a load
+ *     the inner load, then deserialize. Each phase is submitted by the
+ *     thread that finished the one before it (the processor's worker
+ *     submits the inner store, the inner adapter's worker the deserialize:
+ *     the async processors and the built-in adapters, fs, memory and
+ *     redis, call the wrapper back directly); the wrapper's own poll thread
+ *     moves on the phases of a processor or adapter that only signals its
+ *     event fds (a third party's). Within a phase tasks move on in
+ *     submission order: of tasks whose phase finishes at the same moment,
+ *     the oldest moves on first, so stores that finish together are popped
+ *     oldest first.
  *   - close: new submits are refused, every task in flight runs through all
  *     its phases and signals, then the poll thread stops, the processor and
  *     inner adapter are closed and every temp is freed.
  *   - status: the inner's JSON plus "serde_wrapped": true and
  *     "serde_temp_pool" {capacity_bytes, in_use_bytes, in_use_temps,
- *     cached_bytes, cached_temps, peak_in_use_bytes, tasks_in_flight}. */
+ *     cached_bytes, cached_temps (the idle ones), peak_in_use_bytes,
+ *     allocated_temps (temps ever made: a reused one is not counted),
+ *     tasks_in_flight}. */
 KVS_API int kvs_serde_wrapper_create(kvs_l2_adapter *inner, kvs_processor *serde,
                                      const kvs_serde_wrapper_options *options,
                                      kvs_l2_adapter **out);

@@ -19,6 +19,30 @@
  *        {"type": "fp8", "fp8_dtype": "float8_e4m3fn" | "float8_e5m2",
  *         "saturate": true}  one fp8 code per element, the fp8 serde's
  *                            numbers (fp8.h)
+ *        {"type": "int", "bits": 4, "k_axis": "channel", "v_axis": "token",
+ *         "group": 64, "k_group": G, "v_group": G, "zero_point": true,
+ *         "scale_dtype": "float16", "levels": L, "hadamard": 0,
+ *         "k_outliers": 0}
+ *                            integer codes of `bits` (2-8) bits with a
+ *                            scale (and zero point) per group of `group`
+ *                            (1-65535) elements along the axis ("token",
+ *                            "channel" or "tensor"), K and V apart (the
+ *                            defaults are KIVI's). K and V are the halves
+ *                            of a KV_2LTD / KV_2TD / KV_T2D object; any
+ *                            other object is one [elements / last dim,
+ *                            last dim] matrix with V's settings.
+ *                            "hadamard": h rotates every head of h
+ *                            channels (a power of two dividing the last
+ *                            dim) first; "k_outliers": n keeps K's n
+ *                            largest channels exactly; "levels" uses
+ *                            fewer code values than 2^bits (default
+ *                            2^bits with a zero point, 2^bits - 1 without)
+ *                            so that a "lossless" stage after it codes a
+ *                            finer step than fixed bits would. Error bound
+ *                            and layout: docs/frame_format.md. Refused:
+ *                            dtypes other than float32 / float16 /
+ *                            bfloat16, non-finite elements, scales beyond
+ *                            float16 (use "scale_dtype": "float32")
  *        {"type": "transform", "path": "T.safetensors", "step": 0.125,
  *         "k_step": ..., "v_step": ...}  (or "bits": 2.0, or "snr_db": 30)
  *                            lossy, for KV_2LTD chunks [2, layers, tokens,
@@ -37,11 +61,18 @@
  *                            config; a blob made with another transform,
  *                            or read without one, is KVS_EKEY
  *   2. then bytes -> bytes stages:
- *        {"type": "lossless", "level": 1}
+ *        {"type": "lossless", "level": 1, "coder": "zstd"}
  *                            exact compression: the typed stage's elements
  *                            split into byte planes per 64 Ki-element block,
  *                            each plane zstd (level -7 to 19, not 0) or raw,
- *                            whichever is smaller (docs/frame_format.md)
+ *                            whichever is smaller; with "coder": "rans",
+ *                            2-byte elements (bfloat16, float16) are split
+ *                            into the bfloat16 exponent, coded by rANS with
+ *                            a table per channel group, and the sign and
+ *                            mantissa, stored raw (other element sizes: the
+ *                            zstd planes); 3x faster to encode, 0.6 %
+ *                            larger on real KV
+ *                            (docs/frame_format.md, docs/performance.md)
  *        {"type": "crc32c"}  appends a CRC-32C of the bytes (4 bytes)
  *        {"type": "xxh3"}    appends an XXH3-64 of the bytes (8 bytes)
  *        {"type": "aes_gcm", "key_files": ["/etc/kv/k1", ...]}
@@ -58,6 +89,16 @@
  * elements: header + N + 4); serialize writes exactly the frame (the wrapper
  * stores only those bytes). The header is 28 bytes + 2 + 8 x ndim per group
  * + 4 + parameter bytes per stage + 4.
+ *
+ * Passes over memory: when the typed stage can encode any range of its
+ * output (fp8, bytes), the checksum and the encryption run on each 256 KiB
+ * block of it right after it is written, while it is in cache. Decoding
+ * checks the whole payload first (a checksum reads it; aes_gcm decrypts it
+ * into a scratch buffer and verifies the tag) and only then decodes into
+ * the destination. The deserializer keeps up to 4 such scratch buffers
+ * (1 GiB in all) for later calls, shared under a lock by the threads that
+ * decode through it; they hold plaintext and are wiped when freed and when
+ * the deserializer is destroyed (docs/security.md).
  *
  * Serialize is deterministic for the same source and key, except with
  * aes_gcm: every blob gets a fresh random nonce (the one documented

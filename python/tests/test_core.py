@@ -31,7 +31,8 @@ def test_version_and_registry():
     types = kvserde.serde_types()
     assert types["fp8"] == "single" and types["pipeline"] == "single"
     assert types["kv_split"] == "multi"
-    assert kvserde.pipeline_stage_types()[:5] == ["bytes", "fp8", "transform", "crc32c", "xxh3"]
+    assert kvserde.pipeline_stage_types()[:4] == ["bytes", "fp8", "crc32c", "xxh3"]
+    assert kvserde.pipeline_stage_types()[-1] == "transform"
     assert {"fs", "memory"} <= set(kvserde.l2_types())
     assert kvserde.fp8_isa() in ("scalar", "avx2", "avx512", "neon") or kvserde.fp8_isa()
     assert kvserde.strerror(-4)
@@ -114,6 +115,24 @@ def test_fp8_roundtrip_torch_and_bytes_exact():
     lay = kvserde.Layout([kv.shape], ["bfloat16"])
     for src in (raw, bytearray(raw), np.frombuffer(raw, np.uint8), memoryview(raw)):
         assert s.serialize(src, layout=lay) == blob
+
+
+def test_ggml_blocks_exact_size_and_refusal():
+    # llama.cpp blocks: 34 / 18 bytes per 32 elements, estimate exact; the
+    # values 1 + (i % 64) / 32 come back within the documented bounds
+    kv = bf16(2, 4, 16, 64)
+    for config, block, bound in (({"type": "ggml_q8_0"}, 34, 0.57 * 2.97 / 127),
+                                 ({"type": "ggml_q4_0"}, 18, 1.01 * 2.97 / 8)):
+        s = kvserde.create_serde(config)
+        assert s.estimate(kv) == kv.numel() // 32 * block
+        blob = s.serialize(kv)
+        assert len(blob) == kv.numel() // 32 * block
+        back = torch.empty_like(kv)
+        s.deserialize(blob, back)
+        assert (back.float() - kv.float()).abs().max().item() <= bound + 2.97 / 256
+    with pytest.raises(kvserde.Error) as e:
+        kvserde.create_serde({"type": "ggml_q4_0"}).serialize(bf16(3, 40))
+    assert e.value.code == -1 and "the last dimension 40 is not a multiple of 32" in str(e.value)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/clones.h"
 #include "codecs/half.h"
 #include "codecs/kv_split.h"
 #include "kvserde/error.h"
@@ -62,18 +63,8 @@ static float fp8_max(kvs_dtype fp8)
  * shorter tail), written branch-free: a constant trip count is what lets
  * GCC's -O2 vectorizer (the "very cheap" cost model) take them. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-/* The three hot loops are also compiled for AVX2 and picked at load time
- * (an ifunc, so glibc only): twice the vector width, and a cheaper float32
- * -> bfloat16 pack. Same operations, so the same bytes either way.
- * (-DKVS_NO_CLONES builds the portable version only, and so does a TSan
- * build: ThreadSanitizer crashes in ifunc resolvers, which run before its
- * runtime is initialized.) */
-#if KVS_HAVE_X86 && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
-    !defined(KVS_NO_CLONES) && !defined(__SANITIZE_THREAD__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
+/* The three hot loops are also compiled for AVX2 (CLONES, codecs/clones.h):
+ * twice the vector width, and a cheaper float32 -> bfloat16 pack. */
 
 /* float16 bits -> float32, branch-free, for the scaled fp8 cast: the same
  * value as kvs_f16_to_f32() for every non-NaN input (a NaN's quiet bit may

@@ -8,30 +8,41 @@
  * last stage ends in dst: with an odd number of out-of-place transforms the
  * typed stage starts in the scratch. The header is written last (it holds
  * the payload length), except that a stage that authenticates the header
- * (encryption, always last) gets it just before it runs.
+ * (encryption, always last) gets it before it runs: just before, or, fused,
+ * before the typed stage starts (the payload length is known then).
  *
- * Fusion. When the typed stage can encode any output range on its own and a
- * checksum follows it, the output is produced in blocks of FUSE_BLOCK bytes
- * and each block is checksummed while it is still in cache, instead of a
- * second pass over memory. */
+ * Fusion. When the typed stage can encode any output range on its own and
+ * checks or streamed transforms (encryption) follow it, the output is
+ * produced in blocks of FUSE_BLOCK_DEFAULT bytes and each block is
+ * checksummed and encrypted while it is still in cache, instead of a pass
+ * over memory per stage (run_fused).
+ *
+ * Decoding undoes the bytes stages over the whole payload before the typed
+ * stage writes a byte of the destination; transforms decode into scratch
+ * buffers the deserializer keeps between calls (scratch_take). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codecs/transform.h"
 #include "frame/frame.h"
+#include "frame/pipeline_internal.h"
 #include "frame/stage.h"
 #include "kvserde/error.h"
 #include "kvserde/pipeline.h"
 #include "kvserde/registry.h"
 #include "serde/builtins.h"
+#include "util/prefault.h"
 
 /* Output bytes per fused block: the fp8 encoder then reads 512 KiB of
  * bfloat16 and writes 256 KiB, inside the 1-2 MiB L2 of current x86 cores.
  * Measured (bench_pipeline, fp8+crc32c encode, one thread): 64 KiB blocks
  * gave 0.77x of plain fp8, 256 KiB 0.85x (each kernel call pays its loop
- * setup and restarts the prefetch stream). */
-#define FUSE_BLOCK ((uint64_t)256 << 10)
+ * setup and restarts the prefetch stream); docs/performance.md has the
+ * sweep. kvs_pipeline_fuse_block (pipeline_internal.h) overrides it. */
+#define FUSE_BLOCK_DEFAULT ((uint64_t)256 << 10)
+uint64_t kvs_pipeline_fuse_block = 0;
 
 typedef struct pipeline_serializer {
     kvs_serializer base;
@@ -39,10 +50,28 @@ typedef struct pipeline_serializer {
     kvs_stage *stages[KVS_FRAME_MAX_STAGES];
 } pipeline_serializer;
 
+/* Scratch buffers of decoding (decrypted or decompressed bytes) the
+ * deserializer keeps between calls: at most SCRATCH_KEEP of them and
+ * SCRATCH_KEEP_BYTES in all (a larger one is freed after its call), so
+ * each worker thread decoding through the same deserializer finds a buffer
+ * whose pages are already mapped instead of faulting in a fresh one per
+ * blob. They hold plaintext: every buffer is wiped before it is freed. */
+#define SCRATCH_KEEP 4
+#define SCRATCH_KEEP_BYTES ((size_t)1 << 30)
+
+typedef struct scratch_buf {
+    uint8_t *p;
+    size_t cap;
+} scratch_buf;
+
 typedef struct pipeline_deserializer {
     kvs_deserializer base;
     kvs_keyring *keyring; /* NULL: no key files configured */
     kvs_transform *transform; /* NULL: the config has no transform stage */
+    pthread_mutex_t mu;   /* guards kept, nkept, scratch_allocs */
+    scratch_buf kept[SCRATCH_KEEP];
+    size_t nkept;
+    uint64_t scratch_allocs; /* buffers ever allocated (kvs_pipeline_scratch_allocs) */
 } pipeline_deserializer;
 
 /* ---------------------------------------------------------------------
@@ -222,34 +251,105 @@ static int pipeline_estimate(const kvs_serializer *s, const kvs_layout *layout, 
     return rc;
 }
 
-/* The typed stage into `out`, with the checksum at stage 1 fused into it
- * when that is possible (*fused = 1 then). */
-static int run_typed(const pipeline_serializer *self, const kvs_memobj *src, uint8_t *out,
-                     size_t cap, size_t *n, int *fused)
+/* Stages 1..k-1 can run fused with the typed stage: the typed stage encodes
+ * output ranges, and each of them is a check or a transform that streams
+ * (stage.h). Returns k (1: nothing fused). */
+static uint32_t fused_end(const pipeline_serializer *self)
+{
+    if (self->stages[0]->type->typed_encode_range == NULL) return 1;
+    uint32_t k = 1;
+    while (k < self->nstages) {
+        const kvs_stage_type *t = self->stages[k]->type;
+        if (t->kind != KVS_STAGE_CHECK && (t->stream_begin == NULL || !t->in_place)) break;
+        k++;
+    }
+    return k;
+}
+
+/* One fused stage's state; the check's digest is written to a discard
+ * buffer and a stream is abandoned when the run fails. */
+static void fused_state_drop(const kvs_stage_type *t, void *state)
+{
+    if (state == NULL) return;
+    if (t->kind == KVS_STAGE_CHECK) {
+        uint8_t discard[16];
+        t->check_stream_final(state, discard);
+    } else {
+        (void)t->stream_end(state, NULL);
+    }
+}
+
+static int fused_feed(const kvs_stage_type *t, void *state, uint8_t *p, size_t n)
+{
+    if (t->kind == KVS_STAGE_CHECK) {
+        t->check_stream_update(state, p, n);
+        return KVS_OK;
+    }
+    return t->stream_update(state, p, p, n);
+}
+
+/* The typed stage into `out` in blocks of FUSE_BLOCK_DEFAULT bytes, each block run
+ * through stages 1..k-1 (fused_end) in order while it is in cache: checks
+ * add it to their digest, streamed transforms rewrite it in place. Then, in
+ * stage order, each stage takes the bytes the stages before it appended
+ * (a digest, a tag) and appends its own. A stage that needs the header gets
+ * `header` (written here with the final payload length). *n = bytes in out. */
+static int run_fused(const pipeline_serializer *self, uint32_t k, const blob_params *bp,
+                     const kvs_memobj *src, const kvs_object_key *key, uint8_t *header,
+                     size_t hlen, int *header_done, uint8_t *out, size_t *n)
 {
     const kvs_stage *typed = self->stages[0];
-    const kvs_stage *check = self->nstages > 1 ? self->stages[1] : NULL;
-    *fused = 0;
-    if (typed->type->typed_encode_range == NULL || check == NULL ||
-        check->type->kind != KVS_STAGE_CHECK)
-        return typed->type->typed_encode(typed, src, out, cap, n);
     size_t total;
     int rc = typed->type->typed_bound(typed, &src->layout, &total);
     if (rc) return rc;
-    void *state;
-    rc = check->type->check_stream_new(&state);
-    if (rc) return rc;
-    for (uint64_t b = 0; b < total && rc == KVS_OK; b += FUSE_BLOCK) {
-        uint64_t e = total - b < FUSE_BLOCK ? total : b + FUSE_BLOCK;
-        rc = typed->type->typed_encode_range(typed, src, out, b, e);
-        if (rc == KVS_OK) check->type->check_stream_update(state, out + b, (size_t)(e - b));
+    size_t seen[KVS_FRAME_MAX_STAGES]; /* bytes stage i reads */
+    size_t end = total;
+    for (uint32_t i = 1; i < k; i++) {
+        const kvs_stage *st = self->stages[i];
+        seen[i] = end;
+        end = st->type->kind == KVS_STAGE_CHECK ? end + st->type->digest_size
+                                                : st->type->bytes_bound(st, end);
     }
-    /* On failure the digest goes nowhere near dst (the state is freed). */
-    uint8_t discard[16];
-    check->type->check_stream_final(state, rc == KVS_OK ? out + total : discard);
+    void *state[KVS_FRAME_MAX_STAGES] = {NULL};
+    for (uint32_t i = 1; i < k && rc == KVS_OK; i++) {
+        const kvs_stage *st = self->stages[i];
+        const kvs_stage_type *t = st->type;
+        if (t->kind == KVS_STAGE_CHECK) {
+            rc = t->check_stream_new(&state[i]);
+            continue;
+        }
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0, NULL};
+        if (i == 1) kvs_stage_typed_shape(typed->type->id, &src->layout, &ctx.elem_size,
+                                          &ctx.channels);
+        if (t->needs_header) {
+            kvs_frame_write_header(header, &src->layout, src->format, key, end, bp->ids,
+                                   bp->ptr, bp->n, self->nstages);
+            *header_done = 1;
+            ctx.header = header;
+            ctx.header_len = hlen;
+        }
+        rc = t->stream_begin(st, bp->bytes[i], bp->n[i], &ctx, seen[i], &state[i]);
+    }
+    const uint64_t block =
+        kvs_pipeline_fuse_block ? kvs_pipeline_fuse_block : FUSE_BLOCK_DEFAULT;
+    for (uint64_t b = 0; b < total && rc == KVS_OK; b += block) {
+        uint64_t e = total - b < block ? total : b + block;
+        rc = typed->type->typed_encode_range(typed, src, out, b, e);
+        for (uint32_t i = 1; i < k && rc == KVS_OK; i++)
+            rc = fused_feed(self->stages[i]->type, state[i], out + b, (size_t)(e - b));
+    }
+    for (uint32_t i = 1; i < k && rc == KVS_OK; i++) {
+        const kvs_stage_type *t = self->stages[i]->type;
+        if (seen[i] > total) rc = fused_feed(t, state[i], out + total, seen[i] - total);
+        if (rc) break;
+        if (t->kind == KVS_STAGE_CHECK) t->check_stream_final(state[i], out + seen[i]);
+        else rc = t->stream_end(state[i], out + seen[i]);
+        state[i] = NULL;
+    }
+    /* On failure nothing more is written (digests go to a discard buffer). */
+    for (uint32_t i = 1; i < k; i++) fused_state_drop(self->stages[i]->type, state[i]);
     if (rc) return rc;
-    *n = total + check->type->digest_size;
-    *fused = 1;
+    *n = end;
     return KVS_OK;
 }
 
@@ -283,9 +383,12 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
     uint8_t header[KVS_FRAME_HEADER_MAX];
     int header_done = 0;
     size_t n;
-    int fused;
-    rc = run_typed(self, src, cur, bound, &n, &fused);
-    for (uint32_t i = 1 + (uint32_t)fused; rc == KVS_OK && i < self->nstages; i++) {
+    uint32_t k = fused_end(self);
+    if (k > 1)
+        rc = run_fused(self, k, &bp, src, key, header, h, &header_done, cur, &n);
+    else
+        rc = self->stages[0]->type->typed_encode(self->stages[0], src, cur, bound, &n);
+    for (uint32_t i = k; rc == KVS_OK && i < self->nstages; i++) {
         const kvs_stage *st = self->stages[i];
         const kvs_stage_type *t = st->type;
         if (t->kind == KVS_STAGE_CHECK) {
@@ -375,17 +478,86 @@ static int check_layout(const kvs_frame *f, const kvs_layout *dst)
                          (unsigned long long)kvs_layout_nbytes(dst));
 }
 
+static void scratch_free(scratch_buf b)
+{
+    if (b.p == NULL) return;
+    explicit_bzero(b.p, b.cap);
+    free(b.p);
+}
+
+/* A buffer of at least m bytes: the smallest kept one that fits, or a new
+ * one with its pages mapped up front. p NULL when out of memory. */
+static scratch_buf scratch_take(pipeline_deserializer *self, size_t m)
+{
+    scratch_buf got = {NULL, 0};
+    pthread_mutex_lock(&self->mu);
+    size_t best = SCRATCH_KEEP;
+    for (size_t i = 0; i < self->nkept; i++)
+        if (self->kept[i].cap >= m &&
+            (best == SCRATCH_KEEP || self->kept[i].cap < self->kept[best].cap))
+            best = i;
+    if (best < SCRATCH_KEEP) {
+        got = self->kept[best];
+        self->kept[best] = self->kept[--self->nkept];
+    } else {
+        self->scratch_allocs++;
+    }
+    pthread_mutex_unlock(&self->mu);
+    if (got.p) return got;
+    size_t cap = m ? m : 1;
+    got.p = malloc(cap);
+    if (got.p == NULL) return got;
+    got.cap = cap;
+    kvs_prefault(got.p, cap); /* one call, not a fault per page later */
+    return got;
+}
+
+/* Keep a buffer for the next call, or free it (wiped) when the keep is full:
+ * the smallest kept one makes way for a larger one. */
+static void scratch_give(pipeline_deserializer *self, scratch_buf b)
+{
+    if (b.p == NULL) return;
+    scratch_buf drop = b;
+    pthread_mutex_lock(&self->mu);
+    size_t bytes = 0, small = 0;
+    for (size_t i = 0; i < self->nkept; i++) {
+        bytes += self->kept[i].cap;
+        if (self->kept[i].cap < self->kept[small].cap) small = i;
+    }
+    if (self->nkept < SCRATCH_KEEP && b.cap <= SCRATCH_KEEP_BYTES - bytes) {
+        self->kept[self->nkept++] = b;
+        drop.p = NULL;
+    } else if (self->nkept > 0 && self->kept[small].cap < b.cap &&
+               b.cap <= SCRATCH_KEEP_BYTES - (bytes - self->kept[small].cap)) {
+        drop = self->kept[small];
+        self->kept[small] = b;
+    }
+    pthread_mutex_unlock(&self->mu);
+    scratch_free(drop);
+}
+
+uint64_t kvs_pipeline_scratch_allocs(kvs_deserializer *de)
+{
+    pipeline_deserializer *self = KVS_CONTAINER_OF(de, pipeline_deserializer, base);
+    pthread_mutex_lock(&self->mu);
+    uint64_t n = self->scratch_allocs;
+    pthread_mutex_unlock(&self->mu);
+    return n;
+}
+
 /* Undo the bytes stages, last first: checks verify in place, transforms
  * write into scratch buffers (never dst). On success *out / *outn are the
- * typed stage's bytes, and *owned the buffer to free (or NULL). */
-static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
-                             const kvs_keyring *keyring, const uint8_t **out, size_t *outn,
-                             uint8_t **owned)
+ * typed stage's bytes, and *owned the scratch buffer they are in (p NULL
+ * when none), for the caller to give back. */
+static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
+                             const kvs_object_key *key, const uint8_t **out, size_t *outn,
+                             scratch_buf *owned)
 {
+    const kvs_keyring *keyring = self->keyring;
     const uint8_t *cur = f->payload;
     size_t n = (size_t)f->payload_len;
-    uint8_t *held = NULL;
-    *owned = NULL; /* kvs_pipeline_verify frees it whatever the outcome */
+    scratch_buf held = {NULL, 0};
+    owned->p = NULL;
     char who[128]; /* the key, described only for a refusal's message */
     int rc = KVS_OK;
     for (uint32_t i = f->nstages; i-- > 1 && rc == KVS_OK;) {
@@ -422,8 +594,8 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
         size_t m;
         rc = t->transform_decoded_size(fs->params, fs->nparams, cur, n, &m);
         if (rc) break;
-        uint8_t *next = malloc(m ? m : 1);
-        if (next == NULL) {
+        scratch_buf next = scratch_take(self, m);
+        if (next.p == NULL) {
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
             break;
         }
@@ -431,17 +603,17 @@ static int undo_bytes_stages(const kvs_frame *f, const kvs_object_key *key,
         if (i == 1) kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
                                           &ctx.channels);
         size_t got;
-        rc = t->transform_decode(fs->params, fs->nparams, &ctx, cur, n, next, m, &got);
+        rc = t->transform_decode(fs->params, fs->nparams, &ctx, cur, n, next.p, m, &got);
         if (rc == KVS_OK && got != m)
             rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name, got,
                                m);
-        free(held);
+        scratch_give(self, held);
         held = next;
-        cur = next;
+        cur = next.p;
         n = m;
     }
     if (rc) {
-        free(held);
+        scratch_give(self, held);
         return rc;
     }
     *out = cur;
@@ -467,13 +639,13 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     if (rc) return rc;
     const uint8_t *bytes;
     size_t n;
-    uint8_t *owned = NULL;
-    rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
+    scratch_buf owned;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
     if (rc) return rc;
     const kvs_frame_stage *typed = &f.stages[0];
     kvs_stage_ctx ctx = {key, f.header, f.header_len, self->keyring, 0, 0, self->transform};
     rc = typed->type->typed_decode(typed->params, typed->nparams, &ctx, bytes, n, dst);
-    free(owned);
+    scratch_give(self, owned);
     return rc;
 }
 
@@ -491,9 +663,9 @@ int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
     if (rc) return rc;
     const uint8_t *bytes;
     size_t n;
-    uint8_t *owned = NULL;
-    rc = undo_bytes_stages(&f, key, self->keyring, &bytes, &n, &owned);
-    free(owned);
+    scratch_buf owned;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
+    scratch_give(self, owned);
     return rc;
 }
 
@@ -502,6 +674,8 @@ static void pipeline_deserializer_destroy(kvs_deserializer *d)
     pipeline_deserializer *self = KVS_CONTAINER_OF(d, pipeline_deserializer, base);
     kvs_keyring_free(self->keyring);
     kvs_transform_free(self->transform);
+    for (size_t i = 0; i < self->nkept; i++) scratch_free(self->kept[i]);
+    pthread_mutex_destroy(&self->mu);
     free(self);
 }
 
@@ -536,6 +710,7 @@ int kvs_pipeline_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *o
         free(d);
         return rc;
     }
+    pthread_mutex_init(&d->mu, NULL);
     s->base.ops = &pipeline_serializer_ops;
     d->base.ops = &pipeline_deserializer_ops;
     out->serializer = &s->base;

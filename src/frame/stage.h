@@ -27,10 +27,14 @@ enum kvs_stage_id {
     KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
     KVS_STAGE_TRANSFORM_CODED = 3, /* typed: calibrated transform, quantized, entropy-coded */
+    KVS_STAGE_INT = 8,     /* typed: grouped integer codes, 2-8 bits (codecs/intq.h) */
+    KVS_STAGE_GGML_Q8_0 = 16, /* typed: llama.cpp q8_0 blocks (ggml.h) */
+    KVS_STAGE_GGML_Q4_0 = 17, /* typed: llama.cpp q4_0 blocks (ggml.h) */
     KVS_STAGE_CRC32C = 64, /* check: CRC-32C of the bytes, 4 bytes appended */
     KVS_STAGE_XXH3 = 65,   /* check: XXH3-64 of the bytes, 8 bytes appended */
     KVS_STAGE_AES_GCM = 66, /* transform: AES-256-GCM, 16-byte tag appended */
-    KVS_STAGE_LOSSLESS = 80 /* transform: exact compression by byte planes (zstd) */
+    KVS_STAGE_LOSSLESS = 80 /* transform: exact compression (byte planes by zstd, or the
+                               bfloat16 exponent by rANS) */
 };
 
 /* What a stage does to the bytes, which fixes where it may stand. */
@@ -49,7 +53,7 @@ typedef enum kvs_stage_kind {
  * produced, for a transform that models it (lossless): the pipeline fills
  * elem_size and channels, on encode and on decode alike, for the bytes stage
  * right after the typed stage, from the frame's layout: elem_size is 1 for
- * fp8 codes, the dtype's size for `bytes` when every group has the same one
+ * fp8 codes, int payloads and ggml blocks (channels 1 for ggml blocks: a block is no element), the dtype's size for `bytes` when every group has the same one
  * (else 1); channels is the last dim of the layout when every group has the
  * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
@@ -86,8 +90,8 @@ struct kvs_stage_type {
                         size_t cap, size_t *n);
     /* Optional: byte b of the output depends on the source alone (fp8:
      * element b; bytes: byte b) and the output is exactly typed_bound
-     * bytes, so the pipeline may produce it block by block and checksum each
-     * block while it is in cache. Encodes output bytes [begin, end) on the
+     * bytes, so the pipeline may produce it block by block and checksum and
+     * encrypt each block while it is in cache. Encodes output bytes [begin, end) on the
      * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
@@ -123,6 +127,18 @@ struct kvs_stage_type {
      * that cannot be (KVS_ECORRUPT). */
     int (*transform_decoded_size)(const uint8_t *params, size_t nparams, const uint8_t *in,
                                   size_t n, size_t *outn);
+    /* Optional, transforms only: the same encoding as transform_encode, fed
+     * in consecutive pieces, so the pipeline can run it block by block right
+     * after the typed stage writes each block (while it is in cache).
+     * stream_begin gets the parameters and the ctx transform_encode would
+     * (the final header for needs_header) and the total n; stream_update
+     * encodes the next piece (out == in allowed); stream_end(state, tail)
+     * writes what bytes_bound adds after the n bytes (the tag) into tail
+     * and frees the state; tail NULL abandons it (frees, writes nothing). */
+    int (*stream_begin)(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                        const kvs_stage_ctx *ctx, size_t n, void **state);
+    int (*stream_update)(void *state, const uint8_t *in, uint8_t *out, size_t n);
+    int (*stream_end)(void *state, uint8_t *tail);
     /* Transform decode: in -> out (out never aliases in), refusing damaged
      * or unauthenticated input with nothing useful left in out. */
     int (*transform_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
@@ -155,9 +171,10 @@ const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
 /* Names in registry order, for messages and listings: up to cap into
  * names; returns the total count. */
 size_t kvs_stage_type_names(const char **names, size_t cap);
-/* "bytes, fp8, transform, crc32c, xxh3, aes_gcm, lossless" (a static string). */
+/* "bytes, fp8, crc32c, xxh3, aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int,
+ * transform" (a static string). */
 const char *kvs_stage_type_list_text(void);
-/* "1 (bytes), 2 (fp8), 3 (transform), 64 (crc32c), ...": the ids a
+/* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), ...": the ids a
  * frame may name (a static string). */
 const char *kvs_stage_type_id_list_text(void);
 
@@ -168,7 +185,16 @@ extern const kvs_stage_type kvs_stage_crc32c_type;
 extern const kvs_stage_type kvs_stage_xxh3_type;
 extern const kvs_stage_type kvs_stage_aes_gcm_type;
 extern const kvs_stage_type kvs_stage_lossless_type;
+extern const kvs_stage_type kvs_stage_ggml_q8_0_type;
+extern const kvs_stage_type kvs_stage_ggml_q4_0_type;
+extern const kvs_stage_type kvs_stage_int_type;
 extern const kvs_stage_type kvs_stage_transform_type;
+
+/* The parameter functions of a stage that records none (bytes, the checks,
+ * the ggml stages; stage_registry.c): size 0, nothing to write, "{}". */
+size_t kvs_stage_no_params_size(const kvs_stage *self);
+int kvs_stage_no_params_write(const kvs_stage *self, uint8_t *params);
+json_t *kvs_stage_no_params_describe(const uint8_t *params, size_t nparams);
 
 /* What the typed stage `typed_id` writes for `layout` (kvs_stage_ctx). */
 void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned *elem_size,

@@ -607,12 +607,11 @@ static int overlap_apart(const uint8_t *a, size_t an, const uint8_t *b, size_t b
     return pa < pb ? pb - pa < an : pa - pb < bn;
 }
 
-static int aes_transform_encode(const kvs_stage *self, const uint8_t *params, size_t nparams,
-                                const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
-                                uint8_t *out, size_t cap, size_t *outn)
+/* The checks every encryption of a payload of n bytes passes: the
+ * parameters name this stage's key, n within the AES-GCM limit. */
+static int check_encrypt(const aes_gcm_stage *s, const uint8_t *params, size_t nparams,
+                         size_t n)
 {
-    const aes_gcm_stage *s = (const aes_gcm_stage *)self;
-    if (outn) *outn = 0;
     if (params == NULL || nparams != PARAMS) return params_size_error(KVS_EINVAL, nparams);
     if (memcmp(params, s->enc.id, KVS_AES_GCM_KEY_ID_LEN) != 0) {
         char want[2 * KVS_AES_GCM_KEY_ID_LEN + 1], have[2 * KVS_AES_GCM_KEY_ID_LEN + 1];
@@ -628,6 +627,92 @@ static int aes_transform_encode(const kvs_stage *self, const uint8_t *params, si
                              "aes_gcm: payload of %zu bytes exceeds the AES-GCM limit of %llu "
                              "bytes per blob",
                              n, (unsigned long long)KVS_AES_GCM_MAX_PLAINTEXT);
+    return KVS_OK;
+}
+
+/* Streamed encryption (stage.h's stream_*): the cipher context, keyed with
+ * the blob's subkey and fed the AAD, and the bytes still to come. */
+typedef struct aes_stream {
+    EVP_CIPHER_CTX *c;
+    size_t left;
+} aes_stream;
+
+static int aes_stream_begin(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                            const kvs_stage_ctx *ctx, size_t n, void **state)
+{
+    const aes_gcm_stage *s = (const aes_gcm_stage *)self;
+    *state = NULL;
+    int rc = check_encrypt(s, params, nparams, n);
+    const uint8_t *h;
+    size_t hlen, klen = 0;
+    uint8_t kbytes[KVS_KEY_CANONICAL_MAX];
+    const kvs_object_key *key = ctx ? ctx->key : NULL;
+    if (rc == KVS_OK) rc = ctx_header(ctx, &h, &hlen);
+    if (rc == KVS_OK) rc = key_aad(key, kbytes, &klen);
+    if (rc) return rc;
+    aes_stream *st = calloc(1, sizeof *st);
+    if (st == NULL) return kvs_set_error(KVS_ENOMEM, "aes_gcm: out of memory for a stream");
+    uint8_t sub[KVS_AES_GCM_KEY_LEN];
+    rc = kvs_aes_gcm_subkey(s->enc.key, key ? key->cache_salt : "", sub);
+    if (rc == KVS_OK) {
+        st->c = gcm_start(1, sub, params + KVS_AES_GCM_KEY_ID_LEN, h, hlen, kbytes, klen, n);
+        if (st->c == NULL) rc = kvs_last_error_code();
+    }
+    OPENSSL_cleanse(sub, sizeof sub); /* the context keeps its own key schedule */
+    if (rc) {
+        free(st);
+        return rc;
+    }
+    st->left = n;
+    *state = st;
+    return KVS_OK;
+}
+
+static int aes_stream_update(void *state, const uint8_t *in, uint8_t *out, size_t n)
+{
+    aes_stream *st = state;
+    if (n > st->left)
+        return kvs_set_error(KVS_EINVAL, "aes_gcm: %zu more bytes than the %zu announced", n,
+                             st->left);
+    if (!gcm_update(st->c, 1, out, in, n)) {
+        ERR_clear_error();
+        return kvs_set_error(KVS_EIO, "aes_gcm: the crypto library failed to encrypt %zu bytes",
+                             n);
+    }
+    st->left -= n;
+    return KVS_OK;
+}
+
+static int aes_stream_end(void *state, uint8_t *tail)
+{
+    aes_stream *st = state;
+    if (st == NULL) return KVS_OK;
+    int rc = KVS_OK;
+    if (tail) {
+        uint8_t last[32];
+        int outl = 0;
+        if (st->left != 0)
+            rc = kvs_set_error(KVS_EINVAL, "aes_gcm: stream ended %zu bytes short", st->left);
+        else if (EVP_EncryptFinal_ex(st->c, last, &outl) != 1 || outl != 0 ||
+                 EVP_CIPHER_CTX_ctrl(st->c, EVP_CTRL_GCM_GET_TAG, TAG, tail) != 1) {
+            ERR_clear_error();
+            rc = kvs_set_error(KVS_EIO, "aes_gcm: the crypto library failed to finish the tag");
+        }
+    }
+    EVP_CIPHER_CTX_free(st->c); /* wipes the key schedule */
+    free(st);
+    return rc;
+}
+
+/* The whole payload at once: one stream over it. */
+static int aes_transform_encode(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                                const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
+                                uint8_t *out, size_t cap, size_t *outn)
+{
+    const aes_gcm_stage *s = (const aes_gcm_stage *)self;
+    if (outn) *outn = 0;
+    int rc = check_encrypt(s, params, nparams, n);
+    if (rc) return rc;
     if (cap < n + TAG)
         return kvs_set_error(KVS_ENOSPC,
                              "aes_gcm: output needs %zu bytes (%zu of payload and the 16-byte "
@@ -639,20 +724,12 @@ static int aes_transform_encode(const kvs_stage *self, const uint8_t *params, si
         return kvs_set_error(KVS_EINVAL,
                              "aes_gcm: the output overlaps the input without starting at "
                              "the same byte");
-    const uint8_t *h;
-    size_t hlen, klen = 0;
-    uint8_t kbytes[KVS_KEY_CANONICAL_MAX];
-    const kvs_object_key *key = ctx ? ctx->key : NULL;
-    int rc = ctx_header(ctx, &h, &hlen);
-    if (rc == KVS_OK) rc = key_aad(key, kbytes, &klen);
+    void *st;
+    rc = aes_stream_begin(self, params, nparams, ctx, n, &st);
     if (rc) return rc;
-
-    uint8_t sub[KVS_AES_GCM_KEY_LEN];
-    rc = kvs_aes_gcm_subkey(s->enc.key, key ? key->cache_salt : "", sub);
-    if (rc == KVS_OK)
-        rc = kvs_aes_gcm_seal(sub, params + KVS_AES_GCM_KEY_ID_LEN, h, hlen, kbytes, klen, in,
-                              n, out, out + n);
-    OPENSSL_cleanse(sub, sizeof sub);
+    rc = aes_stream_update(st, in, out, n);
+    int end = aes_stream_end(st, rc == KVS_OK ? out + n : NULL);
+    if (rc == KVS_OK) rc = end;
     if (rc == KVS_OK && outn) *outn = n + TAG;
     return rc;
 }
@@ -754,6 +831,9 @@ const kvs_stage_type kvs_stage_aes_gcm_type = {
     .in_place = 1,
     .needs_header = 1,
     .transform_encode = aes_transform_encode,
+    .stream_begin = aes_stream_begin,
+    .stream_update = aes_stream_update,
+    .stream_end = aes_stream_end,
     .transform_decoded_size = aes_decoded_size,
     .transform_decode = aes_transform_decode,
     .params_size = aes_params_size,

@@ -66,19 +66,6 @@ static int bytes_decode(const uint8_t *params, size_t nparams, const kvs_stage_c
     return KVS_OK;
 }
 
-static size_t bytes_params_size(const kvs_stage *self)
-{
-    (void)self;
-    return 0;
-}
-
-static int bytes_write_params(const kvs_stage *self, uint8_t *params)
-{
-    (void)self;
-    (void)params;
-    return KVS_OK;
-}
-
 static int bytes_check_params(const uint8_t *params, size_t nparams)
 {
     (void)params;
@@ -86,13 +73,6 @@ static int bytes_check_params(const uint8_t *params, size_t nparams)
         return kvs_set_error(KVS_ECORRUPT, "bytes: %zu parameter bytes in the frame, expected 0",
                              nparams);
     return KVS_OK;
-}
-
-static json_t *bytes_describe(const uint8_t *params, size_t nparams)
-{
-    (void)params;
-    (void)nparams;
-    return json_object();
 }
 
 static void bytes_destroy(kvs_stage *self)
@@ -109,9 +89,9 @@ const kvs_stage_type kvs_stage_bytes_type = {
     .typed_encode = bytes_encode,
     .typed_encode_range = bytes_encode_range,
     .typed_decode = bytes_decode,
-    .params_size = bytes_params_size,
-    .write_params = bytes_write_params,
+    .params_size = kvs_stage_no_params_size,
+    .write_params = kvs_stage_no_params_write,
     .check_params = bytes_check_params,
-    .describe_params = bytes_describe,
+    .describe_params = kvs_stage_no_params_describe,
     .destroy = bytes_destroy,
 };

@@ -117,19 +117,6 @@ static void xxh3_stream_final(void *state, uint8_t *digest)
 
 /* ---- shared ---------------------------------------------------------- */
 
-static size_t no_params_size(const kvs_stage *self)
-{
-    (void)self;
-    return 0;
-}
-
-static int no_params_write(const kvs_stage *self, uint8_t *params)
-{
-    (void)self;
-    (void)params;
-    return KVS_OK;
-}
-
 static int crc32c_check_params(const uint8_t *params, size_t nparams)
 {
     (void)params;
@@ -144,13 +131,6 @@ static int xxh3_check_params(const uint8_t *params, size_t nparams)
     if (nparams == 0) return KVS_OK;
     return kvs_set_error(KVS_ECORRUPT, "xxh3: %zu parameter bytes in the frame, expected 0",
                          nparams);
-}
-
-static json_t *no_params_describe(const uint8_t *params, size_t nparams)
-{
-    (void)params;
-    (void)nparams;
-    return json_object();
 }
 
 static void shared_destroy(kvs_stage *self)
@@ -170,10 +150,10 @@ static void shared_destroy(kvs_stage *self)
         .check_stream_new = NAME##_stream_new,                                         \
         .check_stream_update = NAME##_stream_update,                                   \
         .check_stream_final = NAME##_stream_final,                                     \
-        .params_size = no_params_size,                                                 \
-        .write_params = no_params_write,                                               \
+        .params_size = kvs_stage_no_params_size,                                                 \
+        .write_params = kvs_stage_no_params_write,                                               \
         .check_params = NAME##_check_params,                                           \
-        .describe_params = no_params_describe,                                         \
+        .describe_params = kvs_stage_no_params_describe,                                         \
         .destroy = shared_destroy,                                                     \
     };
 

@@ -23,15 +23,24 @@
  *   raw; bits 0-30 the record's byte count, exactly k when raw) and the bytes.
  * So the output is at most n + 16 + (4 + 4 s) x nblocks bytes.
  *
+ * Version 2 (the "rans" coder, 2-byte elements only): the same container
+ * with an 8-byte longer header, u32 channel period P (1 to 4096) and u32 0
+ * after n, and each block one record of lossless_exponent.c (the bfloat16
+ * exponent through rANS with a table per channel group, sign and mantissa
+ * raw; or the block raw): at most n + 24 + 5 x nblocks bytes. Other element
+ * sizes get version 1 under either coder. A reader decodes both versions
+ * whatever its own configuration says.
+ *
  * Parameters (2 bytes): i8 zstd level (-7 to 19, encoder only, recorded for
- * inspect), u8 0.
+ * inspect), u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
  *
  * Why zstd: Debian's libzstd is maintained, fuzzed and fast, its literal
  * Huffman coder does the order-0 work on the exponent plane, and its match
  * finder picks up repeats (all-equal blocks, repeated rows) a plain entropy
- * coder misses. Its Huffman coder is not public API, so per-channel tables
- * (docs/performance.md measures what they would add) would need our own
- * coder; this stage does not have one yet. */
+ * coder misses. Its Huffman coder is not public API, so the per-channel
+ * tables of version 2 need a coder of our own (src/codecs/rans.c; why, and
+ * what each pays: docs/performance.md). zstd stays the default: its matches
+ * win 0.6 % on the real KV cache, the rANS coder encodes 3x faster. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -41,12 +50,17 @@
 #include <emmintrin.h> /* x86-64 baseline: the bfloat16 plane split and join */
 #endif
 
+#include "frame/lossless_exponent.h"
 #include "frame/stage.h"
 #include "kvserde/error.h"
 #include "kvserde/registry.h"
 #include "kvserde/serde.h"
 
-#define LL_VERSION 1
+#define LL_VERSION 1    /* byte planes through zstd */
+#define LL_VERSION_RANS 2 /* the exponent through rANS (lossless_exponent.c) */
+#define LL_HEADER_RANS 24u
+#define LL_CODER_ZSTD 0
+#define LL_CODER_RANS 1
 #define LL_BLOCK_ELEMS 65536u
 #define LL_HEADER 16u
 #define LL_MAX_ELEM 4u
@@ -67,6 +81,7 @@
 typedef struct lossless_stage {
     kvs_stage base;
     int level;
+    int coder; /* LL_CODER_* */
 } lossless_stage;
 
 static void put32(uint8_t *p, uint32_t v)
@@ -91,7 +106,7 @@ static uint64_t get64(const uint8_t *p)
 
 static int ll_create(const json_t *config, kvs_stage **out)
 {
-    static const char *const known[] = {"type", "level", NULL};
+    static const char *const known[] = {"type", "level", "coder", NULL};
     int rc = kvs_json_check_keys(config, "lossless", "member", known);
     if (rc) return rc;
     int level = LL_DEFAULT_LEVEL;
@@ -107,10 +122,24 @@ static int ll_create(const json_t *config, kvs_stage **out)
                                                      : kvs_json_type_name(lv));
         level = (int)json_integer_value(lv);
     }
+    int coder = LL_CODER_ZSTD;
+    const json_t *cv = json_object_get(config, "coder");
+    if (cv != NULL) {
+        const char *name = json_is_string(cv) ? json_string_value(cv) : NULL;
+        if (name != NULL && strcmp(name, "rans") == 0)
+            coder = LL_CODER_RANS;
+        else if (name == NULL || strcmp(name, "zstd") != 0)
+            return kvs_set_error(KVS_EINVAL,
+                                 "lossless: \"coder\" must be \"zstd\" (default) or \"rans\", "
+                                 "got %s%s%s",
+                                 name ? "\"" : "", name ? name : kvs_json_type_name(cv),
+                                 name ? "\"" : "");
+    }
     lossless_stage *s = calloc(1, sizeof *s);
     if (s == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory creating the stage");
     s->base.type = &kvs_stage_lossless_type;
     s->level = level;
+    s->coder = coder;
     *out = &s->base;
     return KVS_OK;
 }
@@ -118,8 +147,9 @@ static int ll_create(const json_t *config, kvs_stage **out)
 static size_t ll_bound(const kvs_stage *self, size_t n)
 {
     (void)self;
-    /* Worst case over element sizes: one-byte elements have the most blocks
-     * (n / E) at 8 bytes each; s-byte ones n / (s E) at 4 + 4 s. */
+    /* Worst case over element sizes and versions: one-byte elements have the
+     * most blocks (n / E) at 8 bytes each; s-byte ones n / (s E) at 4 + 4 s
+     * (version 2: 5 each, 8 more header bytes). */
     size_t blocks = n / LL_BLOCK_ELEMS + 1;
     size_t extra = LL_HEADER + 4 * LL_MAX_ELEM + 8 * blocks + 4;
     return n > SIZE_MAX - extra ? SIZE_MAX : n + extra;
@@ -182,12 +212,20 @@ static void buf_give(uint8_t *b, size_t need)
 typedef struct enc_job {
     const uint8_t *in;
     uint8_t *out;       /* block b is written at slot b: out + base + b * slot */
-    size_t base, slot;  /* slot = 4 s + s E: a block never needs more */
+    size_t base, slot;  /* slot = block_max(E): a block never needs more */
     uint32_t *stored;   /* bytes block b used */
     uint64_t nelems;
     unsigned s;
     int level;
+    int version;     /* of the payload: LL_VERSION or LL_VERSION_RANS */
+    uint32_t period; /* version 2: the channel period */
 } enc_job;
+
+/* The most bytes a block of k elements of s bytes takes in `version`. */
+static size_t block_max(int version, unsigned s, size_t k)
+{
+    return version == LL_VERSION_RANS ? KVS_LLX_RECORD_MAX(k) : 4 * s + (size_t)s * k;
+}
 
 /* Order-0 entropy estimate of a plane, bits per byte. */
 static double plane_bits(const uint8_t *p, size_t k)
@@ -254,10 +292,28 @@ static void split_planes(const uint8_t *src, size_t k, unsigned s, uint8_t *plan
         for (unsigned b = 0; b < s; b++) planes[b * k + i] = src[s * i + b];
 }
 
+/* Version 2 blocks [b0, b1) (lossless_exponent.c). */
+static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
+{
+    kvs_llx_scratch *w = kvs_llx_scratch_take(LL_BLOCK_ELEMS);
+    if (w == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
+    for (uint64_t b = b0; b < b1; b++) {
+        uint64_t e0 = b * LL_BLOCK_ELEMS;
+        size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
+        size_t used = 0;
+        kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period,
+                             j->out + j->base + (size_t)b * j->slot, &used);
+        j->stored[b] = (uint32_t)used;
+    }
+    kvs_llx_scratch_give(w);
+    return KVS_OK;
+}
+
 static int enc_range(void *vctx, uint64_t begin, uint64_t end)
 {
     const enc_job *j = vctx;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
+    if (j->version == LL_VERSION_RANS) return enc_range_rans(j, b0, b1);
     ZSTD_CCtx *cc = cctx_take();
     size_t need = (size_t)j->s * LL_BLOCK_ELEMS;
     uint8_t *planes = j->s > 1 ? buf_take(need) : NULL;
@@ -309,20 +365,27 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
     (void)nparams;
     const lossless_stage *st = KVS_CONTAINER_OF(self, const lossless_stage, base);
     unsigned s = ctx_elem_size(ctx);
+    int version = st->coder == LL_CODER_RANS && s == 2 ? LL_VERSION_RANS : LL_VERSION;
+    size_t header = version == LL_VERSION_RANS ? LL_HEADER_RANS : LL_HEADER;
+    /* The channel period of version 2: the layout's last dim, where the
+     * group map stays small against a block. */
+    uint64_t channels = ctx ? ctx->channels : 0;
+    uint32_t period = channels >= 2 && channels <= KVS_LLX_MAX_PERIOD ? (uint32_t)channels : 1;
     uint64_t nelems = n / s;
     uint64_t nblocks = (nelems + LL_BLOCK_ELEMS - 1) / LL_BLOCK_ELEMS;
-    size_t base = LL_HEADER + 4 * (size_t)nblocks;
-    size_t slot = 4 * s + (size_t)s * LL_BLOCK_ELEMS;
+    size_t base = header + 4 * (size_t)nblocks;
+    size_t slot = block_max(version, s, LL_BLOCK_ELEMS);
     size_t tail = n - (size_t)nelems * s;
     /* The slots: every block but the last is full; the last at most one. */
     size_t need = base + (size_t)nblocks * slot + tail;
-    if (nblocks > 0) need -= slot - (4 * s + (size_t)(nelems - (nblocks - 1) * LL_BLOCK_ELEMS) * s);
+    if (nblocks > 0)
+        need -= slot - block_max(version, s, (size_t)(nelems - (nblocks - 1) * LL_BLOCK_ELEMS));
     if (cap < need || cap < ll_bound(self, n))
         return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %zu", cap,
                              ll_bound(self, n));
     uint32_t *stored = malloc(nblocks ? (size_t)nblocks * sizeof *stored : 1);
     if (stored == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
-    enc_job job = {in, out, base, slot, stored, nelems, s, st->level};
+    enc_job job = {in, out, base, slot, stored, nelems, s, st->level, version, period};
     int rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
     if (rc) {
         free(stored);
@@ -333,17 +396,21 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
     for (uint64_t b = 0; b < nblocks; b++) {
         uint8_t *from = out + base + (size_t)b * slot;
         if (from != out + at) memmove(out + at, from, stored[b]);
-        put32(out + LL_HEADER + 4 * (size_t)b, stored[b]);
+        put32(out + header + 4 * (size_t)b, stored[b]);
         at += stored[b];
     }
     free(stored);
     if (tail) memcpy(out + at, in + (size_t)nelems * s, tail);
     at += tail;
-    out[0] = LL_VERSION;
+    out[0] = (uint8_t)version;
     out[1] = (uint8_t)s;
     out[2] = out[3] = 0;
     put32(out + 4, LL_BLOCK_ELEMS);
     put64(out + 8, n);
+    if (version == LL_VERSION_RANS) {
+        put32(out + 16, period);
+        put32(out + 20, 0);
+    }
     *outn = at;
     return KVS_OK;
 }
@@ -351,8 +418,10 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
 /* ---- decode ---------------------------------------------------------- */
 
 typedef struct ll_head {
+    int version;
     unsigned s;
     uint32_t E;
+    uint32_t period; /* version 2 */
     uint64_t n, nelems, nblocks;
     size_t table, tail;
 } ll_head;
@@ -363,13 +432,30 @@ static int read_head(const uint8_t *in, size_t len, ll_head *h)
     if (len < LL_HEADER)
         return kvs_set_error(KVS_ECORRUPT, "lossless: %zu bytes, shorter than the %u-byte header",
                              len, LL_HEADER);
-    if (in[0] != LL_VERSION)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u", in[0], LL_VERSION);
+    if (in[0] != LL_VERSION && in[0] != LL_VERSION_RANS)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u or %u", in[0],
+                             LL_VERSION, LL_VERSION_RANS);
+    h->version = in[0];
     h->s = in[1];
     if ((h->s != 1 && h->s != 2 && h->s != 4) || in[2] || in[3])
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: element size %u (1, 2 or 4) or reserved bytes %u %u",
                              in[1], in[2], in[3]);
+    size_t header = LL_HEADER;
+    h->period = 1;
+    if (h->version == LL_VERSION_RANS) {
+        header = LL_HEADER_RANS;
+        if (len < LL_HEADER_RANS)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: %zu bytes, shorter than the %u-byte version 2 header",
+                                 len, LL_HEADER_RANS);
+        h->period = get32(in + 16);
+        if (h->s != 2 || h->period == 0 || h->period > KVS_LLX_MAX_PERIOD || get32(in + 20))
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: version 2 with element size %u (2), channel period "
+                                 "%u (1 to %u), reserved %u (0)",
+                                 h->s, h->period, KVS_LLX_MAX_PERIOD, get32(in + 20));
+    }
     h->E = get32(in + 4);
     if (h->E == 0 || (uint64_t)h->E * h->s > LL_MAX_BLOCK_BYTES)
         return kvs_set_error(KVS_ECORRUPT,
@@ -379,14 +465,14 @@ static int read_head(const uint8_t *in, size_t len, ll_head *h)
     h->nelems = h->n / h->s;
     h->nblocks = (h->nelems + h->E - 1) / h->E;
     h->tail = (size_t)(h->n % h->s);
-    if (h->nblocks > (len - LL_HEADER) / 4)
+    if (h->nblocks > (len - header) / 4)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: %llu decoded bytes need %llu blocks; the %zu stored "
                              "bytes cannot hold their table",
                              (unsigned long long)h->n, (unsigned long long)h->nblocks, len);
-    h->table = LL_HEADER;
-    uint64_t sum = LL_HEADER + 4 * h->nblocks + h->tail;
-    for (uint64_t b = 0; b < h->nblocks; b++) sum += get32(in + LL_HEADER + 4 * b);
+    h->table = header;
+    uint64_t sum = header + 4 * h->nblocks + h->tail;
+    for (uint64_t b = 0; b < h->nblocks; b++) sum += get32(in + header + 4 * b);
     if (sum != len)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: the block table accounts for %llu bytes, %zu stored",
@@ -468,11 +554,29 @@ static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *ds
         for (unsigned b = 0; b < s; b++) dst[s * i + b] = planes[b * k + i];
 }
 
+/* Version 2 blocks [b0, b1) (lossless_exponent.c). */
+static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
+{
+    const ll_head *h = j->h;
+    kvs_llx_scratch *w = kvs_llx_scratch_take(h->E);
+    if (w == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
+    int rc = KVS_OK;
+    for (uint64_t b = b0; b < b1 && rc == KVS_OK; b++) {
+        uint64_t e0 = b * h->E;
+        size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
+        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period, b,
+                                  j->out + e0 * 2);
+    }
+    kvs_llx_scratch_give(w);
+    return rc;
+}
+
 static int dec_range(void *vctx, uint64_t begin, uint64_t end)
 {
     const dec_job *j = vctx;
     const ll_head *h = j->h;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
+    if (h->version == LL_VERSION_RANS) return dec_range_rans(j, b0, b1);
     ZSTD_DCtx *dc = dctx_take();
     size_t need = (size_t)h->s * h->E;
     uint8_t *planes = h->s > 1 ? buf_take(need) : NULL;
@@ -525,9 +629,9 @@ static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx 
         return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for %llu blocks",
                              (unsigned long long)h.nblocks);
     }
-    size_t at = LL_HEADER + 4 * (size_t)h.nblocks;
+    size_t at = h.table + 4 * (size_t)h.nblocks;
     for (uint64_t b = 0; b < h.nblocks; b++) {
-        len[b] = get32(in + LL_HEADER + 4 * b);
+        len[b] = get32(in + h.table + 4 * b);
         offset[b] = at;
         at += len[b];
     }
@@ -553,7 +657,7 @@ static int ll_write_params(const kvs_stage *self, uint8_t *params)
 {
     const lossless_stage *st = KVS_CONTAINER_OF(self, const lossless_stage, base);
     params[0] = (uint8_t)(int8_t)st->level;
-    params[1] = 0;
+    params[1] = (uint8_t)st->coder;
     return KVS_OK;
 }
 
@@ -563,9 +667,10 @@ static int ll_check_params(const uint8_t *params, size_t nparams)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: %zu parameter bytes in the frame, expected 2", nparams);
     int level = (int8_t)params[0];
-    if (level < LL_LEVEL_MIN || level > LL_LEVEL_MAX || level == 0 || params[1] != 0)
+    if (level < LL_LEVEL_MIN || level > LL_LEVEL_MAX || level == 0 || params[1] > LL_CODER_RANS)
         return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: parameters level %d (%d to %d, not 0), reserved %u (0)",
+                             "lossless: parameters level %d (%d to %d, not 0), coder %u (0 zstd, "
+                             "1 rans)",
                              level, LL_LEVEL_MIN, LL_LEVEL_MAX, params[1]);
     return KVS_OK;
 }
@@ -573,7 +678,8 @@ static int ll_check_params(const uint8_t *params, size_t nparams)
 static json_t *ll_describe(const uint8_t *params, size_t nparams)
 {
     (void)nparams;
-    return json_pack("{s:i}", "level", (int)(int8_t)params[0]);
+    return json_pack("{s:i,s:s}", "level", (int)(int8_t)params[0], "coder",
+                     params[1] == LL_CODER_RANS ? "rans" : "zstd");
 }
 
 static void ll_destroy(kvs_stage *self)

@@ -7,12 +7,14 @@
 #include <string.h>
 
 #include "frame/stage.h"
+#include "kvserde/error.h"
 #include "util/name_list.h"
 
 static const kvs_stage_type *const stage_types[] = {
-    &kvs_stage_bytes_type, &kvs_stage_fp8_type,     &kvs_stage_transform_type,
-    &kvs_stage_crc32c_type, &kvs_stage_xxh3_type,   &kvs_stage_aes_gcm_type,
-    &kvs_stage_lossless_type,
+    &kvs_stage_bytes_type,  &kvs_stage_fp8_type,    &kvs_stage_crc32c_type,
+    &kvs_stage_xxh3_type,   &kvs_stage_aes_gcm_type, &kvs_stage_lossless_type,
+    &kvs_stage_ggml_q8_0_type, &kvs_stage_ggml_q4_0_type,
+    &kvs_stage_int_type,    &kvs_stage_transform_type,
 };
 #define NTYPES (sizeof stage_types / sizeof stage_types[0])
 
@@ -77,11 +79,35 @@ void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned
     uint64_t c = 0;
     for (uint32_t g = 0; g < layout->ngroups; g++) {
         const kvs_group *gr = &layout->groups[g];
-        unsigned gs = typed_id == KVS_STAGE_BYTES ? (unsigned)kvs_dtype_size(gr->dtype) : 1;
+        unsigned gs = typed_id == KVS_STAGE_FP8 || typed_id == KVS_STAGE_INT ||
+                              typed_id == KVS_STAGE_TRANSFORM_CODED
+                          ? 1
+                          : (unsigned)kvs_dtype_size(gr->dtype);
         uint64_t gc = gr->shape.ndim ? (uint64_t)gr->shape.dims[gr->shape.ndim - 1] : 1;
         s = g == 0 || s == gs ? gs : 1;
         c = g == 0 || c == gc ? gc : 1;
     }
+    if (typed_id == KVS_STAGE_GGML_Q8_0 || typed_id == KVS_STAGE_GGML_Q4_0) s = c = 1;
     *elem_size = s ? s : 1;
     *channels = c ? c : 1;
+}
+
+size_t kvs_stage_no_params_size(const kvs_stage *self)
+{
+    (void)self;
+    return 0;
+}
+
+int kvs_stage_no_params_write(const kvs_stage *self, uint8_t *params)
+{
+    (void)self;
+    (void)params;
+    return KVS_OK;
+}
+
+json_t *kvs_stage_no_params_describe(const uint8_t *params, size_t nparams)
+{
+    (void)params;
+    (void)nparams;
+    return json_object();
 }

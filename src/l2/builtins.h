@@ -19,7 +19,8 @@ int kvs_memory_adapter_factory(const json_t *spec, void *userdata,
                                kvs_l2_adapter **out);
 
 /* "redis": a Redis server or Redis Cluster through hiredis
- * (src/l2/redis_adapter.c); see kvserde/l2_redis.h for the accepted keys. */
+ * (src/l2/redis_adapter.c, the files redis_adapter.h lists); see
+ * kvserde/l2_redis.h for the accepted keys. */
 int kvs_redis_adapter_factory(const json_t *spec, void *userdata, kvs_l2_adapter **out);
 
 /* The serde wrapper of either shape (exactly one of proc / mproc set),

@@ -2,8 +2,8 @@
  * under a directory, written through a temporary file and rename(2).
  *
  * Threads and locks:
- *   - The completion plumbing (ids, eventfds, unread results, closed flag)
- *     is the shared task queue (task_queue.h).
+ *   - The completion plumbing (ids, eventfds, unread results, the pool,
+ *     close) is the adapters' shared base (adapter_base.h).
  *   - A task's keys are cut into up to `workers` contiguous slices, one pool
  *     job each, so one big batch uses every worker (parallel reads, and
  *     parallel fsyncs, which is where a store spends its time): the shared
@@ -20,8 +20,6 @@
  *     (delete, object sizes, status): they hold it for reading, close takes
  *     it for writing to release the fd. Workers need no lock: close joins
  *     them before it releases the fd.
- *   - `close_mu` serializes close() callers, so a second close returns once
- *     the first has finished.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -44,13 +42,11 @@
 #include "kvserde/l2.h"
 #include "kvserde/l2_fs.h"
 #include "kvserde/registry.h"
-#include "l2/batch_slices.h"
+#include "l2/adapter_base.h"
 #include "l2/builtins.h"
 #include "l2/fs_adapter.h"
 #include "l2/fs_names.h"
 #include "l2/lock_table.h"
-#include "l2/task_queue.h"
-#include "util/thread_pool.h"
 
 #define MSG_PATH_MAX 200  /* longer paths are shortened in messages */
 #define TMP_PATH_MAX (KVS_FS_KEY_PATH_MAX + KVS_FS_TEMP_NAME_LEN + 2)
@@ -61,10 +57,7 @@
 #define MARKER_TEXT "kvserde fs store, format 1\n"
 
 typedef struct fs_adapter {
-    kvs_l2_adapter base;
-    kvs_l2_task_queue q;
-    kvs_thread_pool *pool;
-    kvs_l2_batch_runner runner; /* runs tasks as slices on pool */
+    kvs_l2_adapter_base base;   /* runs tasks as slices on its pool */
     char *root;          /* the directory as given, without trailing '/' */
     int dirfd;           /* -1 once closed */
     int fsync;
@@ -81,8 +74,7 @@ typedef struct fs_adapter {
     kvs_l2_lock_table locks; /* by the key's path */
 
     pthread_rwlock_t dir_lock;
-    pthread_mutex_t close_mu;
-    int closed;          /* written holding close_mu and dir_lock */
+    int closed;          /* the directory is released: written holding dir_lock */
 
     kvs_fs_read_hook read_hook;
     void *read_hook_arg;
@@ -90,7 +82,10 @@ typedef struct fs_adapter {
 
 static const struct kvs_l2_adapter_ops fs_ops;
 
-static fs_adapter *fs_of(kvs_l2_adapter *a) { return KVS_CONTAINER_OF(a, fs_adapter, base); }
+static fs_adapter *fs_of(kvs_l2_adapter *a)
+{
+    return KVS_CONTAINER_OF(a, fs_adapter, base.adapter);
+}
 
 /* The adapter running a slice (the runner's ctx). */
 static fs_adapter *fs_of_slice(const kvs_l2_slice *s) { return s->batch->runner.ctx; }
@@ -512,35 +507,6 @@ static void run_slice(kvs_l2_slice *s)
  * Ops
  * ------------------------------------------------------------------ */
 
-static int fs_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_STORE); }
-static int fs_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_LOOKUP); }
-static int fs_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&fs_of(a)->q, KVS_L2_LOAD); }
-
-static int fs_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
-                           kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_STORE, keys, objects, n, id);
-}
-
-static int fs_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out, size_t cap,
-                                   size_t *count)
-{
-    kvs_l2_tq_pop_stores(&fs_of(a)->q, out, cap, count);
-    return KVS_OK;
-}
-
-static int fs_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
-                            kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_LOOKUP, keys, NULL, n, id);
-}
-
-static int fs_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&fs_of(a)->q, KVS_L2_LOOKUP, id, out);
-    return KVS_OK;
-}
-
 static int fs_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
 {
     fs_adapter *fs = fs_of(a);
@@ -554,20 +520,6 @@ static int fs_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
     return KVS_OK;
 }
 
-static int fs_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
-                          kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
-{
-    return kvs_l2_batch_submit(&fs_of(a)->runner, KVS_L2_LOAD, keys, objects, n, id);
-}
-
-static int fs_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&fs_of(a)->q, KVS_L2_LOAD, id, out);
-    return KVS_OK;
-}
-
-static int refuse_closed(void) { return kvs_set_error(KVS_ECLOSED, "fs: adapter is closed"); }
-
 static int fs_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
                      uint8_t *deleted)
 {
@@ -575,7 +527,7 @@ static int fs_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
     pthread_rwlock_rdlock(&fs->dir_lock);
     if (fs->closed) {
         pthread_rwlock_unlock(&fs->dir_lock);
-        return refuse_closed();
+        return kvs_l2_base_refuse_closed(&fs->base);
     }
     int rc = KVS_OK;
     char rel[KVS_FS_KEY_PATH_MAX];
@@ -615,7 +567,7 @@ static int fs_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_t
     pthread_rwlock_rdlock(&fs->dir_lock);
     if (fs->closed) {
         pthread_rwlock_unlock(&fs->dir_lock);
-        return refuse_closed();
+        return kvs_l2_base_refuse_closed(&fs->base);
     }
     char rel[KVS_FS_KEY_PATH_MAX];
     for (size_t i = 0; i < n; i++) {
@@ -642,7 +594,7 @@ static int fs_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
 static int fs_status(kvs_l2_adapter *a, json_t **out)
 {
     fs_adapter *fs = fs_of(a);
-    int closing = kvs_l2_tq_is_closed(&fs->q); /* closing counts as closed */
+    int closing = kvs_l2_tq_is_closed(&fs->base.q); /* closing counts as closed */
     pthread_rwlock_rdlock(&fs->dir_lock);
     /* A directory removed under us has no links left: stores would fail. */
     struct stat st;
@@ -663,39 +615,23 @@ static int fs_status(kvs_l2_adapter *a, json_t **out)
     return KVS_OK;
 }
 
-static int fs_close(kvs_l2_adapter *a)
+/* Close's last step (adapter_base.h): release the directory. */
+static void fs_release(kvs_l2_adapter_base *b)
 {
-    fs_adapter *fs = fs_of(a);
-    pthread_mutex_lock(&fs->close_mu);
-    if (!fs->closed) {
-        /* Refuse new tasks, let every queued one run, record and signal,
-         * then close the fds (nothing can complete any more) and release
-         * the directory. */
-        (void)kvs_l2_tq_close_begin(&fs->q);
-        int rc = kvs_thread_pool_shutdown(fs->pool);
-        if (rc != KVS_OK) { /* only from our own worker: never happens */
-            pthread_mutex_unlock(&fs->close_mu);
-            return rc;
-        }
-        kvs_l2_tq_close_fds(&fs->q);
-        pthread_rwlock_wrlock(&fs->dir_lock);
-        close(fs->dirfd);
-        fs->dirfd = -1;
-        fs->closed = 1;
-        pthread_rwlock_unlock(&fs->dir_lock);
-    }
-    pthread_mutex_unlock(&fs->close_mu);
-    return KVS_OK;
+    fs_adapter *fs = KVS_CONTAINER_OF(b, fs_adapter, base);
+    pthread_rwlock_wrlock(&fs->dir_lock);
+    close(fs->dirfd);
+    fs->dirfd = -1;
+    fs->closed = 1;
+    pthread_rwlock_unlock(&fs->dir_lock);
 }
 
 static void fs_destroy(kvs_l2_adapter *a)
 {
     fs_adapter *fs = fs_of(a);
-    kvs_thread_pool_destroy(fs->pool);
-    kvs_l2_tq_destroy(&fs->q);
+    kvs_l2_base_destroy(&fs->base);
     if (fs->dirfd >= 0) close(fs->dirfd);
     kvs_l2_lock_table_destroy(&fs->locks);
-    pthread_mutex_destroy(&fs->close_mu);
     pthread_rwlock_destroy(&fs->dir_lock);
     pthread_mutex_destroy(&fs->mu);
     free(fs->root);
@@ -706,21 +642,13 @@ static int fs_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx);
 
 static const struct kvs_l2_adapter_ops fs_ops = {
     .name = "fs",
-    .store_event_fd = fs_store_fd,
-    .lookup_event_fd = fs_lookup_fd,
-    .load_event_fd = fs_load_fd,
-    .submit_store = fs_submit_store,
-    .pop_completed_stores = fs_pop_completed_stores,
-    .submit_lookup_and_lock = fs_submit_lookup,
-    .query_lookup_and_lock = fs_query_lookup,
+    KVS_L2_BASE_COMPLETION_OPS,
+    KVS_L2_BASE_BATCH_OPS,
     .unlock = fs_unlock,
-    .submit_load = fs_submit_load,
-    .query_load = fs_query_load,
     .delete_keys = fs_delete,
     .object_sizes = fs_object_sizes,
     .usage = fs_usage,
     .status = fs_status,
-    .close = fs_close,
     .destroy = fs_destroy,
     .list_keys = fs_list_keys,
 };
@@ -896,7 +824,7 @@ static int fs_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
     pthread_rwlock_rdlock(&fs->dir_lock);
     if (fs->closed) {
         pthread_rwlock_unlock(&fs->dir_lock);
-        return refuse_closed();
+        return kvs_l2_base_refuse_closed(&fs->base);
     }
     int fd = openat(fs->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int err = errno;
@@ -1155,23 +1083,19 @@ int kvs_fs_adapter_create(const kvs_fs_options *opts, kvs_l2_adapter **out)
     if ((rc = walk_store(dfd, &census)) != KVS_OK) goto fail;
     if (!marked && (rc = write_marker(fs)) != KVS_OK) goto fail;
 
-    fs->base.ops = &fs_ops;
     fs->capacity = opts->capacity_bytes;
     fs->workers = workers;
     fs->bytes_used = tot.bytes;
     fs->nkeys = tot.keys;
     fs->locks = locks;
-    if ((rc = kvs_l2_tq_init(&fs->q, "fs")) != KVS_OK) goto fail;
-    if ((rc = kvs_thread_pool_create(workers, "kvs-fs", &fs->pool)) != KVS_OK) {
-        kvs_l2_tq_destroy(&fs->q);
+    if ((rc = kvs_l2_base_init(&fs->base, &fs_ops, "fs", fs_release)) != KVS_OK) goto fail;
+    if ((rc = kvs_l2_base_start(&fs->base, workers, "kvs-fs", run_slice, fs)) != KVS_OK) {
+        kvs_l2_base_destroy(&fs->base);
         goto fail;
     }
-    fs->runner = (kvs_l2_batch_runner){
-        .q = &fs->q, .pool = fs->pool, .max_slices = workers, .run = run_slice, .ctx = fs};
     pthread_mutex_init(&fs->mu, NULL);
     pthread_rwlock_init(&fs->dir_lock, NULL);
-    pthread_mutex_init(&fs->close_mu, NULL);
-    *out = &fs->base;
+    *out = &fs->base.adapter;
     return KVS_OK;
 
 fail:

@@ -3,8 +3,8 @@
  * L2 contract, plus fault injection for tests.
  *
  * Threads and locks:
- *   - The completion plumbing (ids, eventfds, unread results, closed flag)
- *     is the shared task queue (task_queue.h).
+ *   - The completion plumbing (ids, eventfds, unread results, the pool,
+ *     close) is the adapters' shared base (adapter_base.h).
  *   - Stores, lookups and loads run as jobs on the adapter's thread pool,
  *     so even the memcpy happens off the caller's thread.
  *   - `mu` guards the map, the usage counter and the lock counts. The bytes
@@ -14,8 +14,6 @@
  *     before taking `mu` and only swaps pointers under it.
  *   - `fault_mu` guards the fault list; a task reads it at its start and
  *     per key.
- *   - `close_mu` serializes close() callers, so a second close returns once
- *     the first has finished.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -30,9 +28,8 @@
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
 #include "kvserde/registry.h"
+#include "l2/adapter_base.h"
 #include "l2/builtins.h"
-#include "l2/task_queue.h"
-#include "util/thread_pool.h"
 
 /* The stored bytes of one object, shared by the map entry and the loads
  * copying from it. refs is guarded by the adapter's mu. */
@@ -59,9 +56,7 @@ typedef struct fault {
 } fault;
 
 typedef struct memory_adapter {
-    kvs_l2_adapter base;
-    kvs_l2_task_queue q;
-    kvs_thread_pool *pool;
+    kvs_l2_adapter_base base;   /* runs each task as one pool job, no runner */
     unsigned workers;
     uint64_t capacity;
 
@@ -74,9 +69,6 @@ typedef struct memory_adapter {
     pthread_mutex_t fault_mu;
     fault *faults;
     size_t nfaults, faults_cap;
-
-    pthread_mutex_t close_mu;
-    int closed; /* guarded by close_mu */
 } memory_adapter;
 
 /* One submitted task: the task queue's record plus copies of the caller's
@@ -96,7 +88,7 @@ static const struct kvs_l2_adapter_ops memory_ops;
 
 static memory_adapter *mem_of(kvs_l2_adapter *a)
 {
-    return KVS_CONTAINER_OF(a, memory_adapter, base);
+    return KVS_CONTAINER_OF(a, memory_adapter, base.adapter);
 }
 
 /* ---------------------------------------------------------------------
@@ -370,7 +362,7 @@ static void run_task(kvs_job *job)
     }
     /* The queue owns the record from here; the adapter outlives this call
      * (close joins the workers before anything is freed). */
-    kvs_l2_tq_complete(&m->q, mt->t);
+    kvs_l2_tq_complete(&m->base.q, mt->t);
     free(mt);
 }
 
@@ -399,7 +391,7 @@ static int submit(memory_adapter *m, kvs_l2_direction d, const kvs_object_key *k
         mt->objects = (kvs_memobj **)(void *)(mt->keys + n);
         if (n) memcpy(mt->objects, objects, n * sizeof *objects);
     }
-    int rc = kvs_l2_tq_begin(&m->q, d, n, &mt->t);
+    int rc = kvs_l2_tq_begin(&m->base.q, d, n, &mt->t);
     if (rc != KVS_OK) {
         free(mt);
         return rc;
@@ -408,16 +400,16 @@ static int submit(memory_adapter *m, kvs_l2_direction d, const kvs_object_key *k
     if (n == 0) {
         /* Nothing to do: finish at once (before end_submit, so close cannot
          * have closed the fd in between). */
-        kvs_l2_tq_complete(&m->q, mt->t);
+        kvs_l2_tq_complete(&m->base.q, mt->t);
         free(mt);
-    } else if ((rc = kvs_thread_pool_submit(m->pool, &mt->job)) != KVS_OK) {
+    } else if ((rc = kvs_thread_pool_submit(m->base.pool, &mt->job)) != KVS_OK) {
         /* Cannot happen: close stops the pool only after every submit in
          * progress has ended. Complete as failed rather than lose the id. */
         kvs_l2_tq_fail(mt->t, rc, kvs_last_error());
-        kvs_l2_tq_complete(&m->q, mt->t);
+        kvs_l2_tq_complete(&m->base.q, mt->t);
         free(mt);
     }
-    kvs_l2_tq_end_submit(&m->q);
+    kvs_l2_tq_end_submit(&m->base.q);
     return KVS_OK;
 }
 
@@ -425,33 +417,16 @@ static int submit(memory_adapter *m, kvs_l2_direction d, const kvs_object_key *k
  * Ops
  * ------------------------------------------------------------------ */
 
-static int mem_store_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&mem_of(a)->q, KVS_L2_STORE); }
-static int mem_lookup_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&mem_of(a)->q, KVS_L2_LOOKUP); }
-static int mem_load_fd(kvs_l2_adapter *a) { return kvs_l2_tq_fd(&mem_of(a)->q, KVS_L2_LOAD); }
-
 static int mem_submit_store(kvs_l2_adapter *a, const kvs_object_key *keys,
                             kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
     return submit(mem_of(a), KVS_L2_STORE, keys, objects, n, id);
 }
 
-static int mem_pop_completed_stores(kvs_l2_adapter *a, kvs_l2_store_result *out,
-                                    size_t cap, size_t *count)
-{
-    kvs_l2_tq_pop_stores(&mem_of(a)->q, out, cap, count);
-    return KVS_OK;
-}
-
 static int mem_submit_lookup(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
                              kvs_l2_task_id *id)
 {
     return submit(mem_of(a), KVS_L2_LOOKUP, keys, NULL, n, id);
-}
-
-static int mem_query_lookup(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&mem_of(a)->q, KVS_L2_LOOKUP, id, out);
-    return KVS_OK;
 }
 
 static int mem_unlock(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n)
@@ -470,12 +445,6 @@ static int mem_submit_load(kvs_l2_adapter *a, const kvs_object_key *keys,
                            kvs_memobj *const *objects, size_t n, kvs_l2_task_id *id)
 {
     return submit(mem_of(a), KVS_L2_LOAD, keys, objects, n, id);
-}
-
-static int mem_query_load(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    kvs_l2_tq_query(&mem_of(a)->q, KVS_L2_LOAD, id, out);
-    return KVS_OK;
 }
 
 static int mem_delete(kvs_l2_adapter *a, const kvs_object_key *keys, size_t n,
@@ -519,8 +488,8 @@ static int mem_object_sizes(kvs_l2_adapter *a, const kvs_object_key *keys, size_
 static int mem_list_keys(kvs_l2_adapter *a, kvs_l2_key_fn fn, void *ctx)
 {
     memory_adapter *m = mem_of(a);
-    if (kvs_l2_tq_is_closed(&m->q))
-        return kvs_set_error(KVS_ECLOSED, "memory: adapter is closed");
+    if (kvs_l2_tq_is_closed(&m->base.q))
+        return kvs_l2_base_refuse_closed(&m->base);
     pthread_mutex_lock(&m->mu);
     size_t n = m->nentries, k = 0;
     kvs_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
@@ -548,7 +517,7 @@ static int mem_usage(kvs_l2_adapter *a, kvs_l2_usage *out)
 static int mem_status(kvs_l2_adapter *a, json_t **out)
 {
     memory_adapter *m = mem_of(a);
-    int closed = kvs_l2_tq_is_closed(&m->q); /* closing counts as closed */
+    int closed = kvs_l2_tq_is_closed(&m->base.q); /* closing counts as closed */
     pthread_mutex_lock(&m->mu);
     size_t keys = m->nentries, locked = 0;
     uint64_t used = m->bytes_used;
@@ -565,31 +534,10 @@ static int mem_status(kvs_l2_adapter *a, json_t **out)
     return KVS_OK;
 }
 
-static int mem_close(kvs_l2_adapter *a)
-{
-    memory_adapter *m = mem_of(a);
-    pthread_mutex_lock(&m->close_mu);
-    if (!m->closed) {
-        /* Refuse new tasks, let every queued one run, record and signal,
-         * then close the fds (nothing can complete any more). */
-        (void)kvs_l2_tq_close_begin(&m->q);
-        int rc = kvs_thread_pool_shutdown(m->pool);
-        if (rc != KVS_OK) { /* only from our own worker: never happens */
-            pthread_mutex_unlock(&m->close_mu);
-            return rc;
-        }
-        kvs_l2_tq_close_fds(&m->q);
-        m->closed = 1;
-    }
-    pthread_mutex_unlock(&m->close_mu);
-    return KVS_OK;
-}
-
 static void mem_destroy(kvs_l2_adapter *a)
 {
     memory_adapter *m = mem_of(a);
-    kvs_thread_pool_destroy(m->pool);
-    kvs_l2_tq_destroy(&m->q);
+    kvs_l2_base_destroy(&m->base);
     for (size_t b = 0; b < m->nbuckets; b++) {
         entry *e = m->buckets[b];
         while (e) {
@@ -601,7 +549,6 @@ static void mem_destroy(kvs_l2_adapter *a)
     }
     free(m->buckets);
     free(m->faults);
-    pthread_mutex_destroy(&m->close_mu);
     pthread_mutex_destroy(&m->fault_mu);
     pthread_mutex_destroy(&m->mu);
     free(m);
@@ -609,21 +556,15 @@ static void mem_destroy(kvs_l2_adapter *a)
 
 static const struct kvs_l2_adapter_ops memory_ops = {
     .name = "memory",
-    .store_event_fd = mem_store_fd,
-    .lookup_event_fd = mem_lookup_fd,
-    .load_event_fd = mem_load_fd,
+    KVS_L2_BASE_COMPLETION_OPS,
     .submit_store = mem_submit_store,
-    .pop_completed_stores = mem_pop_completed_stores,
     .submit_lookup_and_lock = mem_submit_lookup,
-    .query_lookup_and_lock = mem_query_lookup,
     .unlock = mem_unlock,
     .submit_load = mem_submit_load,
-    .query_load = mem_query_load,
     .delete_keys = mem_delete,
     .object_sizes = mem_object_sizes,
     .usage = mem_usage,
     .status = mem_status,
-    .close = mem_close,
     .destroy = mem_destroy,
     .list_keys = mem_list_keys,
 };
@@ -651,12 +592,11 @@ int kvs_memory_adapter_create(const kvs_memory_adapter_options *options,
         free(buckets);
         return kvs_set_error(KVS_ENOMEM, "memory: out of memory creating the adapter");
     }
-    m->base.ops = &memory_ops;
     m->capacity = o.capacity_bytes;
     m->workers = o.workers;
     m->buckets = buckets;
     m->nbuckets = INITIAL_BUCKETS;
-    int rc = kvs_l2_tq_init(&m->q, "memory");
+    int rc = kvs_l2_base_init(&m->base, &memory_ops, "memory", NULL);
     if (rc != KVS_OK) {
         free(buckets);
         free(m);
@@ -664,13 +604,12 @@ int kvs_memory_adapter_create(const kvs_memory_adapter_options *options,
     }
     pthread_mutex_init(&m->mu, NULL);
     pthread_mutex_init(&m->fault_mu, NULL);
-    pthread_mutex_init(&m->close_mu, NULL);
-    rc = kvs_thread_pool_create(o.workers, "kvs-mem", &m->pool);
+    rc = kvs_l2_base_start(&m->base, o.workers, "kvs-mem", NULL, NULL);
     if (rc != KVS_OK) {
-        mem_destroy(&m->base); /* pool NULL: kvs_thread_pool_destroy no-ops */
+        mem_destroy(&m->base.adapter); /* no pool: kvs_l2_base_destroy skips it */
         return rc;
     }
-    *out = &m->base;
+    *out = &m->base.adapter;
     return KVS_OK;
 }
 

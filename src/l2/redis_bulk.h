@@ -1,5 +1,5 @@
 /* redis_bulk.h - reading one RESP reply whose bulk string goes straight
- * into the caller's memory: the Redis adapter's loads (redis_adapter.c,
+ * into the caller's memory: the Redis adapter's loads (redis_conn.c,
  * pipe_read_load) read each GET reply with it, so a value is received from
  * the socket into the destination object with no copy in between.
  *

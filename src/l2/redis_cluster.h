@@ -1,7 +1,7 @@
 /* redis_cluster.h - internal: the pure parts of Redis Cluster routing for
- * the redis adapter (src/l2/redis_adapter.c): the key -> hash slot function
- * (CRC16 with {hash tag} rules), MOVED / ASK redirection errors, and the
- * CLUSTER SLOTS reply. Nothing here does I/O or keeps state, so the test
+ * the redis adapter (src/l2/redis_work.c, redis_slot_map.c): the key ->
+ * hash slot function (CRC16 with {hash tag} rules), MOVED / ASK
+ * redirection errors, and the CLUSTER SLOTS reply. Nothing here does I/O or keeps state, so the test
  * can check each piece against the server's own answers.
  *
  * References: the Redis Cluster specification ("Keys distribution model",

@@ -3,10 +3,9 @@
  * factories, and creation of an adapter from a JSON spec, wrapped in the
  * serde wrapper when the spec has a "serde" dict.
  *
- * Like the serde registry, the table is global mutable state behind a
- * mutex, and the built-ins ("fs", "memory", "redis") are registered exactly once
- * before any use. */
-#include <pthread.h>
+ * The table is the registries' one type (util/name_table.h), as the serde
+ * registry's: global mutable state behind a mutex, the built-ins ("fs",
+ * "memory", "redis") registered exactly once before any use. */
 #include <stdio.h>
 #include <string.h>
 
@@ -15,93 +14,32 @@
 #include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "l2/builtins.h"
-#include "util/name_list.h"
+#include "util/name_table.h"
 
-#define MAX_L2_TYPES 64
-#define MAX_NAME_LEN 63
+static void register_builtins(void);
 
-typedef struct entry {
-    char name[MAX_NAME_LEN + 1];
-    kvs_l2_factory_fn factory;
-    void *userdata;
-} entry;
-
-static entry table[MAX_L2_TYPES];
-static size_t table_len;
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
-
-static int register_locked(const char *name, kvs_l2_factory_fn factory, void *userdata)
-{
-    for (size_t i = 0; i < table_len; i++)
-        if (strcmp(table[i].name, name) == 0)
-            return kvs_set_error(KVS_EEXIST, "L2 adapter type already registered: '%s'",
-                                 name);
-    if (table_len == MAX_L2_TYPES)
-        return kvs_set_error(KVS_ENOSPC, "l2 registry is full: %d types", MAX_L2_TYPES);
-    entry *e = &table[table_len++];
-    snprintf(e->name, sizeof e->name, "%s", name);
-    e->factory = factory;
-    e->userdata = userdata;
-    return KVS_OK;
-}
+static kvs_name_table table =
+    KVS_NAME_TABLE_INIT("L2 adapter type", "l2 registry", register_builtins);
 
 static void register_builtins(void)
 {
-    pthread_mutex_lock(&table_lock);
-    register_locked("fs", kvs_fs_adapter_factory, NULL);
-    register_locked("memory", kvs_memory_adapter_factory, NULL);
-    register_locked("redis", kvs_redis_adapter_factory, NULL);
-    pthread_mutex_unlock(&table_lock);
+    const kvs_name_entry fs = {.fn = (kvs_name_table_fn)kvs_fs_adapter_factory};
+    const kvs_name_entry memory = {.fn = (kvs_name_table_fn)kvs_memory_adapter_factory};
+    const kvs_name_entry redis = {.fn = (kvs_name_table_fn)kvs_redis_adapter_factory};
+    (void)kvs_name_table_add_builtin(&table, "fs", &fs);
+    (void)kvs_name_table_add_builtin(&table, "memory", &memory);
+    (void)kvs_name_table_add_builtin(&table, "redis", &redis);
 }
 
 int kvs_l2_register(const char *name, kvs_l2_factory_fn factory, void *userdata)
 {
-    if (name == NULL || factory == NULL)
-        return kvs_set_error(KVS_EINVAL, "l2 registry: NULL name or factory");
-    size_t len = strlen(name);
-    if (len == 0 || len > MAX_NAME_LEN)
-        return kvs_set_error(KVS_EINVAL,
-                             "l2 registry: name must be 1 to %d characters, got %zu",
-                             MAX_NAME_LEN, len);
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    int rc = register_locked(name, factory, userdata);
-    pthread_mutex_unlock(&table_lock);
-    return rc;
+    kvs_name_entry e = {.fn = (kvs_name_table_fn)factory, .userdata = userdata};
+    return kvs_name_table_add(&table, name, &e);
 }
 
 size_t kvs_l2_types(const char **names, size_t cap)
 {
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    size_t n = table_len;
-    for (size_t i = 0; i < n && i < cap && names; i++) names[i] = table[i].name;
-    pthread_mutex_unlock(&table_lock);
-    return n;
-}
-
-/* Find `name`; on a miss the message lists what is registered, sorted (as
- * upstream's messages do). */
-static int lookup(const char *name, entry *out)
-{
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    for (size_t i = 0; i < table_len; i++) {
-        if (strcmp(table[i].name, name) == 0) {
-            *out = table[i];
-            pthread_mutex_unlock(&table_lock);
-            return KVS_OK;
-        }
-    }
-    const char *sorted[MAX_L2_TYPES];
-    size_t n = table_len;
-    for (size_t i = 0; i < n; i++) sorted[i] = table[i].name;
-    kvs_names_sort(sorted, n);
-    char list[MAX_L2_TYPES * (MAX_NAME_LEN + 2)];
-    kvs_names_join(sorted, n, "(none)", list, sizeof list);
-    pthread_mutex_unlock(&table_lock);
-    return kvs_set_error(KVS_EINVAL, "unknown L2 adapter type '%s'; registered: %s", name, list);
+    return kvs_name_table_names(&table, names, cap);
 }
 
 /* The "serde" sub-dict, checked as upstream's _parse_serde_config does:
@@ -143,7 +81,7 @@ static int parse_pool_bytes(const json_t *spec, const json_t *serde, uint64_t *o
 }
 
 /* Run the factory on the spec without the registry's keys. */
-static int create_inner(const entry *e, const json_t *spec, kvs_l2_adapter **out)
+static int create_inner(const kvs_name_entry *e, const json_t *spec, kvs_l2_adapter **out)
 {
     json_t *kwargs = json_copy((json_t *)spec);
     if (kwargs == NULL)
@@ -153,7 +91,7 @@ static int create_inner(const entry *e, const json_t *spec, kvs_l2_adapter **out
     json_object_del(kwargs, "serde_pool_bytes");
     kvs_l2_adapter *a = NULL;
     kvs_clear_error();
-    int rc = e->factory(kwargs, e->userdata, &a);
+    int rc = ((kvs_l2_factory_fn)e->fn)(kwargs, e->userdata, &a);
     json_decref(kwargs);
     if (rc == KVS_OK && a == NULL)
         return kvs_set_error(KVS_EINVAL, "l2 config: factory '%s' returned no adapter",
@@ -181,8 +119,8 @@ int kvs_l2_create_json(const json_t *spec, kvs_l2_adapter **out)
     if (!json_is_string(type))
         return kvs_set_error(KVS_EINVAL, "l2 config: 'type' must be a string, got %s",
                              kvs_json_type_name(type));
-    entry e;
-    int rc = lookup(json_string_value(type), &e);
+    kvs_name_entry e;
+    int rc = kvs_name_table_find(&table, json_string_value(type), &e);
     if (rc) return rc;
     const json_t *serde;
     kvs_serde_wrapper_options opts = {0};

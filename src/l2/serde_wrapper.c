@@ -15,20 +15,20 @@
  *             temps of the processor's estimate for object 0's layout from
  *             the pool (all or nothing); under the lock, register the task
  *             and submit_serialize(objects -> temps).
- *   SERIALIZE (poll thread) the serialize finished: the processor narrowed
+ *   SERIALIZE (chained) the serialize finished: the processor narrowed
  *             each temp to the bytes it wrote, so the inner adapter stores
  *             only those. Submit the inner store with the caller's keys.
- *   STORE     (poll thread) the inner store finished (popped from the inner):
+ *   STORE     (chained) the inner store finished (popped from the inner):
  *             release the temps, complete with the inner's result.
  * Life of a load task:
  *   submit    (caller) temps as for a store (sized from the destination
  *             layout's estimate); under the lock, register and submit the
  *             inner load into the temps.
- *   LOAD      (poll thread) the inner load finished: it set each found
+ *   LOAD      (chained) the inner load finished: it set each found
  *             temp's used size to the stored size. No key found: complete
  *             with the inner bitmap. Otherwise submit_deserialize of only the
  *             found temps into their destinations.
- *   DESER     (poll thread) ok: complete with the inner bitmap (a partial
+ *   DESER     (chained) ok: complete with the inner bitmap (a partial
  *             inner load keeps its bits). Failed: the processor stopped at
  *             one object, and the objects before it were deserialized; that
  *             key's bit is cleared and its error recorded (after the inner
@@ -40,12 +40,29 @@
  * serialize or inner store) releases the temps and completes the task as
  * failed at once: no task hangs, no temp leaks.
  *
+ * Chaining: a phase ends on the thread that finished it, which submits the
+ * next phase itself (the processor's worker submits the inner store, the
+ * inner adapter's worker submits the deserialize, the last phase's thread
+ * completes the task), through completion hooks (util/completion_hook.h)
+ * on the async processors and on the built-in adapters' task queues
+ * (l2/adapter_base.h: fs, memory, redis). A store or a load then costs
+ * three thread wake-ups (caller -> first phase's worker -> second phase's
+ * worker -> caller) where handing each phase back to a poll thread cost
+ * five (docs/performance.md, "Small objects through the serde wrapper").
+ * A processor or an inner adapter that cannot call a hook (a third
+ * party's) signals its fd as before, and the wrapper's poll thread moves
+ * those phases on. Within a phase tasks move on in submission order (l2.h:
+ * oldest first): the phase lists are FIFO.
+ *
  * Locking: one mutex (mu) guards the task lists, the pool and the in-flight
  * count. Submits to the processor and the inner adapter are made while
- * holding it, together with the registration of the task, so the poll
- * thread (which drains under the same lock) never sees a completion before
- * it knows the task. Neither the processor nor the inner adapter ever calls
- * back into the wrapper, so holding mu across their submits cannot deadlock.
+ * holding it, together with the registration of the task, so a completion
+ * (drained under the same lock, by a hook or the poll thread) is never seen
+ * before its task is known. The lock order is mu, then the processor's or
+ * the inner adapter's own locks: they call hooks with their locks released,
+ * and a hook that comes in on the thread already holding mu (a task the
+ * callee completed inside its submit) is deferred to unlock_mu(), never
+ * taken twice. So holding mu across their submits cannot deadlock.
  *
  * Close (decided here; upstream abandons in-flight tasks without signalling
  * them): refuse new submits, then let every task in flight run through all
@@ -76,8 +93,12 @@
 #include "kvserde/memobj.h"
 #include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
+#include "l2/adapter_base.h"
 #include "l2/builtins.h"
 #include "l2/task_queue.h"
+#include "serde/processor_hooks.h"
+#include "util/completion_hook.h"
+#include "util/prefault.h"
 
 #define OWNER "serde wrapper"
 #define DEFAULT_POOL_BYTES (UINT64_C(1) << 30)
@@ -85,6 +106,14 @@
 /* Idle temps kept for reuse (they also count against the pool budget). */
 #define MAX_CACHED_TEMPS 1024
 #define POP_BATCH 16
+/* A store of several objects whose temps add up to more than this goes on
+ * in pieces of about this many temp bytes: each piece is stored as soon as
+ * it is serialized, so the inner adapter's writes overlap the serialize of
+ * the next pieces instead of waiting for the whole batch. */
+#define PIECE_BYTES ((size_t)4 << 20)
+/* A serialize or deserialize whose objects (both sides) add up to at most
+ * this runs inline (processor_hooks.h): well under a thread wake-up's cost. */
+#define INLINE_MAX_BYTES ((size_t)128 << 10)
 
 /* ---------------------------------------------------------------------
  * Types
@@ -125,6 +154,12 @@ struct wtask {
     size_t *sel_idx;            /* each found key's index in the task */
     size_t nsel, sel_off;       /* found keys; the first one not yet deserialized */
     struct wtask *prev, *next;  /* the phase's list */
+    /* A store in pieces: each piece is a wtask of its own on the phase
+     * lists, whose arrays point into its whole task's (borrowed, not
+     * freed with the piece) and whose t is the whole task's. The whole
+     * task is on no list; it completes when its last piece finishes. */
+    struct wtask *whole;        /* a piece: its whole task; else NULL */
+    size_t pieces_left;         /* the whole task: pieces not yet finished */
 };
 
 struct wrapper {
@@ -139,8 +174,12 @@ struct wrapper {
     kvs_l2_task_queue tq;
     int tq_ready;
 
-    /* the five fds the poll thread waits on */
-    int inner_store_fd, inner_load_fd, ser_fd, deser_fd;
+    /* Each phase's completion fd, and whether the phase is hooked instead:
+     * its completions then call phase_done() on the thread that finished
+     * the phase, and the poll thread does not wait on the fd. Set at create,
+     * before the poll thread starts; read-only after. */
+    int phase_fd[NPHASES];
+    int hooked[NPHASES];
     kvs_notifier wake;
 
     pthread_t thread;
@@ -148,7 +187,8 @@ struct wrapper {
 
     pthread_mutex_t mu;         /* guards everything below */
     pthread_cond_t idle;        /* inflight dropped to 0 */
-    struct wtask *lists[NPHASES];
+    struct wtask *heads[NPHASES], *tails[NPHASES]; /* each phase's tasks, FIFO */
+    int deferred[NPHASES];      /* a completion came in on the thread holding mu */
     size_t inflight;
     int stop;
     /* the temp pool */
@@ -156,6 +196,7 @@ struct wrapper {
     uint64_t pool_in_use;       /* bytes of temps held by tasks */
     uint64_t pool_cached;       /* bytes of idle temps kept for reuse */
     size_t temps_in_use, temps_cached;
+    uint64_t temps_allocated;   /* temps ever made (a reused one is not counted) */
     struct temp *idle_temps;
     uint64_t peak_in_use;
 
@@ -237,8 +278,11 @@ static struct temp *temp_new(size_t size)
     struct temp *t = calloc(1, sizeof *t);
     if (t == NULL) return NULL;
     /* Not zero-filled: every byte a consumer reads was written first (the
-     * serializer's output, or the inner load's stored bytes). */
+     * serializer's output, or the inner load's stored bytes). Its pages are
+     * mapped here, in one call, rather than faulted in one by one under the
+     * serializer's stores; the pool then keeps the temp for later tasks. */
     void *data = aligned_alloc(TEMP_ALIGN, alloc);
+    if (data) kvs_prefault(data, alloc);
     kvs_layout layout;
     if (data == NULL || kvs_layout_flat(&layout, size, KVS_DTYPE_UINT8) != KVS_OK ||
         kvs_memobj_init(&t->obj, data, size, &layout, KVS_FMT_BINARY_BUFFER) != KVS_OK) {
@@ -351,6 +395,11 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
                                  OWNER, size);
         }
     }
+    if (got < n) {
+        pthread_mutex_lock(&w->mu);
+        w->temps_allocated += n - got;
+        pthread_mutex_unlock(&w->mu);
+    }
     for (size_t i = 0; i < got; i++)
         (void)kvs_memobj_set_used_size(&temps[i]->obj, size); /* undo any narrowing */
     return KVS_OK;
@@ -363,6 +412,10 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
 static void wtask_free(struct wtask *wt)
 {
     if (wt == NULL) return;
+    if (wt->whole) { /* a piece: its arrays are the whole task's */
+        free(wt);
+        return;
+    }
     free(wt->keys);
     free(wt->objs);
     free(wt->views);
@@ -402,20 +455,25 @@ static struct wtask *wtask_new(const kvs_object_key *keys, kvs_memobj *const *ob
     return wt;
 }
 
+/* A phase's list is in submission order (l2.h: oldest first): tasks are
+ * added at the tail and drains walk from the head, so tasks that finish a
+ * phase together move on to the next one in the order they entered it. */
 static void list_add_locked(struct wrapper *w, struct wtask *wt, enum phase ph)
 {
     wt->phase = ph;
-    wt->prev = NULL;
-    wt->next = w->lists[ph];
-    if (wt->next) wt->next->prev = wt;
-    w->lists[ph] = wt;
+    wt->next = NULL;
+    wt->prev = w->tails[ph];
+    if (wt->prev) wt->prev->next = wt;
+    else w->heads[ph] = wt;
+    w->tails[ph] = wt;
 }
 
 static void list_remove_locked(struct wrapper *w, struct wtask *wt)
 {
     if (wt->prev) wt->prev->next = wt->next;
-    else w->lists[wt->phase] = wt->next;
+    else w->heads[wt->phase] = wt->next;
     if (wt->next) wt->next->prev = wt->prev;
+    else w->tails[wt->phase] = wt->prev;
     wt->prev = wt->next = NULL;
 }
 
@@ -432,6 +490,12 @@ static void release_temps_locked(struct wrapper *w, struct wtask *wt, struct tem
 static void finish_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
 {
     release_temps_locked(w, wt, to_free);
+    if (wt->whole) { /* a piece: the whole task completes with its last */
+        struct wtask *whole = wt->whole;
+        wtask_free(wt);
+        if (--whole->pieces_left > 0) return;
+        wt = whole; /* its temps all went back with its pieces */
+    }
     kvs_l2_tq_complete(&w->tq, wt->t);
     wt->t = NULL;
     wtask_free(wt);
@@ -487,39 +551,100 @@ static void submit_deser_locked(struct wrapper *w, struct wtask *wt, struct temp
 }
 
 /* ---------------------------------------------------------------------
- * The poll thread's drains (mu held)
+ * Moving tasks on (mu held)
  * ------------------------------------------------------------------ */
 
-static void drain_serialize_locked(struct wrapper *w, struct temp **to_free)
+/* The serialize finished (the task is off its list): store the temps. */
+static void serialized_locked(struct wrapper *w, struct wtask *wt, const kvs_task_result *r,
+                              struct temp **to_free)
 {
-    struct wtask *wt = w->lists[PH_SERIALIZE];
-    while (wt) {
-        struct wtask *next = wt->next;
-        kvs_task_result r;
-        if (proc_query(w, 0, wt->sub_id, &r) != KVS_OK ||
-            r.state == KVS_TASK_PENDING) {
-            wt = next;
-            continue;
-        }
-        list_remove_locked(w, wt);
-        if (r.state == KVS_TASK_FAILED) {
-            kvs_l2_tq_fail(wt->t, r.status, r.message);
-            finish_locked(w, wt, to_free);
-        } else {
-            kvs_l2_task_id iid;
-            int rc = kvs_l2_submit_store(w->inner, wt->keys, wt->tobjs, wt->n, &iid);
-            if (rc != KVS_OK) {
-                kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
-                finish_locked(w, wt, to_free);
-            } else {
-                wt->sub_id = iid;
-                list_add_locked(w, wt, PH_STORE);
-            }
-        }
-        wt = next;
+    if (r->state == KVS_TASK_FAILED) {
+        kvs_l2_tq_fail(wt->t, r->status, r->message);
+        finish_locked(w, wt, to_free);
+        return;
     }
+    kvs_l2_task_id iid;
+    int rc = kvs_l2_submit_store(w->inner, wt->keys, wt->tobjs, wt->n, &iid);
+    if (rc != KVS_OK) {
+        kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+        finish_locked(w, wt, to_free);
+        return;
+    }
+    wt->sub_id = iid;
+    list_add_locked(w, wt, PH_STORE);
 }
 
+/* The inner load finished (the task is off its list): deserialize the
+ * keys it found. */
+static void loaded_locked(struct wrapper *w, struct wtask *wt, kvs_l2_bitmap *bm,
+                          struct temp **to_free)
+{
+    size_t nsel = 0;
+    for (size_t i = 0; i < wt->n; i++) {
+        wt->hits[i] = i < bm->nkeys && bm->hits && bm->hits[i] ? 1 : 0;
+        if (wt->hits[i]) {
+            wt->sel_src[nsel] = wt->tobjs[i];
+            for (size_t j = 0; j < wt->slots; j++)
+                wt->sel_dst[nsel * wt->slots + j] = wt->objs[i * wt->slots + j];
+            wt->sel_keys[nsel] = wt->keys[i];
+            wt->sel_idx[nsel] = i;
+            nsel++;
+        }
+    }
+    wt->nsel = nsel;
+    wt->sel_off = 0;
+    wt->inner_status = bm->status;
+    snprintf(wt->inner_message, sizeof wt->inner_message, "%s", bm->message);
+    submit_deser_locked(w, wt, to_free);
+}
+
+/* A deserialize batch finished (the task is off its list). */
+static void deserialized_locked(struct wrapper *w, struct wtask *wt, const kvs_task_result *r,
+                                struct temp **to_free)
+{
+    if (r->state == KVS_TASK_OK) {
+        wt->sel_off = wt->nsel;
+    } else if (r->failed_index < wt->nsel - wt->sel_off) {
+        /* Objects before failed_index were deserialized, the failing one
+         * loses its bit and the ones after it go again. */
+        size_t j = wt->sel_off + r->failed_index;
+        deser_key_failed(wt, j, r->status, r->message);
+        wt->sel_off = j + 1;
+    } else {
+        /* A processor naming no object of the batch fails them all. */
+        for (size_t j = wt->sel_off; j < wt->nsel; j++)
+            deser_key_failed(wt, j, r->status, r->message);
+        wt->sel_off = wt->nsel;
+    }
+    submit_deser_locked(w, wt, to_free);
+}
+
+/* If the task's serialize, inner load or deserialize has finished (its
+ * result is popped here), move it on to its next phase. */
+static void advance_if_done_locked(struct wrapper *w, struct wtask *wt, struct temp **to_free)
+{
+    enum phase ph = wt->phase;
+    if (ph == PH_LOAD) {
+        kvs_l2_bitmap bm;
+        memset(&bm, 0, sizeof bm);
+        if (kvs_l2_query_load(w->inner, wt->sub_id, &bm) == KVS_OK &&
+            bm.state != KVS_TASK_PENDING) {
+            list_remove_locked(w, wt);
+            loaded_locked(w, wt, &bm, to_free);
+        }
+        kvs_l2_bitmap_release(&bm);
+        return;
+    }
+    kvs_task_result r;
+    if (proc_query(w, ph == PH_DESER, wt->sub_id, &r) != KVS_OK || r.state == KVS_TASK_PENDING)
+        return;
+    list_remove_locked(w, wt);
+    if (ph == PH_SERIALIZE) serialized_locked(w, wt, &r, to_free);
+    else deserialized_locked(w, wt, &r, to_free);
+}
+
+/* Finished inner stores are popped (all of them, oldest first) rather than
+ * queried by id: complete their tasks. */
 static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
 {
     kvs_l2_store_result res[POP_BATCH];
@@ -528,12 +653,12 @@ static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
         if (kvs_l2_pop_completed_stores(w->inner, res, POP_BATCH, &count) != KVS_OK)
             return;
         for (size_t k = 0; k < count; k++) {
-            struct wtask *wt = w->lists[PH_STORE];
+            struct wtask *wt = w->heads[PH_STORE];
             while (wt && wt->sub_id != res[k].id) wt = wt->next;
             if (wt == NULL) continue; /* not ours (cannot happen) */
             list_remove_locked(w, wt);
             if (res[k].state == KVS_TASK_OK) {
-                wt->t->store.bytes_written = res[k].bytes_written;
+                wt->t->store.bytes_written += res[k].bytes_written; /* pieces add up */
             } else {
                 kvs_l2_tq_fail(wt->t, res[k].status != KVS_OK ? res[k].status : KVS_EIO,
                                res[k].message[0] ? res[k].message
@@ -545,113 +670,152 @@ static void drain_inner_store_locked(struct wrapper *w, struct temp **to_free)
     }
 }
 
-static void drain_inner_load_locked(struct wrapper *w, struct temp **to_free)
+/* Every finished task of the phase, oldest first. A task may move on into
+ * the same phase (a deserialize batch submitted again after a damaged
+ * blob): it goes to the tail, where this walk may look at it again
+ * (harmless: its new batch is either pending or finished). */
+static void drain_locked(struct wrapper *w, enum phase ph, struct temp **to_free)
 {
-    struct wtask *wt = w->lists[PH_LOAD];
+    if (ph == PH_STORE) {
+        drain_inner_store_locked(w, to_free);
+        return;
+    }
+    struct wtask *wt = w->heads[ph];
     while (wt) {
         struct wtask *next = wt->next;
-        kvs_l2_bitmap bm;
-        memset(&bm, 0, sizeof bm);
-        if (kvs_l2_query_load(w->inner, wt->sub_id, &bm) != KVS_OK ||
-            bm.state == KVS_TASK_PENDING) {
-            kvs_l2_bitmap_release(&bm);
-            wt = next;
-            continue;
-        }
-        list_remove_locked(w, wt);
-        size_t nsel = 0;
-        for (size_t i = 0; i < wt->n; i++) {
-            wt->hits[i] = i < bm.nkeys && bm.hits && bm.hits[i] ? 1 : 0;
-            if (wt->hits[i]) {
-                wt->sel_src[nsel] = wt->tobjs[i];
-                for (size_t j = 0; j < wt->slots; j++)
-                    wt->sel_dst[nsel * wt->slots + j] = wt->objs[i * wt->slots + j];
-                wt->sel_keys[nsel] = wt->keys[i];
-                wt->sel_idx[nsel] = i;
-                nsel++;
-            }
-        }
-        wt->nsel = nsel;
-        wt->sel_off = 0;
-        wt->inner_status = bm.status;
-        snprintf(wt->inner_message, sizeof wt->inner_message, "%s", bm.message);
-        kvs_l2_bitmap_release(&bm);
-
-        submit_deser_locked(w, wt, to_free);
+        advance_if_done_locked(w, wt, to_free);
         wt = next;
     }
 }
 
-static void drain_deserialize_locked(struct wrapper *w, struct temp **to_free)
+/* ---------------------------------------------------------------------
+ * Locking and the completion hooks
+ *
+ * mu is held across every submit to the processor and the inner adapter,
+ * with the registration of the task, so a completion (fd or hook) never
+ * finds a task it does not know yet: a hook on another thread waits for mu.
+ * A hooked completion can also come in on the thread that holds mu, inside
+ * one of those submits (a task the callee completed at once); that thread
+ * cannot take mu again, so the hook only marks the phase deferred, and
+ * unlock_mu() drains it once the task is registered.
+ * ------------------------------------------------------------------ */
+
+/* The wrapper whose mu this thread holds (NULL: none). */
+static _Thread_local struct wrapper *tl_holder;
+
+/* Returns the previous holder, for unlock_mu (a wrapper nested in a
+ * wrapper holds two mus on one thread). */
+static struct wrapper *lock_mu(struct wrapper *w)
 {
-    struct wtask *wt = w->lists[PH_DESER];
-    while (wt) {
-        struct wtask *next = wt->next;
-        kvs_task_result r;
-        if (proc_query(w, 1, wt->sub_id, &r) != KVS_OK ||
-            r.state == KVS_TASK_PENDING) {
-            wt = next;
-            continue;
+    pthread_mutex_lock(&w->mu);
+    struct wrapper *prev = tl_holder;
+    tl_holder = w;
+    return prev;
+}
+
+/* Drain the deferred phases, unlock, free the temps let go. */
+static void unlock_mu(struct wrapper *w, struct wrapper *prev, struct temp **to_free)
+{
+    for (int ph = 0; ph < NPHASES; ph++) {
+        if (w->deferred[ph]) {
+            w->deferred[ph] = 0;
+            drain_locked(w, (enum phase)ph, to_free);
+            ph = -1; /* a drain may defer again: look at every phase anew */
         }
-        list_remove_locked(w, wt);
-        if (r.state == KVS_TASK_OK) {
-            wt->sel_off = wt->nsel;
-        } else {
-            /* Objects before failed_index were deserialized, the failing
-             * one loses its bit and the ones after it go again. A processor
-             * naming no object of the batch fails them all. */
-            if (r.failed_index < wt->nsel - wt->sel_off) {
-                size_t j = wt->sel_off + r.failed_index;
-                deser_key_failed(wt, j, r.status, r.message);
-                wt->sel_off = j + 1;
-            } else {
-                for (size_t j = wt->sel_off; j < wt->nsel; j++)
-                    deser_key_failed(wt, j, r.status, r.message);
-                wt->sel_off = wt->nsel;
-            }
-        }
-        submit_deser_locked(w, wt, to_free);
-        wt = next;
+    }
+    tl_holder = prev;
+    pthread_mutex_unlock(&w->mu);
+    free_list(*to_free);
+    *to_free = NULL;
+}
+
+/* A task of phase ph finished (its result is readable); we are on the
+ * thread that finished it, so the next phase is submitted from here. */
+static void phase_done(struct wrapper *w, enum phase ph, uint64_t id)
+{
+    if (tl_holder == w) {
+        w->deferred[ph] = 1; /* mu is ours already */
+        return;
+    }
+    struct temp *to_free = NULL;
+    struct wrapper *prev = lock_mu(w);
+    if (ph == PH_STORE) {
+        drain_inner_store_locked(w, &to_free);
+    } else {
+        struct wtask *wt = w->heads[ph];
+        while (wt && wt->sub_id != id) wt = wt->next;
+        if (wt) advance_if_done_locked(w, wt, &to_free);
+    }
+    unlock_mu(w, prev, &to_free);
+}
+
+static void serialize_done(void *ctx, uint64_t id) { phase_done(ctx, PH_SERIALIZE, id); }
+static void inner_store_done(void *ctx, uint64_t id) { phase_done(ctx, PH_STORE, id); }
+static void inner_load_done(void *ctx, uint64_t id) { phase_done(ctx, PH_LOAD, id); }
+static void deserialize_done(void *ctx, uint64_t id) { phase_done(ctx, PH_DESER, id); }
+
+/* Hook every phase whose processor or inner adapter can call one; the
+ * others stay on the poll thread. Called at create, before any submit. */
+static void install_hooks(struct wrapper *w)
+{
+    kvs_completion_hook ser = {serialize_done, w}, de = {deserialize_done, w};
+    int proc_hooked = w->mproc ? kvs_async_multi_processor_set_hooks(w->mproc, ser, de)
+                               : kvs_async_processor_set_hooks(w->proc, ser, de);
+    /* With the hooks, a small transform runs on the thread that submits it
+     * (the caller's for a store's serialize, the inner adapter's worker for
+     * a load's deserialize): cheaper than waking a processor worker. */
+    if (proc_hooked) {
+        if (w->mproc) (void)kvs_async_multi_processor_set_inline(w->mproc, INLINE_MAX_BYTES);
+        else (void)kvs_async_processor_set_inline(w->proc, INLINE_MAX_BYTES);
+    }
+    w->hooked[PH_SERIALIZE] = w->hooked[PH_DESER] = proc_hooked;
+    kvs_l2_task_queue *q = kvs_l2_base_task_queue(w->inner);
+    if (q) {
+        kvs_l2_tq_set_hook(q, KVS_L2_STORE, (kvs_completion_hook){inner_store_done, w});
+        kvs_l2_tq_set_hook(q, KVS_L2_LOAD, (kvs_completion_hook){inner_load_done, w});
+        w->hooked[PH_STORE] = w->hooked[PH_LOAD] = 1;
     }
 }
 
+/* The poll thread: the phases that are not hooked, and the wake-up. */
 static void *poll_main(void *arg)
 {
     struct wrapper *w = arg;
-    struct pollfd pfd[5] = {
-        {w->ser_fd, POLLIN, 0},
-        {w->inner_store_fd, POLLIN, 0},
-        {w->inner_load_fd, POLLIN, 0},
-        {w->deser_fd, POLLIN, 0},
-        {kvs_notifier_fd(&w->wake), POLLIN, 0},
-    };
+    struct pollfd pfd[NPHASES + 1];
+    enum phase phase_of[NPHASES];
+    int npfd = 0;
+    for (int ph = 0; ph < NPHASES; ph++) {
+        if (w->hooked[ph]) continue;
+        phase_of[npfd] = (enum phase)ph;
+        pfd[npfd++] = (struct pollfd){w->phase_fd[ph], POLLIN, 0};
+    }
+    pfd[npfd] = (struct pollfd){kvs_notifier_fd(&w->wake), POLLIN, 0};
+    int nall = npfd + 1;
     for (;;) {
-        int ready[5] = {0};
-        int r = poll(pfd, 5, -1);
+        int ready[NPHASES + 1] = {0};
+        int r = poll(pfd, (nfds_t)nall, -1);
         if (r < 0) {
             if (errno == EINTR) continue;
             /* Cannot happen with valid fds; never spin, never stall: look at
              * everything after a short pause. */
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
-            for (int i = 0; i < 5; i++) ready[i] = 1;
+            for (int i = 0; i < nall; i++) ready[i] = 1;
         } else {
-            for (int i = 0; i < 5; i++) ready[i] = (pfd[i].revents & (POLLIN | POLLERR)) != 0;
+            for (int i = 0; i < nall; i++)
+                ready[i] = (pfd[i].revents & (POLLIN | POLLERR)) != 0;
         }
         /* Reset the counters before looking, so a completion landing during
          * the drain leaves the fd readable for the next round. */
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < nall; i++)
             if (ready[i]) (void)kvs_event_fd_consume(pfd[i].fd, NULL);
 
         struct temp *to_free = NULL;
-        pthread_mutex_lock(&w->mu);
-        if (ready[0]) drain_serialize_locked(w, &to_free);
-        if (ready[1]) drain_inner_store_locked(w, &to_free);
-        if (ready[2]) drain_inner_load_locked(w, &to_free);
-        if (ready[3]) drain_deserialize_locked(w, &to_free);
+        struct wrapper *prev = lock_mu(w);
+        for (int i = 0; i < npfd; i++)
+            if (ready[i]) drain_locked(w, phase_of[i], &to_free);
         int stop = w->stop;
-        pthread_mutex_unlock(&w->mu);
-        free_list(to_free);
+        unlock_mu(w, prev, &to_free);
         if (stop) break;
     }
     return NULL;
@@ -769,6 +933,66 @@ static int take_temps(struct wrapper *w, struct wtask *wt, size_t est)
     return KVS_OK;
 }
 
+/* Objects per piece of a store task (about PIECE_BYTES of temps, at least
+ * one), or 0 when it goes on whole: one object, or one piece would hold
+ * them all. */
+static size_t piece_objects(const struct wtask *wt)
+{
+    if (wt->n < 2 || wt->temp_size == 0) return 0;
+    size_t per = wt->temp_size >= PIECE_BYTES / 2 ? 1 : PIECE_BYTES / wt->temp_size;
+    return per < wt->n ? per : 0;
+}
+
+/* The pieces of a store task, per objects each (made before mu is taken);
+ * NULL when memory is short: the task then goes on whole, only slower. */
+static struct wtask **make_pieces(struct wtask *wt, size_t per, size_t *npieces)
+{
+    size_t np = (wt->n + per - 1) / per;
+    struct wtask **pieces = calloc(np, sizeof *pieces);
+    for (size_t i = 0; pieces && i < np; i++) {
+        struct wtask *pc = calloc(1, sizeof *pc);
+        if (pc == NULL) {
+            while (i > 0) free(pieces[--i]);
+            free(pieces);
+            return NULL;
+        }
+        size_t first = i * per;
+        pc->t = wt->t;
+        pc->whole = wt;
+        pc->n = first + per <= wt->n ? per : wt->n - first;
+        pc->slots = wt->slots;
+        pc->keys = wt->keys + first;
+        pc->objs = wt->objs + first * wt->slots;
+        pc->temps = wt->temps + first;
+        pc->tobjs = wt->tobjs + first;
+        pc->temp_size = wt->temp_size;
+        pieces[i] = pc;
+    }
+    *npieces = np;
+    return pieces;
+}
+
+/* Submit the serialize of every piece (mu held, the whole task counted in
+ * inflight). A piece the processor refuses fails the whole task (the first
+ * error wins) and finishes at once; the other pieces go on. */
+static void submit_pieces_locked(struct wrapper *w, struct wtask *wt, struct wtask **pieces,
+                                 size_t np, struct temp **to_free)
+{
+    wt->pieces_left = np;
+    for (size_t i = 0; i < np; i++) {
+        struct wtask *pc = pieces[i];
+        kvs_task_id pid;
+        int rc = proc_submit_serialize(w, pc->objs, pc->tobjs, pc->n, pc->keys, &pid);
+        if (rc == KVS_OK) {
+            pc->sub_id = pid;
+            list_add_locked(w, pc, PH_SERIALIZE);
+        } else {
+            kvs_l2_tq_fail(wt->t, rc, kvs_last_error());
+            finish_locked(w, pc, to_free);
+        }
+    }
+}
+
 /* One submit for both directions and both shapes. views: owned by the
  * task from here on (freed with it, or here if it is refused). */
 static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *keys,
@@ -784,9 +1008,19 @@ static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *k
     }
     wt->views = views;
     if (take_temps(w, wt, est) == KVS_OK) {
+        size_t per = d == KVS_L2_STORE ? piece_objects(wt) : 0, npieces = 0;
+        struct wtask **pieces = per ? make_pieces(wt, per, &npieces) : NULL;
         struct temp *to_free = NULL;
-        pthread_mutex_lock(&w->mu);
+        struct wrapper *prev = lock_mu(w);
         uint64_t sub;
+        if (pieces) {
+            w->inflight++;
+            submit_pieces_locked(w, wt, pieces, npieces, &to_free);
+            unlock_mu(w, prev, &to_free);
+            free(pieces);
+            kvs_l2_tq_end_submit(&w->tq);
+            return KVS_OK;
+        }
         if (d == KVS_L2_STORE) {
             kvs_task_id pid;
             rc = proc_submit_serialize(w, wt->objs, wt->tobjs, wt->n, wt->keys, &pid);
@@ -804,8 +1038,7 @@ static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *k
             kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* a load: all keys missed */
             finish_locked(w, wt, &to_free);
         }
-        pthread_mutex_unlock(&w->mu);
-        free_list(to_free);
+        unlock_mu(w, prev, &to_free);
     }
     kvs_l2_tq_end_submit(&w->tq);
     return KVS_OK;
@@ -1081,13 +1314,14 @@ static int wr_status(kvs_l2_adapter *a, json_t **out)
     int rc = kvs_l2_status(w->inner, &st);
     if (rc) return rc;
     pthread_mutex_lock(&w->mu);
-    json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                              "capacity_bytes", (json_int_t)w->pool_capacity,
                              "in_use_bytes", (json_int_t)w->pool_in_use,
                              "in_use_temps", (json_int_t)w->temps_in_use,
                              "cached_bytes", (json_int_t)w->pool_cached,
                              "cached_temps", (json_int_t)w->temps_cached,
                              "peak_in_use_bytes", (json_int_t)w->peak_in_use,
+                             "allocated_temps", (json_int_t)w->temps_allocated,
                              "tasks_in_flight", (json_int_t)w->inflight);
     pthread_mutex_unlock(&w->mu);
     /* json_object_set_new() takes the value's reference even when it fails. */
@@ -1276,10 +1510,11 @@ int kvs_serde_wrapper_create_named(kvs_l2_adapter *inner, kvs_processor *proc,
                 rc = kvs_set_error(KVS_EINVAL, "%s: the %s and %s event fds are the same (%d)",
                                    OWNER, names[i], names[j], fds[i]);
     if (rc == KVS_OK) {
-        w->inner_store_fd = fds[0];
-        w->inner_load_fd = fds[1];
-        w->ser_fd = fds[2];
-        w->deser_fd = fds[3];
+        w->phase_fd[PH_STORE] = fds[0];
+        w->phase_fd[PH_LOAD] = fds[1];
+        w->phase_fd[PH_SERIALIZE] = fds[2];
+        w->phase_fd[PH_DESER] = fds[3];
+        install_hooks(w);
         rc = kvs_l2_tq_init(&w->tq, OWNER);
         if (rc == KVS_OK) w->tq_ready = 1;
     }

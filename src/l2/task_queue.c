@@ -106,9 +106,17 @@ void kvs_l2_tq_hit(kvs_l2_task *t, size_t i)
     }
 }
 
+void kvs_l2_tq_set_hook(kvs_l2_task_queue *q, kvs_l2_direction d, kvs_completion_hook hook)
+{
+    pthread_mutex_lock(&q->lock);
+    q->hooks[d] = hook;
+    pthread_mutex_unlock(&q->lock);
+}
+
 void kvs_l2_tq_complete(kvs_l2_task_queue *q, kvs_l2_task *t)
 {
     kvs_l2_direction d = t->direction;
+    kvs_l2_task_id id = t->id;
     pthread_mutex_lock(&q->lock);
     if (d == KVS_L2_STORE) {
         if (t->store.state == KVS_TASK_FAILED) t->store.bytes_written = 0;
@@ -119,9 +127,14 @@ void kvs_l2_tq_complete(kvs_l2_task_queue *q, kvs_l2_task *t)
         /* Cannot fail: begin() reserved the slot and ids are unique. */
         kvs_result_map_put_reserved(&q->bitmaps[d - 1], t->id, t);
     }
+    kvs_completion_hook hook = q->hooks[d];
     pthread_mutex_unlock(&q->lock);
-    /* Result first, then the signal (DESIGN.md: completion). */
-    kvs_notifier_notify(&q->fds[d]);
+    /* Result first, then the signal (DESIGN.md: completion). t may be
+     * popped and freed by now: only id from here on. */
+    if (hook.fn)
+        hook.fn(hook.ctx, id);
+    else
+        kvs_notifier_notify(&q->fds[d]);
 }
 
 void kvs_l2_tq_pop_stores(kvs_l2_task_queue *q, kvs_l2_store_result *out, size_t cap,

@@ -13,7 +13,8 @@
  *                          submits in progress before it stops the workers.
  *   3. the worker fills t->store (bytes, status) or t->bitmap (hits, status)
  *   4. kvs_l2_tq_complete() records the result under the lock, then writes
- *                          1 to the direction's eventfd.
+ *                          1 to the direction's eventfd (or calls the
+ *                          direction's completion hook, if one is set).
  *   5. the caller pops it: kvs_l2_tq_pop_stores() / kvs_l2_tq_query().
  */
 #ifndef KVS_L2_TASK_QUEUE_H
@@ -23,6 +24,7 @@
 #include <stddef.h>
 
 #include "kvserde/l2.h"
+#include "util/completion_hook.h"
 #include "util/notifier.h"
 #include "util/result_map.h"
 
@@ -47,6 +49,7 @@ typedef struct kvs_l2_task_queue {
     const char *owner;              /* component name for messages */
     kvs_l2_task_id next_id;
     kvs_notifier fds[3];
+    kvs_completion_hook hooks[3];   /* replace fds[d] where fn is set */
     kvs_l2_task *stores_head, *stores_tail; /* finished stores, oldest first */
     kvs_result_map bitmaps[2];      /* finished lookups / loads by id */
     unsigned submitting;            /* begin() without end_submit() */
@@ -75,8 +78,14 @@ void kvs_l2_tq_fail(kvs_l2_task *t, int status, const char *message);
 /* Set key i's hit bit (lookup / load). */
 void kvs_l2_tq_hit(kvs_l2_task *t, size_t i);
 
-/* Record the finished task and signal its fd. Never fails, never allocates;
- * after this the queue owns t. */
+/* Deliver the direction's finished tasks to `hook` instead of its fd
+ * (util/completion_hook.h: the serde wrapper chaining its phases). Set
+ * before the first submit of that direction. */
+void kvs_l2_tq_set_hook(kvs_l2_task_queue *q, kvs_l2_direction d, kvs_completion_hook hook);
+
+/* Record the finished task and signal its fd (or call its hook, with the
+ * lock released). Never fails, never allocates; after this the queue owns
+ * t. */
 void kvs_l2_tq_complete(kvs_l2_task_queue *q, kvs_l2_task *t);
 
 /* Pop finished stores, oldest first (up to cap). */

@@ -25,6 +25,9 @@
  *   finish   (worker thread) record the task in its direction's result map
  *            under the lock, then write 1 to the direction's eventfd - in
  *            that order, so a reader woken by the fd always finds the result.
+ *            A direction with a completion hook (processor_hooks.h: the
+ *            serde wrapper chaining its phases) calls the hook there
+ *            instead of writing the fd, after the lock is released.
  *   query    (any thread) pop the task from the map under the lock, copy its
  *            result out, free it.
  *
@@ -50,6 +53,8 @@
 #include "kvserde/multi_processor.h"
 #include "kvserde/processor.h"
 #include "kvserde/serde.h"
+#include "serde/processor_hooks.h"
+#include "util/completion_hook.h"
 #include "util/notifier.h"
 #include "util/result_map.h"
 #include "util/thread_pool.h"
@@ -98,11 +103,13 @@ struct core {
     unsigned nworkers;
     _Atomic size_t split_min_bytes;    /* kvs_async_processor_set_split */
     _Atomic size_t split_chunk_bytes;
+    _Atomic size_t inline_max_bytes;   /* kvs_async_processor_set_inline */
 
     pthread_mutex_t mu;                /* guards everything below */
     kvs_task_id next_id;               /* shared by both directions */
     kvs_result_map done[2];            /* finished tasks per direction */
     kvs_notifier notifier[2];          /* fds; -1 once closed */
+    kvs_completion_hook hook[2];       /* replaces the fd where fn is set */
     int closing;                       /* submits refused */
     unsigned inflight;                 /* tasks queued or running */
     unsigned helping;                  /* split helpers queued or running */
@@ -212,20 +219,26 @@ static void transform(struct task *t)
     t->result.state = KVS_TASK_OK;
 }
 
-/* Record the finished task, then signal. Called with mu not held. */
+/* Record the finished task, then signal (or call the hook). Called with mu
+ * not held. */
 static void finish(struct core *c, struct task *t)
 {
     enum direction dir = t->dir;
+    kvs_task_id id = t->id;
     pthread_mutex_lock(&c->mu);
     /* Cannot fail: the slot was reserved at submit and ids are unique. */
     (void)kvs_result_map_put_reserved(&c->done[dir], t->id, t);
     c->inflight--;
+    kvs_completion_hook hook = c->hook[dir];
     pthread_mutex_unlock(&c->mu);
-    /* t may already be popped and freed by a querying thread: only c from
-     * here on. The fds stay open until close() has joined every worker.
-     * A failed write could only mean the counter overflowed (2^64 - 2
-     * unread signals); the result is recorded regardless. */
-    (void)kvs_notifier_notify(&c->notifier[dir]);
+    /* t may already be popped and freed by a querying thread: only c and
+     * id from here on. The fds stay open until close() has joined every
+     * worker. A failed write could only mean the counter overflowed (2^64 -
+     * 2 unread signals); the result is recorded regardless. */
+    if (hook.fn)
+        hook.fn(hook.ctx, id);
+    else
+        (void)kvs_notifier_notify(&c->notifier[dir]);
 }
 
 static void run_task(kvs_job *job)
@@ -241,6 +254,21 @@ static void run_task(kvs_job *job)
 /* ---------------------------------------------------------------------
  * Submit and query
  * ------------------------------------------------------------------ */
+
+/* Whether a task is small enough to run on the submitting thread
+ * (kvs_async_processor_set_inline): the bytes of all its objects, both
+ * sides, at most the limit. */
+static int task_runs_inline(struct core *c, const struct task *t)
+{
+    size_t limit = atomic_load(&c->inline_max_bytes), bytes = 0;
+    if (limit == 0) return 0;
+    for (size_t i = 0; i < t->n * (c->group_size + 1); i++) {
+        if (t->objs[i] == NULL) continue;
+        bytes += t->objs[i]->capacity;
+        if (bytes > limit) return 0;
+    }
+    return 1;
+}
 
 /* Queue n items: the source part holds n x group_size pointers when
  * serializing (groups in, blobs out), n otherwise; the destination part the
@@ -304,11 +332,21 @@ static int core_submit(struct core *c, enum direction dir, kvs_memobj *const *sr
     if (n == 0) {
         /* Nothing to transform: finish at once, on the caller's thread.
          * Signal under the lock so close() cannot close the fd in between
-         * (close takes the lock before it touches the fds). */
+         * (close takes the lock before it touches the fds); a hook is called
+         * after it, with no lock held (util/completion_hook.h). */
         t->result.state = KVS_TASK_OK;
         (void)kvs_result_map_put_reserved(&c->done[dir], t->id, t);
-        (void)kvs_notifier_notify(&c->notifier[dir]);
+        kvs_completion_hook hook = c->hook[dir];
+        if (hook.fn == NULL) (void)kvs_notifier_notify(&c->notifier[dir]);
         pthread_mutex_unlock(&c->mu);
+        if (hook.fn) hook.fn(hook.ctx, *id);
+        return KVS_OK;
+    }
+    if (task_runs_inline(c, t)) {
+        /* Counted in flight like a queued task, so close() waits for it. */
+        c->inflight++;
+        pthread_mutex_unlock(&c->mu);
+        run_task(&t->job);
         return KVS_OK;
     }
     /* Queue under the lock: close() sets `closing` under the same lock
@@ -436,6 +474,19 @@ static int check_workers(unsigned max_workers)
         return kvs_set_error(KVS_EINVAL, "processor: max_workers %u out of range [1, %u]",
                              max_workers, (unsigned)KVS_PROCESSOR_MAX_WORKERS);
     return KVS_OK;
+}
+
+static void core_set_hooks(struct core *c, kvs_completion_hook ser, kvs_completion_hook de)
+{
+    pthread_mutex_lock(&c->mu);
+    c->hook[DIR_SERIALIZE] = ser;
+    c->hook[DIR_DESERIALIZE] = de;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void core_set_inline(struct core *c, size_t max_bytes)
+{
+    atomic_store(&c->inline_max_bytes, max_bytes);
 }
 
 static void core_set_split(struct core *c, size_t min_bytes, size_t chunk_bytes)
@@ -569,6 +620,21 @@ int kvs_async_processor_set_split(struct kvs_processor *p, size_t min_bytes,
     return KVS_OK;
 }
 
+int kvs_async_processor_set_hooks(kvs_processor *p, kvs_completion_hook ser,
+                                  kvs_completion_hook de)
+{
+    if (p == NULL || p->ops != &async_ops) return 0;
+    core_set_hooks(ap_core(p), ser, de);
+    return 1;
+}
+
+int kvs_async_processor_set_inline(kvs_processor *p, size_t max_bytes)
+{
+    if (p == NULL || p->ops != &async_ops) return 0;
+    core_set_inline(ap_core(p), max_bytes);
+    return 1;
+}
+
 /* =====================================================================
  * The multi processor (kvs_multi_processor)
  * ================================================================== */
@@ -700,6 +766,21 @@ int kvs_async_multi_processor_set_split(kvs_multi_processor *p, size_t min_bytes
                              p->ops->name ? p->ops->name : "(unnamed)");
     core_set_split(amp_core(p), min_bytes, chunk_bytes);
     return KVS_OK;
+}
+
+int kvs_async_multi_processor_set_hooks(kvs_multi_processor *p, kvs_completion_hook ser,
+                                        kvs_completion_hook de)
+{
+    if (p == NULL || p->ops != &async_multi_ops) return 0;
+    core_set_hooks(amp_core(p), ser, de);
+    return 1;
+}
+
+int kvs_async_multi_processor_set_inline(kvs_multi_processor *p, size_t max_bytes)
+{
+    if (p == NULL || p->ops != &async_multi_ops) return 0;
+    core_set_inline(amp_core(p), max_bytes);
+    return 1;
 }
 
 /* =====================================================================

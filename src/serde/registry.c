@@ -1,12 +1,11 @@
 /* registry.c - the process-global serde registry (upstream factory.py):
- * names -> factories, and creation from a JSON config. The table is the one
- * piece of global mutable state in kvserde; a mutex guards it, and the
- * built-ins are registered exactly once before any use.
+ * names -> factories, and creation from a JSON config. The table is the
+ * registries' one type (util/name_table.h): global mutable state behind a
+ * mutex, the built-ins registered exactly once before any use.
  *
  * Single- and multi-output serdes share the table (one name space); each
  * entry carries its kind, and the create functions of one kind refuse the
  * other's names, pointing at the right function. */
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,91 +15,52 @@
 #include "kvserde/processor.h"
 #include "kvserde/registry.h"
 #include "serde/builtins.h"
-#include "util/name_list.h"
+#include "util/name_table.h"
 
-#define MAX_SERDE_TYPES 64
-#define MAX_NAME_LEN 63
+static void register_builtins(void);
 
-typedef struct entry {
-    char name[MAX_NAME_LEN + 1];
-    kvs_serde_kind kind;
-    union {
-        kvs_serde_factory_fn single;
-        kvs_multi_serde_factory_fn multi;
-    } factory;
-    void *userdata;
-} entry;
-
-static entry table[MAX_SERDE_TYPES];
-static size_t table_len;
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
-
-static int register_locked(const entry *e)
-{
-    for (size_t i = 0; i < table_len; i++)
-        if (strcmp(table[i].name, e->name) == 0)
-            return kvs_set_error(KVS_EEXIST, "serde type already registered: '%s'", e->name);
-    if (table_len == MAX_SERDE_TYPES)
-        return kvs_set_error(KVS_ENOSPC, "serde registry is full: %d types",
-                             MAX_SERDE_TYPES);
-    table[table_len++] = *e;
-    return KVS_OK;
-}
+/* An entry's kind is its kvs_serde_kind; its fn a kvs_serde_factory_fn
+ * (single) or a kvs_multi_serde_factory_fn (multi). */
+static kvs_name_table table =
+    KVS_NAME_TABLE_INIT("serde type", "serde registry", register_builtins);
 
 static void register_builtins(void)
 {
-    entry fp8 = {.name = "fp8", .kind = KVS_SERDE_SINGLE, .factory.single = kvs_fp8_factory};
-    entry kv_split = {.name = "kv_split", .kind = KVS_SERDE_MULTI,
-                      .factory.multi = kvs_kv_split_factory};
-    entry pipeline = {.name = "pipeline", .kind = KVS_SERDE_SINGLE,
-                      .factory.single = kvs_pipeline_factory};
-    pthread_mutex_lock(&table_lock);
-    register_locked(&fp8);
-    register_locked(&kv_split);
-    register_locked(&pipeline);
-    pthread_mutex_unlock(&table_lock);
-}
-
-/* Checks shared by both register functions; fills e->name. */
-static int register_entry(const char *name, int have_factory, entry *e)
-{
-    if (name == NULL || !have_factory)
-        return kvs_set_error(KVS_EINVAL, "serde registry: NULL name or factory");
-    size_t len = strlen(name);
-    if (len == 0 || len > MAX_NAME_LEN)
-        return kvs_set_error(KVS_EINVAL,
-                             "serde registry: name must be 1 to %d characters, got %zu",
-                             MAX_NAME_LEN, len);
-    memcpy(e->name, name, len + 1);
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    int rc = register_locked(e);
-    pthread_mutex_unlock(&table_lock);
-    return rc;
+    const kvs_name_entry fp8 = {.kind = KVS_SERDE_SINGLE,
+                                .fn = (kvs_name_table_fn)kvs_fp8_factory};
+    const kvs_name_entry kv_split = {.kind = KVS_SERDE_MULTI,
+                                     .fn = (kvs_name_table_fn)kvs_kv_split_factory};
+    const kvs_name_entry pipeline = {.kind = KVS_SERDE_SINGLE,
+                                     .fn = (kvs_name_table_fn)kvs_pipeline_factory};
+    const kvs_name_entry q8_0 = {.kind = KVS_SERDE_SINGLE,
+                                 .fn = (kvs_name_table_fn)kvs_ggml_q8_0_factory};
+    const kvs_name_entry q4_0 = {.kind = KVS_SERDE_SINGLE,
+                                 .fn = (kvs_name_table_fn)kvs_ggml_q4_0_factory};
+    (void)kvs_name_table_add_builtin(&table, "fp8", &fp8);
+    (void)kvs_name_table_add_builtin(&table, "kv_split", &kv_split);
+    (void)kvs_name_table_add_builtin(&table, "pipeline", &pipeline);
+    (void)kvs_name_table_add_builtin(&table, "ggml_q8_0", &q8_0);
+    (void)kvs_name_table_add_builtin(&table, "ggml_q4_0", &q4_0);
 }
 
 int kvs_serde_register(const char *name, kvs_serde_factory_fn factory, void *userdata)
 {
-    entry e = {.kind = KVS_SERDE_SINGLE, .factory.single = factory, .userdata = userdata};
-    return register_entry(name, factory != NULL, &e);
+    kvs_name_entry e = {.kind = KVS_SERDE_SINGLE, .fn = (kvs_name_table_fn)factory,
+                        .userdata = userdata};
+    return kvs_name_table_add(&table, name, &e);
 }
 
 int kvs_multi_serde_register(const char *name, kvs_multi_serde_factory_fn factory,
                              void *userdata)
 {
-    entry e = {.kind = KVS_SERDE_MULTI, .factory.multi = factory, .userdata = userdata};
-    return register_entry(name, factory != NULL, &e);
+    kvs_name_entry e = {.kind = KVS_SERDE_MULTI, .fn = (kvs_name_table_fn)factory,
+                        .userdata = userdata};
+    return kvs_name_table_add(&table, name, &e);
 }
 
 size_t kvs_serde_types(const char **names, size_t cap)
 {
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    size_t n = table_len;
-    for (size_t i = 0; i < n && i < cap; i++) names[i] = table[i].name;
-    pthread_mutex_unlock(&table_lock);
-    return n;
+    return kvs_name_table_names(&table, names, cap);
 }
 
 const char *kvs_serde_kind_name(kvs_serde_kind kind)
@@ -112,38 +72,15 @@ const char *kvs_serde_kind_name(kvs_serde_kind kind)
     return "unknown";
 }
 
-/* Find `name`; on a miss, the message lists what is registered (sorted, as
- * upstream does), both kinds alike. */
-static int lookup(const char *name, entry *out)
-{
-    pthread_once(&builtins_once, register_builtins);
-    pthread_mutex_lock(&table_lock);
-    for (size_t i = 0; i < table_len; i++) {
-        if (strcmp(table[i].name, name) == 0) {
-            *out = table[i];
-            pthread_mutex_unlock(&table_lock);
-            return KVS_OK;
-        }
-    }
-    const char *sorted[MAX_SERDE_TYPES];
-    size_t n = table_len;
-    for (size_t i = 0; i < n; i++) sorted[i] = table[i].name;
-    kvs_names_sort(sorted, n);
-    char list[MAX_SERDE_TYPES * (MAX_NAME_LEN + 2)];
-    kvs_names_join(sorted, n, "(none)", list, sizeof list);
-    pthread_mutex_unlock(&table_lock);
-    return kvs_set_error(KVS_EINVAL, "unknown serde type '%s'; registered: %s", name, list);
-}
-
 int kvs_serde_type_kind(const char *name, kvs_serde_kind *out)
 {
     if (name == NULL || out == NULL)
         return kvs_set_error(KVS_EINVAL, "serde registry: NULL %s",
                              name == NULL ? "name" : "output");
-    entry e;
-    int rc = lookup(name, &e);
+    kvs_name_entry e;
+    int rc = kvs_name_table_find(&table, name, &e);
     if (rc) return rc;
-    *out = e.kind;
+    *out = (kvs_serde_kind)e.kind;
     return KVS_OK;
 }
 
@@ -156,7 +93,7 @@ int kvs_serde_type_kind(const char *name, kvs_serde_kind *out)
  * kind for the refusal), read max_workers, and copy the kwargs the factory
  * may see (the config without "type" and "max_workers"). */
 static int prepare(const json_t *config, kvs_serde_kind want, const char *instead,
-                   entry *e, unsigned *workers, json_t **kwargs)
+                   kvs_name_entry *e, unsigned *workers, json_t **kwargs)
 {
     if (config == NULL) return kvs_set_error(KVS_EINVAL, "serde config: NULL config");
     if (!json_is_object(config))
@@ -168,12 +105,12 @@ static int prepare(const json_t *config, kvs_serde_kind want, const char *instea
     if (!json_is_string(type))
         return kvs_set_error(KVS_EINVAL, "serde config: 'type' must be a string, got %s",
                              kvs_json_type_name(type));
-    int rc = lookup(json_string_value(type), e);
+    int rc = kvs_name_table_find(&table, json_string_value(type), e);
     if (rc) return rc;
     /* Said for a person at a shell as much as for a C caller: no function
      * names (`instead` is kept for the comment trail of callers). */
     (void)instead;
-    if (e->kind != want)
+    if (e->kind != (int)want)
         return kvs_set_error(KVS_EINVAL,
                              e->kind == KVS_SERDE_MULTI
                                  ? "serde type '%s' is multi-output (a group of tensors per "
@@ -194,7 +131,7 @@ static int prepare(const json_t *config, kvs_serde_kind want, const char *instea
 }
 
 /* A failed factory must say why; if it did not, say which one failed. */
-static int factory_failed(int rc, unsigned long serial, const entry *e)
+static int factory_failed(int rc, unsigned long serial, const kvs_name_entry *e)
 {
     if (kvs_error_serial() == serial)
         kvs_set_error(rc, "serde config: factory '%s' failed: %s", e->name, kvs_strerror(rc));
@@ -204,14 +141,14 @@ static int factory_failed(int rc, unsigned long serial, const entry *e)
 static int single_pair_json(const json_t *config, const char *instead, kvs_serde_pair *out)
 {
     memset(out, 0, sizeof *out);
-    entry e;
+    kvs_name_entry e;
     unsigned workers;
     json_t *kwargs;
     int rc = prepare(config, KVS_SERDE_SINGLE, instead, &e, &workers, &kwargs);
     if (rc) return rc;
     kvs_serde_pair pair = {0};
     unsigned long serial = kvs_error_serial();
-    rc = e.factory.single(kwargs, e.userdata, &pair);
+    rc = ((kvs_serde_factory_fn)e.fn)(kwargs, e.userdata, &pair);
     json_decref(kwargs);
     if (rc == KVS_OK && (pair.serializer == NULL || pair.deserializer == NULL)) {
         kvs_serde_pair_destroy(&pair);
@@ -233,14 +170,14 @@ static int multi_pair_json(const json_t *config, const char *instead,
                            kvs_multi_serde_pair *out)
 {
     memset(out, 0, sizeof *out);
-    entry e;
+    kvs_name_entry e;
     unsigned workers;
     json_t *kwargs;
     int rc = prepare(config, KVS_SERDE_MULTI, instead, &e, &workers, &kwargs);
     if (rc) return rc;
     kvs_multi_serde_pair pair = {0};
     unsigned long serial = kvs_error_serial();
-    rc = e.factory.multi(kwargs, e.userdata, &pair);
+    rc = ((kvs_multi_serde_factory_fn)e.fn)(kwargs, e.userdata, &pair);
     json_decref(kwargs);
     if (rc != KVS_OK) {
         kvs_multi_serde_pair_destroy(&pair);

@@ -9,11 +9,21 @@
  * small task, while a caller in a submit -> poll -> query loop submits its
  * next task within a few microseconds. Measured on the 2-vCPU KVM machine:
  * condvar + eventfd ping-pong median 43 us without the spin, 4 us with it.
- * The price is at most SPIN_NS of one core's time per burst of work. */
+ * The price is at most SPIN_NS of one core's time per burst of work.
+ *
+ * The spin yields (sched_yield) between looks at the clock, so it only
+ * uses a CPU nobody else wants. Without that a spinner kept its CPU from
+ * a thread woken onto it (the scheduler does not preempt a task that has
+ * just slept for one that wakes): with a caller and two pools chained (the
+ * serde wrapper: processor worker, then adapter worker) on 2 vCPUs, a
+ * store of one 8 KiB object waited out two spins: 115-127 us, against
+ * 20-29 us with the yield and nothing else changed (docs/performance.md,
+ * "Small objects through the serde wrapper"). */
 #include "util/thread_pool.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -25,6 +35,7 @@
 #include "kvserde/error.h"
 
 #define SPIN_NS 50000 /* how long an idle worker watches the queue */
+#define SPIN_PAUSES 16 /* pauses between looks at the clock (and yields) */
 
 struct kvs_thread_pool {
     pthread_mutex_t mu;      /* guards head, tail, stopping */
@@ -54,7 +65,7 @@ static void spin_for_work(kvs_thread_pool *pool)
 {
     uint64_t deadline = now_ns() + SPIN_NS;
     for (;;) {
-        for (int i = 0; i < 64; i++) {
+        for (int i = 0; i < SPIN_PAUSES; i++) {
             if (atomic_load_explicit(&pool->queued, memory_order_relaxed) != 0)
                 return;
 #if defined(__x86_64__) || defined(__i386__)
@@ -63,6 +74,7 @@ static void spin_for_work(kvs_thread_pool *pool)
         }
         if (now_ns() >= deadline)
             return;
+        sched_yield();
     }
 }
 

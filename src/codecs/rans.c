@@ -1,0 +1,411 @@
+/* rans.c - static-table interleaved rANS over bytes (rans.h).
+ *
+ * The coder is ryg's rans_byte (public domain, 2014) with 16-bit words: a
+ * state x lives in [L, 2^16 L) with L = 2^15. Coding symbol s of frequency f
+ * and first slot c (in M = 2^10 slots) maps x to (x / f) M + x mod f + c
+ * after the encoder has shifted out 16 bits whenever x >= (L / M) 2^16 f;
+ * the decoder inverts it (s from the slot x mod M, then
+ * x = f (x / M) + x mod M - c) and shifts in 16 bits whenever x < L. One
+ * shift always suffices both ways, so both renormalisations are a
+ * conditional move, not a loop. The encoder divides by a reciprocal
+ * (Alverson; exact for x < 2^31, which the interval guarantees).
+ *
+ * The decoder is memory-safe on any stream: a slot always names a symbol
+ * whose frequency covers it, so x stays in [1, 2^31) whatever the words
+ * are, and the words are read with a bounds check per group of 32 symbols
+ * (64 bytes must remain) or per word near the end.
+ *
+ * The groups of 32 go through rans_avx512.c where the CPU has AVX-512
+ * (F, BW, VL) and KVSERDE_ISA does not ask for "scalar" or "avx2"; both
+ * produce and accept the same stream, bit for bit (tests/test_rans.c). */
+#include "codecs/rans.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "codecs/rans_kernels.h"
+#include "kvserde/error.h"
+
+#define RANS_L (1u << 15)
+#define RANS_HI (1u << 31) /* states lie in [RANS_L, RANS_HI) */
+#define SLOT_MASK (KVS_RANS_TOTAL - 1)
+/* The context of symbol i: ctx[i], at most the last table's (top). */
+#define CTX_AT(ctx, i, top) ((ctx) ? ((ctx)[i] < (top) ? (ctx)[i] : (top)) : 0u)
+_Static_assert(KVS_RANS_SCALE_BITS <= 15, "x_max = (L >> scale) << 16 needs L >= M");
+
+void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
+{
+    uint64_t total = 0;
+    for (int s = 0; s < 256; s++) total += count[s];
+    memset(out, 0, sizeof *out);
+    if (total == 0) {
+        out->f[0] = KVS_RANS_TOTAL;
+        return;
+    }
+    /* Largest remainders: each counted symbol gets floor(c M / total) (at
+     * least 1), and what is left goes one each to the symbols with the
+     * largest fractions (fewer than the symbols are left). */
+    uint8_t sym[256];
+    uint64_t rem[256];
+    int nz = 0, sum = 0;
+    for (int s = 0; s < 256; s++) {
+        if (count[s] == 0) continue;
+        uint64_t q = (uint64_t)count[s] * KVS_RANS_TOTAL;
+        out->f[s] = (uint16_t)(q / total ? q / total : 1);
+        rem[nz] = q / total ? q % total : 0;
+        sym[nz++] = (uint8_t)s;
+        sum += out->f[s];
+    }
+    int d = (int)KVS_RANS_TOTAL - sum;
+    for (; d > 0; d--) {
+        int best = 0;
+        for (int j = 1; j < nz; j++)
+            if (rem[j] > rem[best]) best = j;
+        out->f[sym[best]]++;
+        rem[best] = 0;
+    }
+    /* Rounding rare symbols up to 1 overspent: take it back from the largest
+     * frequencies, an eighth of one at a time (sum > M >= the symbols, so
+     * some frequency is above 1 until d reaches 0). */
+    while (d < 0) {
+        int big = 0;
+        for (int s = 1; s < 256; s++)
+            if (out->f[s] > out->f[big]) big = s;
+        int take = (out->f[big] + 7) / 8;
+        if (take > out->f[big] - 1) take = out->f[big] - 1;
+        if (take > -d) take = -d;
+        out->f[big] = (uint16_t)(out->f[big] - take);
+        d += take;
+    }
+}
+
+/* -log2(f / M) for every frequency f: a block's encoder costs a few
+ * hundred table entries, and log2 itself was a tenth of its time. */
+static float code_bits[KVS_RANS_TOTAL + 1];
+static pthread_once_t code_bits_once = PTHREAD_ONCE_INIT;
+
+static void code_bits_init(void)
+{
+    for (unsigned f = 1; f <= KVS_RANS_TOTAL; f++)
+        code_bits[f] = (float)(KVS_RANS_SCALE_BITS - log2((double)f));
+}
+
+double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
+{
+    pthread_once(&code_bits_once, code_bits_init);
+    double bits = 0;
+    for (int s = 0; s < 256; s++) {
+        if (count[s] == 0) continue;
+        if (t->f[s] == 0) return 1e9;
+        bits += (double)count[s] * code_bits[t->f[s]];
+    }
+    return bits;
+}
+
+size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out)
+{
+    int lo = 0, hi = 255;
+    while (lo < 255 && t->f[lo] == 0) lo++;
+    while (hi > lo && t->f[hi] == 0) hi--;
+    size_t at = 0;
+    out[at++] = (uint8_t)lo;
+    out[at++] = (uint8_t)hi;
+    for (int s = lo; s <= hi; s++) {
+        unsigned f = t->f[s];
+        if (f < 128) {
+            out[at++] = (uint8_t)f;
+        } else {
+            out[at++] = (uint8_t)(0x80 | f >> 8);
+            out[at++] = (uint8_t)f;
+        }
+    }
+    return at;
+}
+
+int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_freqs *t,
+                        size_t *used)
+{
+    if (n < 2)
+        return kvs_set_error(KVS_ECORRUPT, "%s: frequency table truncated (%zu of 2 bytes)",
+                             what, n);
+    unsigned lo = in[0], hi = in[1];
+    if (lo > hi)
+        return kvs_set_error(KVS_ECORRUPT, "%s: frequency table from symbol %u to %u", what, lo,
+                             hi);
+    memset(t, 0, sizeof *t);
+    size_t at = 2;
+    uint32_t sum = 0;
+    for (unsigned s = lo; s <= hi; s++) {
+        if (at >= n)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "%s: frequency table truncated at symbol %u of %u-%u", what, s,
+                                 lo, hi);
+        unsigned f = in[at++];
+        if (f & 0x80) {
+            if (at >= n)
+                return kvs_set_error(KVS_ECORRUPT,
+                                     "%s: frequency table truncated at symbol %u of %u-%u", what,
+                                     s, lo, hi);
+            f = (f & 0x7F) << 8 | in[at++];
+        }
+        if (f > KVS_RANS_TOTAL)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "%s: symbol %u has frequency %u, above the total %u", what, s,
+                                 f, KVS_RANS_TOTAL);
+        t->f[s] = (uint16_t)f;
+        sum += f;
+    }
+    if (sum != KVS_RANS_TOTAL)
+        return kvs_set_error(KVS_ECORRUPT, "%s: frequencies sum to %u, expected %u", what,
+                             (unsigned)sum, KVS_RANS_TOTAL);
+    *used = at;
+    return KVS_OK;
+}
+
+void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx)
+{
+    e->top = nctx - 1;
+    for (unsigned c = 0; c < nctx; c++) {
+        uint32_t start = 0;
+        for (unsigned s = 0; s < 256; s++) {
+            uint32_t f = t[c].f[s], rcp = 0, shift = 0, bias = 0;
+            if (f == 1) {
+                /* q = x - 1 (the reciprocal of 1 does not fit): the bias
+                 * makes bias + x + (x - 1)(M - 1) = x M + start */
+                rcp = ~0u;
+                bias = start + KVS_RANS_TOTAL - 1;
+            } else if (f > 1) {
+                while (f > (1u << shift)) shift++;
+                rcp = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+                shift -= 1;
+                bias = start;
+            }
+            e->rcp[c * 256 + s] = rcp;
+            e->info[c * 256 + s] = bias | f << 13 | shift << 26;
+            start += f;
+        }
+    }
+}
+
+void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
+{
+    d->top = nctx - 1;
+    for (unsigned c = 0; c < nctx; c++) {
+        uint32_t *slot = d->slot + c * KVS_RANS_TOTAL, start = 0;
+        for (uint32_t s = 0; s < 256; s++) {
+            uint32_t f = t[c].f[s], base = s << 24 | (f - 1) << 12, j = 0;
+#ifdef __SSE2__
+            /* four slots a store: filling the table was a third of decoding */
+            __m128i v = _mm_add_epi32(_mm_set1_epi32((int)base), _mm_setr_epi32(0, 1, 2, 3));
+            for (; j + 4 <= f; j += 4) {
+                _mm_storeu_si128((__m128i *)(slot + start + j), v);
+                v = _mm_add_epi32(v, _mm_set1_epi32(4));
+            }
+#endif
+            for (; j < f; j++) slot[start + j] = base | j;
+            start += f;
+        }
+    }
+}
+
+/* ---- which kernels --------------------------------------------------- */
+
+static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 */
+
+static int simd_available(void)
+{
+#if KVS_HAVE_X86
+    /* what rans_avx512.c is compiled for (CMakeLists.txt), not only what
+     * its intrinsics need: the compiler may use any of it */
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+#else
+    return 0;
+#endif
+}
+
+#if KVS_HAVE_X86
+static int use_simd(void)
+{
+    int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    if (s < 0) {
+        const char *isa = getenv("KVSERDE_ISA");
+        int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
+        s = !forced_off && simd_available();
+        atomic_store_explicit(&simd_state, s, memory_order_relaxed);
+    }
+    return s;
+}
+#endif
+
+int kvs_rans_set_simd(int on)
+{
+    int s = on && simd_available();
+    atomic_store_explicit(&simd_state, s, memory_order_relaxed);
+    return s;
+}
+
+/* ---- encode ---------------------------------------------------------- */
+
+/* One symbol into state x (info, rcp: its table entries); the word is
+ * stored at p - 2 whether or not it is kept (p moves down only if it is),
+ * so no branch on the data. */
+static inline uint32_t enc_put(uint32_t x, uint32_t info, uint32_t rcp, uint8_t **pp)
+{
+    uint32_t f = info >> 13 & 0x1FFF;
+    uint8_t *p = *pp;
+    uint32_t out = x >= f << KVS_RANS_XMAX_SHIFT; /* x_max = ((L >> scale) << 16) f */
+    p[-2] = (uint8_t)x;
+    p[-1] = (uint8_t)(x >> 8);
+    *pp = p - 2 * out;
+    x = out ? x >> 16 : x;
+    uint32_t q = (uint32_t)(((uint64_t)x * rcp) >> 32) >> (info >> 26);
+    return x + (info & 0x1FFF) + q * (KVS_RANS_TOTAL - f);
+}
+
+void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
+                                const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
+                                uint32_t *nocode)
+{
+    uint8_t *p = *pp;
+    uint32_t bad = 0;
+    for (size_t g = groups; g-- > 0;) {
+        size_t i = g * KVS_RANS_LANES;
+        for (int l = KVS_RANS_LANES - 1; l >= 0; l--) {
+            unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
+            uint32_t info = e->info[k];
+            bad |= (info >> 13 & 0x1FFF) == 0;
+            x[l] = enc_put(x[l], info, e->rcp[k], &p);
+        }
+    }
+    *pp = p;
+    *nocode |= bad;
+}
+
+int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                    size_t n, uint8_t *out, size_t cap, size_t *outn)
+{
+    if (cap < kvs_rans_bound(n))
+        return kvs_set_error(KVS_ENOSPC, "rans: output holds %zu bytes, %zu symbols need %zu",
+                             cap, n, kvs_rans_bound(n));
+    uint32_t x[KVS_RANS_LANES];
+    for (int l = 0; l < KVS_RANS_LANES; l++) x[l] = RANS_L;
+    uint8_t *p = out + cap; /* words go down from the end: at most n + 1 stores */
+    uint32_t nocode = 0;
+    /* The symbols after the last whole group, last first; then the groups. */
+    for (size_t i = n; i-- > n - n % KVS_RANS_LANES;) {
+        unsigned k = CTX_AT(ctx, i, e->top) * 256u + sym[i];
+        uint32_t info = e->info[k];
+        nocode |= (info >> 13 & 0x1FFF) == 0;
+        x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, e->rcp[k], &p);
+    }
+    size_t groups = n / KVS_RANS_LANES;
+#if KVS_HAVE_X86
+    if (use_simd())
+        kvs_rans_enc_groups_avx512(e, sym, ctx, groups, x, &p, &nocode);
+    else
+#endif
+        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, &p, &nocode);
+    if (nocode) {
+        size_t at = 0;
+        while (at < n && e->info[CTX_AT(ctx, at, e->top) * 256u + sym[at]] >> 13 & 0x1FFF)
+            at++;
+        return kvs_set_error(KVS_EINVAL,
+                             "rans: symbol %u at %zu has frequency 0 in the table of context %u",
+                             at < n ? sym[at] : 0, at, at < n ? CTX_AT(ctx, at, e->top) : 0);
+    }
+    size_t words = (size_t)(out + cap - p);
+    memmove(out + 4 * KVS_RANS_LANES, p, words);
+    for (int l = 0; l < KVS_RANS_LANES; l++)
+        for (int b = 0; b < 4; b++) out[4 * l + b] = (uint8_t)(x[l] >> (8 * b));
+    *outn = 4 * KVS_RANS_LANES + words;
+    return KVS_OK;
+}
+
+/* ---- decode ---------------------------------------------------------- */
+
+/* One symbol out of state x; *p is a word inside the stream (when the state
+ * needs one) or ignored. Returns the new state, the symbol in *s, the
+ * words used in *in (0 or 1). */
+static inline uint32_t dec_step(const uint32_t *tab, uint32_t x, const uint8_t *p, uint8_t *s,
+                                uint32_t *in)
+{
+    uint32_t e = tab[x & SLOT_MASK];
+    x = ((e >> 12 & 0xFFF) + 1) * (x >> KVS_RANS_SCALE_BITS) + (e & 0xFFF);
+    *s = (uint8_t)(e >> 24);
+    *in = x < RANS_L;
+    return *in ? x << 16 | (uint32_t)p[0] | (uint32_t)p[1] << 8 : x;
+}
+
+size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+{
+    const uint8_t *p = *pp;
+    size_t i = 0;
+    for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES)
+        for (int l = 0; l < KVS_RANS_LANES; l++) {
+            const uint32_t *tab = d->slot + CTX_AT(ctx, i + l, d->top) * KVS_RANS_TOTAL;
+            uint32_t in;
+            x[l] = dec_step(tab, x[l], p, &sym[i + l], &in);
+            p += 2 * in;
+        }
+    *pp = p;
+    return i;
+}
+
+int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
+                    const uint8_t *ctx, uint8_t *sym, size_t n, const char *what)
+{
+    if (len < 4 * KVS_RANS_LANES)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "%s: rANS stream of %zu bytes, shorter than its %u bytes of states", what,
+                             len, 4 * KVS_RANS_LANES);
+    uint32_t x[KVS_RANS_LANES];
+    for (int l = 0; l < KVS_RANS_LANES; l++) {
+        const uint8_t *q = in + 4 * l;
+        x[l] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+               (uint32_t)q[3] << 24;
+        if (x[l] < RANS_L || x[l] >= RANS_HI)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "%s: rANS state %d is %u, outside [%u, %u)", what, l,
+                                 (unsigned)x[l], RANS_L, RANS_HI);
+    }
+    const uint8_t *p = in + 4 * KVS_RANS_LANES, *end = in + len;
+    size_t i;
+#if KVS_HAVE_X86
+    if (use_simd())
+        i = kvs_rans_dec_groups_avx512(d, x, &p, end, ctx, sym, n);
+    else
+#endif
+        i = kvs_rans_dec_groups_scalar(d, x, &p, end, ctx, sym, n);
+    /* The rest one by one, each word checked. */
+    static const uint8_t none[2] = {0, 0};
+    for (; i < n; i++) {
+        const uint32_t *tab = d->slot + CTX_AT(ctx, i, d->top) * KVS_RANS_TOTAL;
+        uint32_t used;
+        const uint8_t *w = end - p >= 2 ? p : none;
+        x[i % KVS_RANS_LANES] = dec_step(tab, x[i % KVS_RANS_LANES], w, &sym[i], &used);
+        if (used && w == none)
+            return kvs_set_error(KVS_ECORRUPT, "%s: rANS stream ends at symbol %zu of %zu",
+                                 what, i, n);
+        p += 2 * used;
+    }
+    if (p != end)
+        return kvs_set_error(KVS_ECORRUPT, "%s: %zu bytes after the rANS stream of %zu symbols",
+                             what, (size_t)(end - p), n);
+    for (int l = 0; l < KVS_RANS_LANES; l++)
+        if (x[l] != RANS_L)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "%s: rANS state %d ends at %u, not at its start %u", what, l,
+                                 (unsigned)x[l], RANS_L);
+    return KVS_OK;
+}

@@ -1,0 +1,111 @@
+/* rans.h - internal: static-table interleaved rANS over bytes, with one
+ * frequency table per context.
+ *
+ * A coder for byte symbols whose statistics the caller has counted: each
+ * symbol i is coded with the table of its context ctx[i] (0 to
+ * KVS_RANS_MAX_CTX - 1), each table a distribution normalised to
+ * KVS_RANS_TOTAL. 32 rANS states (32 bits, 16-bit renormalisation, state
+ * interval [2^15, 2^31)) take symbols in turn (symbol i goes to state i mod
+ * 32), so a decoder runs 32 independent dependency chains at once: two
+ * AVX-512 vectors of 16, or a scalar loop (rans_avx512.c, the same stream
+ * bit for bit).
+ *
+ * Why a coder of our own: the lossless stage codes the bfloat16 exponent
+ * with a table per channel group (docs/performance.md measures that it pays).
+ * The maintained coders do not take per-symbol tables: zstd's and isa-l's
+ * Huffman are not public API or code one table per block, liblz4 has no
+ * entropy stage. So this is ryg's public-domain rans_byte scheme (division by
+ * reciprocal in the encoder, exact for states below 2^31) in 16-bit words.
+ *
+ * Stream (little-endian): the 32 final encoder states (u32 each, state 0
+ * first), then the renormalisation words (u16) in the order the decoder
+ * reads them. kvs_rans_decode treats it as hostile: every read is checked,
+ * the states must start inside the interval and end where the encoder
+ * started (2^15 each) with every word consumed; anything else is refused.
+ *
+ * Table form (kvs_rans_freqs_write): u8 first symbol lo, u8 last symbol hi
+ * (lo <= hi), then the frequency of each symbol lo..hi: one byte 0-127, or
+ * two bytes 0x80 | f >> 8, f & 0xFF for 128-1024; the frequencies sum to
+ * KVS_RANS_TOTAL. At most 2 + 2 x 256 bytes. */
+#ifndef KVSERDE_CODECS_RANS_H
+#define KVSERDE_CODECS_RANS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVS_RANS_SCALE_BITS 10 /* 1024 slots: 0.003 bits per exponent over 4096 */
+#define KVS_RANS_TOTAL (1u << KVS_RANS_SCALE_BITS)
+#define KVS_RANS_LANES 32
+#define KVS_RANS_MAX_CTX 4
+#define KVS_RANS_FREQS_MAX (2 + 2 * 256)
+
+/* A normalised distribution: f[s] symbols s in KVS_RANS_TOTAL, summing to
+ * KVS_RANS_TOTAL; a symbol with f[s] == 0 cannot be coded. */
+typedef struct kvs_rans_freqs {
+    uint16_t f[256];
+} kvs_rans_freqs;
+
+/* The encoder's per-symbol constants, per context (index ctx * 256 + s):
+ * the reciprocal of the frequency f, and bias (bits 0-12) | f (bits 13-25,
+ * 0 = no code) | reciprocal shift (bits 26-29). 8 KiB for four contexts. */
+typedef struct kvs_rans_enc_tables {
+    uint32_t rcp[KVS_RANS_MAX_CTX * 256];
+    uint32_t info[KVS_RANS_MAX_CTX * 256];
+    uint32_t top; /* the last context with a table: nctx - 1 */
+} kvs_rans_enc_tables;
+
+/* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
+ * slot's symbol (bits 24-31), its frequency - 1 (bits 12-23) and the slot's
+ * offset from the symbol's first slot (bits 0-11). 16 KiB for four
+ * contexts: they stay in L1, and a block fills 4 KiB per context. */
+typedef struct kvs_rans_dec_tables {
+    uint32_t slot[KVS_RANS_MAX_CTX * KVS_RANS_TOTAL];
+    uint32_t top; /* the last context with a table: nctx - 1 */
+} kvs_rans_dec_tables;
+
+/* Normalise counts (any, not all zero) to a distribution that gives every
+ * counted symbol at least 1. All-zero counts give f[0] = KVS_RANS_TOTAL. */
+void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out);
+
+/* Bits the symbols counted in `count` take under `t` (their order-0 cost,
+ * without the table), an estimate for choosing contexts. A counted symbol
+ * that `t` cannot code counts 1e9 bits. */
+double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t);
+
+/* The compact table form into out (KVS_RANS_FREQS_MAX bytes suffice);
+ * returns its byte count. */
+size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out);
+
+/* Read one table form from in[0..n): KVS_OK with *used its bytes, or
+ * KVS_ECORRUPT (truncated, lo > hi, a frequency above KVS_RANS_TOTAL, a sum
+ * other than KVS_RANS_TOTAL) with a message naming `what`. */
+int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_freqs *t,
+                        size_t *used);
+
+/* Build the coding tables of nctx (1 to KVS_RANS_MAX_CTX) distributions
+ * (only those: a block with fewer contexts fills less). */
+void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx);
+void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
+
+/* The most bytes kvs_rans_encode writes for n symbols. */
+static inline size_t kvs_rans_bound(size_t n)
+{
+    return 4 * KVS_RANS_LANES + 2 * n + 2;
+}
+
+/* Code sym[0..n), symbol i with the table of context ctx[i] (ctx NULL: all
+ * context 0; a value above nctx - 1 counts as nctx - 1), into out[0..cap),
+ * cap >= kvs_rans_bound(n); *outn = the stream's bytes. KVS_EINVAL if a
+ * symbol has frequency 0 in its table, KVS_ENOSPC if cap is short. */
+int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                    size_t n, uint8_t *out, size_t cap, size_t *outn);
+
+/* Decode exactly n symbols from in[0..len) into sym (ctx as for encode; the
+ * same contexts the encoder used). KVS_ECORRUPT, with a message naming
+ * `what`, when the stream is not exactly the coding of n symbols under these
+ * tables as far as rANS can tell (a damaged word may still decode to wrong
+ * symbols: the frame's checksum catches those). */
+int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
+                    const uint8_t *ctx, uint8_t *sym, size_t n, const char *what);
+
+#endif /* KVSERDE_CODECS_RANS_H */

@@ -1,0 +1,102 @@
+/* rans_avx512.c - the groups of 32 symbols of rans.c with AVX-512: the 32
+ * states as two vectors of 16, table entries fetched by gathers, the
+ * renormalisation words moved in and out with expand and compress. The
+ * stream is the scalar kernels' bit for bit (rans_kernels.h): in a group the
+ * decoder takes words for lanes 0-15, then 16-31, each vector in lane order,
+ * and the encoder stores them so. */
+#include <immintrin.h>
+
+#include "codecs/rans_kernels.h"
+
+#define RANS_L (1u << 15)
+
+/* Sixteen contexts, at most top, shifted to their tables' offsets. */
+static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
+{
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ctx16));
+    return _mm512_slli_epi32(_mm512_min_epu32(c, _mm512_set1_epi32((int)top)), shift);
+}
+
+/* Sixteen symbols out of the states X; 32 bytes at *pp are readable. */
+static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const uint8_t *ctx16,
+                               uint8_t *sym16, const uint8_t **pp)
+{
+    const __m512i m12 = _mm512_set1_epi32(0xFFF);
+    __m512i idx = _mm512_and_si512(X, _mm512_set1_epi32(KVS_RANS_TOTAL - 1));
+    if (ctx16) idx = _mm512_or_si512(idx, ctx_of(ctx16, d->top, KVS_RANS_SCALE_BITS));
+    __m512i e = _mm512_i32gather_epi32(idx, (const void *)d->slot, 4);
+    __m512i f = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 12), m12),
+                                 _mm512_set1_epi32(1));
+    X = _mm512_add_epi32(_mm512_mullo_epi32(f, _mm512_srli_epi32(X, KVS_RANS_SCALE_BITS)),
+                         _mm512_and_si512(e, m12));
+    _mm_storeu_si128((__m128i *)sym16, _mm512_cvtepi32_epi8(_mm512_srli_epi32(e, 24)));
+    __mmask16 in = _mm512_cmplt_epu32_mask(X, _mm512_set1_epi32(RANS_L));
+    const uint8_t *p = *pp;
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    w = _mm512_maskz_expand_epi32(in, w);
+    X = _mm512_mask_or_epi32(X, in, _mm512_slli_epi32(X, 16), w);
+    *pp = p + 2 * __builtin_popcount(in);
+    return X;
+}
+
+size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+{
+    const uint8_t *p = *pp;
+    __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
+    size_t i = 0;
+    for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
+        X0 = dec_half(d, X0, ctx ? ctx + i : NULL, sym + i, &p);
+        X1 = dec_half(d, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p);
+    }
+    _mm512_storeu_si512(x, X0);
+    _mm512_storeu_si512(x + 16, X1);
+    *pp = p;
+    return i;
+}
+
+/* Sixteen symbols into the states X, their words stored below *pp. */
+static inline __m512i enc_half(const kvs_rans_enc_tables *e, __m512i X, const uint8_t *sym16,
+                               const uint8_t *ctx16, uint8_t **pp, __mmask16 *bad)
+{
+    __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sym16));
+    if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, e->top, 8));
+    __m512i info = _mm512_i32gather_epi32(k, (const void *)e->info, 4);
+    __m512i rcp = _mm512_i32gather_epi32(k, (const void *)e->rcp, 4);
+    __m512i f = _mm512_and_si512(_mm512_srli_epi32(info, 13), _mm512_set1_epi32(0x1FFF));
+    *bad |= _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512());
+    __mmask16 out = _mm512_cmpge_epu32_mask(X, _mm512_slli_epi32(f, KVS_RANS_XMAX_SHIFT));
+    unsigned cnt = (unsigned)__builtin_popcount(out);
+    __m256i w = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(out, X));
+    uint8_t *p = *pp - 2 * cnt;
+    _mm256_mask_storeu_epi16(p, (__mmask16)((1u << cnt) - 1), w);
+    *pp = p;
+    X = _mm512_mask_srli_epi32(X, out, X, 16);
+    /* q = mulhi(X, rcp) >> shift, even and odd lanes apart */
+    __m512i ev = _mm512_mul_epu32(X, rcp);
+    __m512i od = _mm512_mul_epu32(_mm512_srli_epi64(X, 32), _mm512_srli_epi64(rcp, 32));
+    __m512i hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(ev, 32), od);
+    __m512i q = _mm512_srlv_epi32(hi, _mm512_srli_epi32(info, 26));
+    __m512i cmpl = _mm512_sub_epi32(_mm512_set1_epi32(KVS_RANS_TOTAL), f);
+    X = _mm512_add_epi32(_mm512_add_epi32(X, _mm512_and_si512(info, _mm512_set1_epi32(0x1FFF))),
+                         _mm512_mullo_epi32(q, cmpl));
+    return X;
+}
+
+void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
+                                const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
+                                uint32_t *nocode)
+{
+    uint8_t *p = *pp;
+    __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
+    __mmask16 bad = 0;
+    for (size_t g = groups; g-- > 0;) {
+        size_t i = g * KVS_RANS_LANES;
+        X1 = enc_half(e, X1, sym + i + 16, ctx ? ctx + i + 16 : NULL, &p, &bad);
+        X0 = enc_half(e, X0, sym + i, ctx ? ctx + i : NULL, &p, &bad);
+    }
+    _mm512_storeu_si512(x, X0);
+    _mm512_storeu_si512(x + 16, X1);
+    *pp = p;
+    *nocode |= bad != 0;
+}

@@ -1,0 +1,37 @@
+/* rans_kernels.h - internal: the groups of 32 symbols of rans.c, scalar
+ * (rans.c) and AVX-512 (rans_avx512.c). Both variants read and write the
+ * same stream bit for bit.
+ *
+ * Encoding runs groups groups-1 down to 0 (symbols [32 g, 32 g + 32), last
+ * lane first) on the states x[0..32), storing words downwards from *pp
+ * (room for one more word than it keeps must lie below); sets *nocode when
+ * a symbol has frequency 0 (the stream is then garbage). Decoding runs
+ * groups from symbol 0 while a whole group and 64 stream bytes remain, and
+ * returns the symbols it decoded. */
+#ifndef KVSERDE_CODECS_RANS_KERNELS_H
+#define KVSERDE_CODECS_RANS_KERNELS_H
+
+#include "codecs/rans.h"
+
+/* The encoder shifts a word out of state x before coding a symbol of
+ * frequency f when x >= ((L >> scale) << 16) f = f << KVS_RANS_XMAX_SHIFT. */
+#define KVS_RANS_XMAX_SHIFT (31 - KVS_RANS_SCALE_BITS)
+
+void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
+                                const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
+                                uint32_t *nocode);
+size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+#if KVS_HAVE_X86
+void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
+                                const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
+                                uint32_t *nocode);
+size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+#endif
+
+/* Tests: use the AVX-512 kernels (on != 0, where the CPU has them) or the
+ * scalar ones from now on; returns whether AVX-512 is in use. */
+int kvs_rans_set_simd(int on);
+
+#endif /* KVSERDE_CODECS_RANS_KERNELS_H */

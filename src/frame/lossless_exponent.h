@@ -1,0 +1,45 @@
+/* lossless_exponent.h - internal: one block of the lossless stage's rANS
+ * coder (payload version 2, docs/frame_format.md): 16-bit elements split
+ * into the bfloat16 exponent (bits 7-14), coded with rANS under a table per
+ * channel group, and the sign and mantissa (bit 15 and bits 0-6), stored
+ * raw; or the block raw when that is smaller.
+ *
+ * Element i of a block whose first element is number `first` of the
+ * payload belongs to channel (first + i) mod `period` (period = the
+ * layout's last dim, 1 when unknown). The encoder ranks the block's
+ * channels by their mean exponent, cuts the ranking into 1, 2 or 4 groups
+ * (whichever its cost estimate, tables and group map included, finds
+ * smallest), and codes each group's exponents with that group's table.
+ * For float16 the same bits are the 5 exponent bits and the top 3 mantissa
+ * bits: still exact, only less well modelled. */
+#ifndef KVSERDE_FRAME_LOSSLESS_EXPONENT_H
+#define KVSERDE_FRAME_LOSSLESS_EXPONENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The largest period the group map is kept for (the encoder uses period 1
+ * above it; a reader refuses a larger one). */
+#define KVS_LLX_MAX_PERIOD 4096u
+
+/* The record of a block of k elements is at most 1 + 2k bytes. */
+#define KVS_LLX_RECORD_MAX(k) (1 + 2 * (size_t)(k))
+
+typedef struct kvs_llx_scratch kvs_llx_scratch;
+
+/* Working memory for blocks of up to max_k elements (NULL: out of memory),
+ * and back when done (kept for the next call or freed). */
+kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k);
+void kvs_llx_scratch_give(kvs_llx_scratch *w);
+
+/* Code the k elements at src (2k bytes, little-endian u16) into rec
+ * (KVS_LLX_RECORD_MAX(k) bytes); *used = the record's bytes. k <= max_k. */
+void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
+                          uint32_t period, uint8_t *rec, size_t *used);
+
+/* Decode record rec[0..len) of block `block` (for messages) into the 2k
+ * bytes at dst, or refuse it (KVS_ECORRUPT, a message naming the block). */
+int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                         uint64_t first, uint32_t period, uint64_t block, uint8_t *dst);
+
+#endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

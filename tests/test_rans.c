@@ -1,0 +1,328 @@
+/* test_rans.c - the rANS coder (src/codecs/rans.c): normalisation, the
+ * table form (exact bytes, refusals), round trips of every length around
+ * the 32-lane groups with one and four contexts and skewed, uniform and
+ * one-symbol tables, contexts above the last table, the scalar and AVX-512 kernels writing the same stream
+ * and reading each other's, the encoder's refusals, and the decoder's
+ * refusal of truncated, extended and damaged streams. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/rans.h"
+#include "codecs/rans_kernels.h"
+#include "kvs_test.h"
+#include "kvserde/error.h"
+
+static uint64_t lcg(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+static unsigned freq_sum(const kvs_rans_freqs *t)
+{
+    unsigned s = 0;
+    for (int i = 0; i < 256; i++) s += t->f[i];
+    return s;
+}
+
+static void test_normalize(void)
+{
+    uint32_t c[256] = {0};
+    kvs_rans_freqs t;
+    kvs_rans_normalize(c, &t); /* nothing counted: symbol 0 takes all */
+    CHECK_EQ_INT(t.f[0], KVS_RANS_TOTAL);
+    CHECK_EQ_INT(freq_sum(&t), KVS_RANS_TOTAL);
+    c[7] = 5;
+    kvs_rans_normalize(c, &t);
+    CHECK_EQ_INT(t.f[7], KVS_RANS_TOTAL);
+    CHECK_EQ_INT(freq_sum(&t), KVS_RANS_TOTAL);
+    c[7] = 3, c[8] = 1;
+    kvs_rans_normalize(c, &t);
+    CHECK_EQ_INT(t.f[7], KVS_RANS_TOTAL / 4 * 3);
+    CHECK_EQ_INT(t.f[8], KVS_RANS_TOTAL / 4);
+    /* 128 rare and 128 common symbols: rounding the rare ones up to 1
+     * overspends more than any one frequency can give back */
+    for (int s = 0; s < 256; s++) c[s] = s < 128 ? 1 : 100000;
+    kvs_rans_normalize(c, &t);
+    CHECK_EQ_INT(freq_sum(&t), KVS_RANS_TOTAL);
+    int ok = 1;
+    for (int s = 0; s < 256; s++) ok &= t.f[s] >= 1;
+    CHECK(ok);
+    /* every symbol once */
+    for (int s = 0; s < 256; s++) c[s] = 1;
+    kvs_rans_normalize(c, &t);
+    for (int s = 0; s < 256; s++) ok &= t.f[s] == KVS_RANS_TOTAL / 256;
+    CHECK(ok);
+    /* the cost: 1 bit for each of two even symbols, infinite-ish without a code */
+    memset(c, 0, sizeof c);
+    c[1] = c[2] = 10;
+    kvs_rans_normalize(c, &t);
+    CHECK(kvs_rans_cost_bits(c, &t) == 20.0);
+    c[3] = 1;
+    CHECK(kvs_rans_cost_bits(c, &t) >= 1e9);
+}
+
+static void test_table_form(void)
+{
+    kvs_rans_freqs t = {{0}}, back;
+    t.f[3] = 1000, t.f[4] = 0, t.f[5] = 24;
+    uint8_t form[KVS_RANS_FREQS_MAX];
+    size_t n = kvs_rans_freqs_write(&t, form);
+    static const uint8_t want[] = {3, 5, 0x83, 0xE8, 0, 24};
+    CHECK_EQ_INT((int)n, (int)sizeof want);
+    CHECK(memcmp(form, want, sizeof want) == 0);
+    size_t used = 0;
+    CHECK_OK(kvs_rans_freqs_read(form, n + 3, "t", &back, &used));
+    CHECK_EQ_INT((int)used, (int)n);
+    CHECK(memcmp(&t, &back, sizeof t) == 0);
+    /* one symbol with all 1024 slots: two bytes */
+    kvs_rans_freqs u = {{0}};
+    u.f[255] = KVS_RANS_TOTAL;
+    n = kvs_rans_freqs_write(&u, form);
+    CHECK_EQ_INT((int)n, 4);
+    CHECK(form[0] == 255 && form[1] == 255 && form[2] == 0x84 && form[3] == 0);
+    CHECK_OK(kvs_rans_freqs_read(form, n, "t", &back, &used));
+    CHECK(memcmp(&u, &back, sizeof u) == 0);
+
+    CHECK_ERR(kvs_rans_freqs_read(want, 1, "t", &back, &used), KVS_ECORRUPT,
+              "t: frequency table truncated (1 of 2 bytes)");
+    for (size_t k = 2; k < sizeof want; k++)
+        CHECK(kvs_rans_freqs_read(want, k, "t", &back, &used) == KVS_ECORRUPT);
+    CHECK_ERR(kvs_rans_freqs_read(want, 3, "t", &back, &used), KVS_ECORRUPT,
+              "t: frequency table truncated at symbol 3 of 3-5");
+    static const uint8_t swapped[] = {5, 3, 1};
+    CHECK_ERR(kvs_rans_freqs_read(swapped, 3, "t", &back, &used), KVS_ECORRUPT,
+              "t: frequency table from symbol 5 to 3");
+    static const uint8_t short_sum[] = {3, 5, 0x83, 0xE8, 0, 23};
+    CHECK_ERR(kvs_rans_freqs_read(short_sum, 6, "t", &back, &used), KVS_ECORRUPT,
+              "t: frequencies sum to 1023, expected 1024");
+    static const uint8_t too_big[] = {0, 0, 0x84, 0x01};
+    CHECK_ERR(kvs_rans_freqs_read(too_big, 4, "t", &back, &used), KVS_ECORRUPT,
+              "t: symbol 0 has frequency 1025, above the total 1024");
+}
+
+enum dist { SKEWED, UNIFORM, ONE_SYMBOL, RARE };
+
+/* n symbols of `dist` in up to nctx contexts, and their tables. */
+static void make_data(enum dist d, unsigned nctx, size_t n, uint64_t seed, uint8_t *sym,
+                      uint8_t *ctx, kvs_rans_freqs *t)
+{
+    uint32_t c[KVS_RANS_MAX_CTX][256];
+    memset(c, 0, sizeof c);
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        unsigned cx = (unsigned)(lcg(&s) % nctx);
+        uint8_t v;
+        switch (d) {
+        case SKEWED: v = (uint8_t)(120 + cx * 3 + (lcg(&s) % 7) * (lcg(&s) % 3)); break;
+        case UNIFORM: v = (uint8_t)lcg(&s); break;
+        case ONE_SYMBOL: v = 0xAB; break;
+        default: v = lcg(&s) % 1000 ? 0 : (uint8_t)(1 + lcg(&s) % 255); break;
+        }
+        sym[i] = v;
+        ctx[i] = (uint8_t)cx;
+        c[cx][v]++;
+    }
+    for (unsigned j = 0; j < nctx; j++) kvs_rans_normalize(c[j], &t[j]);
+}
+
+/* Encode and decode; 1 if exact. *out, *m: the stream (malloc'd). */
+static int rt(const kvs_rans_freqs *t, unsigned nctx, const uint8_t *sym, const uint8_t *ctx,
+              size_t n, uint8_t **out, size_t *m)
+{
+    static kvs_rans_enc_tables e;
+    static kvs_rans_dec_tables d;
+    kvs_rans_enc_init(&e, t, nctx);
+    kvs_rans_dec_init(&d, t, nctx);
+    size_t cap = kvs_rans_bound(n);
+    *out = malloc(cap);
+    if (kvs_rans_encode(&e, sym, nctx > 1 ? ctx : NULL, n, *out, cap, m) != KVS_OK) return 0;
+    if (*m > cap) return 0;
+    uint8_t *back = malloc(n + 1);
+    int ok = kvs_rans_decode(&d, *out, *m, nctx > 1 ? ctx : NULL, back, n, "t") == KVS_OK &&
+             memcmp(back, sym, n) == 0;
+    free(back);
+    return ok;
+}
+
+static void test_roundtrips(void)
+{
+    static const size_t sizes[] = {0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 95, 1000, 4097,
+                                   65536, 65536 + 31};
+    uint8_t *sym = malloc(65536 + 64), *ctx = malloc(65536 + 64);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    int cases = 0;
+    for (int simd = 0; simd < 2; simd++) {
+        kvs_rans_set_simd(simd);
+        for (int d = SKEWED; d <= RARE; d++)
+            for (unsigned nctx = 1; nctx <= KVS_RANS_MAX_CTX; nctx += 3)
+                for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+                    make_data((enum dist)d, nctx, sizes[z], sizes[z] * 7 + (size_t)d, sym, ctx,
+                              t);
+                    uint8_t *out = NULL;
+                    size_t m = 0;
+                    int ok = rt(t, nctx, sym, ctx, sizes[z], &out, &m);
+                    if (!ok)
+                        KVS_FAIL_("simd %d dist %d contexts %u, %zu symbols", simd, d, nctx,
+                                  sizes[z]);
+                    if (d == ONE_SYMBOL) CHECK_EQ_INT((int)m, 4 * KVS_RANS_LANES);
+                    if (d == UNIFORM && sizes[z] >= 4097)
+                        if (m > 4 * KVS_RANS_LANES + sizes[z] + 8) KVS_FAIL_("uniform %zu -> %zu", sizes[z], m);
+                    free(out);
+                    cases++;
+                }
+    }
+    CHECK_EQ_INT(cases, 2 * 4 * 2 * (int)(sizeof sizes / sizeof sizes[0]));
+    kvs_rans_set_simd(1);
+    free(sym);
+    free(ctx);
+}
+
+/* The two kernels: the same stream, and each decodes the other's. */
+static void test_kernels_agree(void)
+{
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_kernels_agree: skipped: no AVX-512 here (the scalar kernels only)\n");
+        return;
+    }
+    size_t n = 3 * 65536 + 17;
+    uint8_t *sym = malloc(n), *ctx = malloc(n), *back = malloc(n);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    for (int d = SKEWED; d <= RARE; d++) {
+        make_data((enum dist)d, 4, n, 99 + (uint64_t)d, sym, ctx, t);
+        uint8_t *a = NULL, *b = NULL;
+        size_t ma = 0, mb = 0;
+        kvs_rans_set_simd(0);
+        CHECK(rt(t, 4, sym, ctx, n, &a, &ma));
+        kvs_rans_set_simd(1);
+        CHECK(rt(t, 4, sym, ctx, n, &b, &mb));
+        CHECK(ma == mb && memcmp(a, b, ma) == 0);
+        kvs_rans_dec_tables *dt = malloc(sizeof *dt);
+        kvs_rans_dec_init(dt, t, 4);
+        kvs_rans_set_simd(0);
+        CHECK(kvs_rans_decode(dt, b, mb, ctx, back, n, "t") == KVS_OK &&
+              memcmp(back, sym, n) == 0);
+        kvs_rans_set_simd(1);
+        CHECK(kvs_rans_decode(dt, a, ma, ctx, back, n, "t") == KVS_OK &&
+              memcmp(back, sym, n) == 0);
+        free(dt);
+        free(a);
+        free(b);
+    }
+    free(sym);
+    free(ctx);
+    free(back);
+}
+
+/* A context above the last table's codes with the last table. */
+static void test_context_clamp(void)
+{
+    size_t n = 1000;
+    uint8_t *sym = malloc(n), *ctx = malloc(n), *big = malloc(n), *back = malloc(n);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    make_data(SKEWED, 2, n, 3, sym, ctx, t);
+    for (size_t i = 0; i < n; i++) big[i] = ctx[i] ? (uint8_t)(1 + i % 255) : 0;
+    for (int simd = 0; simd < 2; simd++) {
+        kvs_rans_set_simd(simd);
+        uint8_t *a = NULL, *b = NULL;
+        size_t ma = 0, mb = 0;
+        CHECK(rt(t, 2, sym, ctx, n, &a, &ma));
+        CHECK(rt(t, 2, sym, big, n, &b, &mb));
+        CHECK(ma == mb && memcmp(a, b, ma) == 0);
+        free(a);
+        free(b);
+    }
+    kvs_rans_set_simd(1);
+    free(sym);
+    free(ctx);
+    free(big);
+    free(back);
+}
+
+static void test_encoder_refusals(void)
+{
+    kvs_rans_freqs t = {{0}};
+    t.f[1] = KVS_RANS_TOTAL;
+    static kvs_rans_enc_tables e;
+    kvs_rans_enc_init(&e, &t, 1);
+    uint8_t sym[100], out[400];
+    memset(sym, 1, sizeof sym);
+    sym[70] = 2;
+    size_t m;
+    for (int simd = 0; simd < 2; simd++) {
+        kvs_rans_set_simd(simd);
+        CHECK_ERR(kvs_rans_encode(&e, sym, NULL, 100, out, sizeof out, &m), KVS_EINVAL,
+                  "rans: symbol 2 at 70 has frequency 0 in the table of context 0");
+    }
+    kvs_rans_set_simd(1);
+    CHECK_ERR(kvs_rans_encode(&e, sym, NULL, 100, out, 233, &m), KVS_ENOSPC,
+              "rans: output holds 233 bytes, 100 symbols need 330");
+}
+
+static void test_decoder_refusals(void)
+{
+    size_t n = 5000;
+    uint8_t *sym = malloc(n), *ctx = malloc(n), *back = malloc(n);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    make_data(SKEWED, 4, n, 5, sym, ctx, t);
+    uint8_t *s = NULL;
+    size_t m = 0;
+    REQUIRE(rt(t, 4, sym, ctx, n, &s, &m));
+    kvs_rans_dec_tables *d = malloc(sizeof *d);
+    kvs_rans_dec_init(d, t, 4);
+    for (int simd = 0; simd < 2; simd++) {
+        kvs_rans_set_simd(simd);
+        CHECK_ERR(kvs_rans_decode(d, s, 127, ctx, back, n, "t"), KVS_ECORRUPT,
+                  "t: rANS stream of 127 bytes, shorter than its 128 bytes of states");
+        /* every truncation, one extra byte, and a state out of range */
+        int refused = 0, tried = 0;
+        for (size_t k = 0; k < m; k += 1 + k / 50, tried++)
+            refused += kvs_rans_decode(d, s, k, ctx, back, n, "t") == KVS_ECORRUPT;
+        CHECK_EQ_INT(refused, tried);
+        uint8_t *x = malloc(m + 2);
+        memcpy(x, s, m);
+        x[m] = x[m + 1] = 0;
+        CHECK_ERR(kvs_rans_decode(d, x, m + 2, ctx, back, n, "t"), KVS_ECORRUPT,
+                  "t: 2 bytes after the rANS stream of 5000 symbols");
+        memcpy(x, s, m);
+        x[3] = 0x80; /* state 0 at or above 2^31 */
+        CHECK(kvs_rans_decode(d, x, m, ctx, back, n, "t") == KVS_ECORRUPT);
+        memcpy(x, s, m);
+        x[0] = x[1] = x[2] = x[3] = 0;
+        CHECK_ERR(kvs_rans_decode(d, x, m, ctx, back, n, "t"), KVS_ECORRUPT,
+                  "t: rANS state 0 is 0, outside [32768, 2147483648)");
+        /* damage in the words: refused, or decodes to other symbols (which
+         * the frame's checksum refuses); never read past the stream (ASan) */
+        int caught = 0;
+        for (size_t k = 4 * KVS_RANS_LANES; k < m; k += 7) {
+            memcpy(x, s, m);
+            x[k] ^= 0x24;
+            int rc = kvs_rans_decode(d, x, m, ctx, back, n, "t");
+            caught += rc == KVS_ECORRUPT || memcmp(back, sym, n) != 0;
+        }
+        CHECK_EQ_INT(caught, (int)((m - 4 * KVS_RANS_LANES + 6) / 7));
+        /* the wrong count of symbols */
+        CHECK(kvs_rans_decode(d, s, m, ctx, back, n - 1, "t") == KVS_ECORRUPT);
+        free(x);
+    }
+    kvs_rans_set_simd(1);
+    free(d);
+    free(s);
+    free(sym);
+    free(ctx);
+    free(back);
+}
+
+int main(void)
+{
+    RUN(test_normalize);
+    RUN(test_table_form);
+    RUN(test_roundtrips);
+    RUN(test_kernels_agree);
+    RUN(test_context_clamp);
+    RUN(test_encoder_refusals);
+    RUN(test_decoder_refusals);
+    return TEST_SUMMARY();
+}
