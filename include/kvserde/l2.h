@@ -363,7 +363,15 @@ typedef struct kvs_serde_wrapper_options {
  *     event fds (a third party's). Within a phase tasks move on in
  *     submission order: of tasks whose phase finishes at the same moment,
  *     the oldest moves on first, so stores that finish together are popped
- *     oldest first.
+ *     oldest first. A serialize or deserialize of at most 128 KiB (both
+ *     sides) runs on the thread that submits it (the caller's for a store),
+ *     cheaper than waking a worker.
+ *   - A store of several objects whose temps exceed 4 MiB goes on in pieces
+ *     of about 4 MiB (at least one object each): each piece is stored as
+ *     soon as it is serialized, so writes overlap the serialize of the
+ *     rest. The caller still sees one task: bytes_written adds the pieces
+ *     up; a failing piece fails the task with its error (the first one
+ *     wins) while the other pieces still store.
  *   - close: new submits are refused, every task in flight runs through all
  *     its phases and signals, then the poll thread stops, the processor and
  *     inner adapter are closed and every temp is freed.

@@ -60,9 +60,10 @@
  * (drained under the same lock, by a hook or the poll thread) is never seen
  * before its task is known. The lock order is mu, then the processor's or
  * the inner adapter's own locks: they call hooks with their locks released,
- * and a hook that comes in on the thread already holding mu (a task the
- * callee completed inside its submit) is deferred to unlock_mu(), never
- * taken twice. So holding mu across their submits cannot deadlock.
+ * and a hook never waits for mu: when another thread (or its own, inside a
+ * submit) holds it, the hook leaves the phase marked pending for the holder
+ * to drain when it lets go. So holding mu across their submits cannot
+ * deadlock, and a completion never puts its thread to sleep on mu.
  *
  * Close (decided here; upstream abandons in-flight tasks without signalling
  * them): refuse new submits, then let every task in flight run through all
@@ -80,6 +81,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,7 +190,8 @@ struct wrapper {
     pthread_mutex_t mu;         /* guards everything below */
     pthread_cond_t idle;        /* inflight dropped to 0 */
     struct wtask *heads[NPHASES], *tails[NPHASES]; /* each phase's tasks, FIFO */
-    int deferred[NPHASES];      /* a completion came in on the thread holding mu */
+    _Atomic int pending[NPHASES]; /* a hooked completion found mu held: the
+                                     holder drains the phase (not guarded) */
     size_t inflight;
     int stop;
     /* the temp pool */
@@ -693,52 +696,66 @@ static void drain_locked(struct wrapper *w, enum phase ph, struct temp **to_free
  *
  * mu is held across every submit to the processor and the inner adapter,
  * with the registration of the task, so a completion (fd or hook) never
- * finds a task it does not know yet: a hook on another thread waits for mu.
- * A hooked completion can also come in on the thread that holds mu, inside
- * one of those submits (a task the callee completed at once); that thread
- * cannot take mu again, so the hook only marks the phase deferred, and
- * unlock_mu() drains it once the task is registered.
+ * finds a task it does not know yet. A hook does not wait for mu: it marks
+ * its phase pending and drains it only if mu is free (trylock). Whoever
+ * holds mu drains the pending phases before letting go, and looks again
+ * after letting go, so a mark is never left behind: either the marking
+ * hook's trylock succeeds, or the holder it failed against sees the mark
+ * after its unlock (the marks are sequentially consistent atomics). This
+ * covers a hook on the holder's own thread (a task the callee completed
+ * inside a submit: its trylock fails) and spares a hook on another thread
+ * a sleep on mu and the holder a wake-up of it.
  * ------------------------------------------------------------------ */
 
-/* The wrapper whose mu this thread holds (NULL: none). */
-static _Thread_local struct wrapper *tl_holder;
-
-/* Returns the previous holder, for unlock_mu (a wrapper nested in a
- * wrapper holds two mus on one thread). */
-static struct wrapper *lock_mu(struct wrapper *w)
-{
-    pthread_mutex_lock(&w->mu);
-    struct wrapper *prev = tl_holder;
-    tl_holder = w;
-    return prev;
-}
-
-/* Drain the deferred phases, unlock, free the temps let go. */
-static void unlock_mu(struct wrapper *w, struct wrapper *prev, struct temp **to_free)
+/* Drain every phase marked pending (mu held); a drain can submit a next
+ * phase that completes inline and marks again, hence the loop. */
+static void drain_pending_locked(struct wrapper *w, struct temp **to_free)
 {
     for (int ph = 0; ph < NPHASES; ph++) {
-        if (w->deferred[ph]) {
-            w->deferred[ph] = 0;
+        if (atomic_exchange(&w->pending[ph], 0)) {
             drain_locked(w, (enum phase)ph, to_free);
-            ph = -1; /* a drain may defer again: look at every phase anew */
+            ph = -1; /* look at every phase anew */
         }
     }
-    tl_holder = prev;
-    pthread_mutex_unlock(&w->mu);
-    free_list(*to_free);
-    *to_free = NULL;
+}
+
+static int any_pending(struct wrapper *w)
+{
+    for (int ph = 0; ph < NPHASES; ph++)
+        if (atomic_load(&w->pending[ph])) return 1;
+    return 0;
+}
+
+static void lock_mu(struct wrapper *w) { pthread_mutex_lock(&w->mu); }
+
+/* Drain the pending phases, unlock, free the temps let go; then take mu
+ * again for marks made while it was being released (their hooks' trylock
+ * failed against this holder). */
+static void unlock_mu(struct wrapper *w, struct temp **to_free)
+{
+    for (;;) {
+        drain_pending_locked(w, to_free);
+        pthread_mutex_unlock(&w->mu);
+        free_list(*to_free);
+        *to_free = NULL;
+        if (!any_pending(w) || pthread_mutex_trylock(&w->mu) != 0) return;
+    }
 }
 
 /* A task of phase ph finished (its result is readable); we are on the
- * thread that finished it, so the next phase is submitted from here. */
+ * thread that finished it, so the next phase is submitted from here when mu
+ * is free; otherwise its holder does it. */
 static void phase_done(struct wrapper *w, enum phase ph, uint64_t id)
 {
-    if (tl_holder == w) {
-        w->deferred[ph] = 1; /* mu is ours already */
+    if (pthread_mutex_trylock(&w->mu) != 0) {
+        atomic_store(&w->pending[ph], 1);
+        /* the holder may have let go between the trylock and the mark */
+        if (pthread_mutex_trylock(&w->mu) != 0) return;
+        struct temp *to_free = NULL;
+        unlock_mu(w, &to_free);
         return;
     }
     struct temp *to_free = NULL;
-    struct wrapper *prev = lock_mu(w);
     if (ph == PH_STORE) {
         drain_inner_store_locked(w, &to_free);
     } else {
@@ -746,7 +763,7 @@ static void phase_done(struct wrapper *w, enum phase ph, uint64_t id)
         while (wt && wt->sub_id != id) wt = wt->next;
         if (wt) advance_if_done_locked(w, wt, &to_free);
     }
-    unlock_mu(w, prev, &to_free);
+    unlock_mu(w, &to_free);
 }
 
 static void serialize_done(void *ctx, uint64_t id) { phase_done(ctx, PH_SERIALIZE, id); }
@@ -811,11 +828,11 @@ static void *poll_main(void *arg)
             if (ready[i]) (void)kvs_event_fd_consume(pfd[i].fd, NULL);
 
         struct temp *to_free = NULL;
-        struct wrapper *prev = lock_mu(w);
+        lock_mu(w);
         for (int i = 0; i < npfd; i++)
             if (ready[i]) drain_locked(w, phase_of[i], &to_free);
         int stop = w->stop;
-        unlock_mu(w, prev, &to_free);
+        unlock_mu(w, &to_free);
         if (stop) break;
     }
     return NULL;
@@ -1011,12 +1028,12 @@ static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *k
         size_t per = d == KVS_L2_STORE ? piece_objects(wt) : 0, npieces = 0;
         struct wtask **pieces = per ? make_pieces(wt, per, &npieces) : NULL;
         struct temp *to_free = NULL;
-        struct wrapper *prev = lock_mu(w);
+        lock_mu(w);
         uint64_t sub;
         if (pieces) {
             w->inflight++;
             submit_pieces_locked(w, wt, pieces, npieces, &to_free);
-            unlock_mu(w, prev, &to_free);
+            unlock_mu(w, &to_free);
             free(pieces);
             kvs_l2_tq_end_submit(&w->tq);
             return KVS_OK;
@@ -1038,7 +1055,7 @@ static int submit(struct wrapper *w, kvs_l2_direction d, const kvs_object_key *k
             kvs_l2_tq_fail(wt->t, rc, kvs_last_error()); /* a load: all keys missed */
             finish_locked(w, wt, &to_free);
         }
-        unlock_mu(w, prev, &to_free);
+        unlock_mu(w, &to_free);
     }
     kvs_l2_tq_end_submit(&w->tq);
     return KVS_OK;
