@@ -62,7 +62,7 @@ static void refused_untouched(const uint8_t *params, const uint8_t *in, size_t n
                               kvs_memobj *dst, const char *what)
 {
     memset(dst->data, 0xA5, dst->capacity);
-    int rc = T->typed_decode(params, NPARAMS, in, n, dst);
+    int rc = T->typed_decode(params, NPARAMS, NULL, in, n, dst);
     FZ_ASSERT(rc == KVS_ECORRUPT, "%s: decode returned %d", what, rc);
     FZ_ASSERT_REFUSAL(rc, what);
     FZ_ASSERT(canary_intact(dst->data, dst->capacity), "%s: refused decode wrote dst", what);
@@ -100,7 +100,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *rest = fz_rest_copy(&in, &n);
     if (!(opt & 4)) {
         memset(dst->data, 0xA5, dst->capacity);
-        rc = T->typed_decode(params, NPARAMS, rest, n, dst);
+        rc = T->typed_decode(params, NPARAMS, NULL, rest, n, dst);
         if (rc) {
             FZ_ASSERT(rc == KVS_ECORRUPT || rc == KVS_ENOSPC || rc == KVS_ENOMEM,
                       "decode returned %d", rc);
@@ -119,10 +119,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (rc == KVS_OK) {
                 FZ_ASSERT(got <= bound, "encode wrote %zu bytes, bound %zu", got, bound);
                 uint8_t *once = malloc(dst->capacity + 1);
-                rc = T->typed_decode(params, NPARAMS, out, got, dst);
+                rc = T->typed_decode(params, NPARAMS, NULL, out, got, dst);
                 FZ_ASSERT(rc == KVS_OK, "own payload refused");
                 memcpy(once, dst->data, dst->capacity);
-                rc = T->typed_decode(params, NPARAMS, out, got, dst);
+                rc = T->typed_decode(params, NPARAMS, NULL, out, got, dst);
                 FZ_ASSERT(rc == KVS_OK && memcmp(once, dst->data, dst->capacity) == 0,
                           "decoding twice differs");
                 free(once);

@@ -51,7 +51,7 @@ static const uint8_t PARAMS[2] = {1, 0};
 /* Decode in[0..n): KVS_OK with *out (malloc'd, *m bytes) or a refusal. */
 static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, size_t *m)
 {
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
     *out = NULL;
     int rc = T->transform_decoded_size(PARAMS, 2, in, n, m);
     if (rc) {
@@ -75,7 +75,7 @@ static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, siz
 static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
                        uint64_t channels, size_t *m)
 {
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, channels};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, channels, NULL};
     size_t cap = T->bytes_bound(st, n);
     uint8_t *out = malloc(cap);
     int rc = T->transform_encode(st, PARAMS, 2, &ctx, in, n, out, cap, m);

@@ -2,7 +2,7 @@
 # Compile every library source for aarch64 with the project's warnings, as
 # an aarch64 build would (the *_avx2.c / *_avx512.c files are x86-only and
 # left out there too), so x86-only code cannot slip into the portable path.
-# jansson's, hiredis', libxxhash's and OpenSSL's headers are the same on both
+# jansson's, hiredis', libxxhash's, OpenBLAS's and OpenSSL's headers are the same on both
 # architectures (LP64), so the host's copies serve (OpenSSL's two generated
 # headers, configuration.h and opensslconf.h, sit in the host's multiarch
 # directory and are linked in beside the others).
@@ -16,6 +16,10 @@ trap 'rm -rf "$inc" "$out"' EXIT
 ln -s /usr/include/jansson.h /usr/include/jansson_config.h /usr/include/xxhash.h "$inc/"
 ln -s /usr/include/hiredis "$inc/hiredis"
 ln -s /usr/include/isa-l "$inc/isa-l"
+# OpenBLAS's cblas.h and its configuration header: the declarations are the
+# same on aarch64 (LP64, 32-bit blasint); the library is only linked on the host.
+ln -s /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h \
+  /usr/include/x86_64-linux-gnu/openblas-pthread/openblas_config.h "$inc/"
 mkdir "$inc/openssl"
 ln -s /usr/include/openssl/*.h "$inc/openssl/"
 for h in /usr/include/*-linux-gnu/openssl/*.h; do

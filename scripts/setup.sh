@@ -25,6 +25,7 @@ packages=(
   python3-pytest    # the Python binding's test runner (ctest test python_binding)
   libzstd-dev       # the lossless stage (zstd on byte planes) and eval's zstd baselines
   liblz4-dev        # bench_lossless: the LZ4 baselines
+  libopenblas-dev   # the transform stage and `kvserde calibrate`: BLAS products, LAPACK dsyevd
 )
 
 missing=()

@@ -129,7 +129,7 @@ static int encode(const kvs_stage *s, const kvs_object_key *key, const uint8_t *
 {
     int rc = T->write_params(s, params);
     if (rc) return rc;
-    kvs_stage_ctx ctx = {key, HEADER, sizeof HEADER, NULL, 0, 0};
+    kvs_stage_ctx ctx = {key, HEADER, sizeof HEADER, NULL, 0, 0, NULL};
     return T->transform_encode(s, params, T->params_size(s), &ctx, in, n, out, cap, outn);
 }
 
@@ -137,7 +137,7 @@ static int decode(const kvs_keyring *kr, const kvs_object_key *key, const uint8_
                   const uint8_t *params, const uint8_t *in, size_t n, uint8_t *out,
                   size_t cap, size_t *outn)
 {
-    kvs_stage_ctx ctx = {key, header, sizeof HEADER, kr, 0, 0};
+    kvs_stage_ctx ctx = {key, header, sizeof HEADER, kr, 0, 0, NULL};
     return T->transform_decode(params, KVS_AES_GCM_PARAMS_LEN, &ctx, in, n, out, cap, outn);
 }
 
@@ -483,7 +483,7 @@ static void test_tampering(void)
               KVS_EAUTH, auth);
     params[19] ^= 1;
     /* a shorter header (the same bytes, one cut off) */
-    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER - 1, kr, 0, 0};
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER - 1, kr, 0, 0, NULL};
     CHECK_ERR(T->transform_decode(params, 20, &ctx, blob, sizeof blob, out, sizeof out, &n),
               KVS_EAUTH, auth);
     /* a truncated blob */
@@ -547,7 +547,7 @@ static void test_wrong_key_and_rotation(void)
               KVS_EAUTH, msg);
 
     /* encode with params naming another key */
-    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, NULL, 0, 0};
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, NULL, 0, 0, NULL};
     snprintf(msg, sizeof msg,
              "aes_gcm: the parameters name key id %s, but this stage encrypts with key id %s",
              id2hex, K1_ID);
@@ -569,7 +569,7 @@ static void test_sizes_and_params(void)
     uint8_t in[64] = {0}, blob[80], out[64], params[20];
     size_t n = 3;
     REQUIRE_OK(T->write_params(s, params));
-    kvs_stage_ctx ctx = {NULL, HEADER, sizeof HEADER, kr, 0, 0};
+    kvs_stage_ctx ctx = {NULL, HEADER, sizeof HEADER, kr, 0, 0, NULL};
     CHECK_ERR(T->transform_encode(s, params, 20, &ctx, in, 64, blob, 79, &n), KVS_ENOSPC,
               "aes_gcm: output needs 80 bytes (64 of payload and the 16-byte tag); capacity "
               "is 79");
@@ -675,7 +675,7 @@ static void test_known_answers(void)
     uint8_t blob[64], out[64];
     kvs_object_key key = test_key("tenant-a", 0xa0);
     for (int keyed = 1; keyed >= 0; keyed--) {
-        kvs_stage_ctx ctx = {keyed ? &key : NULL, HEADER, sizeof HEADER, kr, 0, 0};
+        kvs_stage_ctx ctx = {keyed ? &key : NULL, HEADER, sizeof HEADER, kr, 0, 0, NULL};
         REQUIRE_OK(T->transform_encode(s, params, 20, &ctx, (const uint8_t *)msg, len, blob,
                                        sizeof blob, &n));
         CHECK_EQ_U64(n, len + 16);
@@ -708,7 +708,7 @@ static void test_pieces(void)
     uint8_t params[20];
     size_t n;
     kvs_object_key key = test_key("tenant-a", 1);
-    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, kr, 0, 0};
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, kr, 0, 0, NULL};
     REQUIRE_OK(T->write_params(s, params));
     REQUIRE_OK(T->transform_encode(s, params, 20, &ctx, in, N, ref, sizeof ref, &n));
     static const size_t pieces[] = {1, 7, 16, 1000, 4999};
@@ -742,7 +742,7 @@ static void *work(void *arg)
     for (int it = 0; it < 300; it++) {
         for (size_t i = 0; i < sizeof in; i++) in[i] = (uint8_t)(i + it + w->id);
         size_t n;
-        kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, w->kr, 0, 0};
+        kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, w->kr, 0, 0, NULL};
         if (T->write_params(w->s, params) ||
             T->transform_encode(w->s, params, 20, &ctx, in, sizeof in, blob, sizeof blob, &n) ||
             T->transform_decode(params, 20, &ctx, blob, n, out, sizeof out, &n) ||
@@ -782,7 +782,7 @@ static void test_stream(void)
     kvs_stage *s = NULL;
     REQUIRE_OK(make_stage_files(k1_raw, NULL, &s));
     kvs_object_key key = test_key("tenant-a", 1);
-    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, NULL, 0, 0};
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, NULL, 0, 0, NULL};
     enum { N = 100003 };
     static uint8_t in[N], whole[N + 16], piece[N + 16];
     for (size_t i = 0; i < N; i++) in[i] = (uint8_t)(i * 13 + 7);
@@ -848,7 +848,7 @@ static void test_large(void)
     static const size_t marks[] = {0, 1u << 30, (1u << 30) + 1, 1u << 31, (1u << 31) + 4096};
     for (size_t i = 0; i < sizeof marks / sizeof *marks; i++) buf[marks[i]] = (uint8_t)i;
     kvs_object_key key = test_key("tenant-a", 1);
-    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, kr, 0, 0};
+    kvs_stage_ctx ctx = {&key, HEADER, sizeof HEADER, kr, 0, 0, NULL};
     uint8_t params[20];
     size_t outn = 0;
     REQUIRE_OK(T->write_params(s, params));

@@ -34,24 +34,38 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvs_test.h"
 
 static char tool[4096];
 static char file[4096];
+static char cal_file[4096]; /* other chunk values, for --calibration */
+static char dir_path[64];
+
+static void write_file_kv(const char *path, const uint16_t *kv, int with_q);
 
 static void write_file(const char *path)
 {
     static const uint16_t kv[16] = {0x3F88, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80,
                                     0x4000, 0x4000, 0x4000, 0x4000, 0x4080, 0x4080, 0x4080, 0x4080};
+    write_file_kv(path, kv, 1);
+}
+
+/* kv [2, 1, 2, 4] and, with_q, q [1, 2, 4] (without: what `kvserde encode`
+ * can put through the transform stage, which refuses every other shape). */
+static void write_file_kv(const char *path, const uint16_t *kv, int with_q)
+{
     static const uint16_t q[8] = {0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x4000, 0, 0, 0};
     char hdr[512];
     int n = snprintf(hdr, sizeof hdr,
                      "{\"__metadata__\":{\"head_dim\":\"4\",\"num_heads\":\"1\","
                      "\"num_kv_heads\":\"1\"},\"kv\":{\"dtype\":\"BF16\",\"shape\":[2,1,2,4],"
-                     "\"data_offsets\":[0,32]},\"q\":{\"dtype\":\"BF16\",\"shape\":[1,2,4],"
-                     "\"data_offsets\":[32,48]}}");
+                     "\"data_offsets\":[0,32]}%s}",
+                     with_q ? ",\"q\":{\"dtype\":\"BF16\",\"shape\":[1,2,4],"
+                              "\"data_offsets\":[32,48]}"
+                            : "");
     while (n % 8) hdr[n++] = ' ';
     FILE *f = fopen(path, "wb");
     uint8_t len[8];
@@ -59,7 +73,7 @@ static void write_file(const char *path)
     fwrite(len, 1, 8, f);
     fwrite(hdr, 1, (size_t)n, f);
     for (int i = 0; i < 16; i++) fputc(kv[i] & 255, f), fputc(kv[i] >> 8, f);
-    for (int i = 0; i < 8; i++) fputc(q[i] & 255, f), fputc(q[i] >> 8, f);
+    for (int i = 0; with_q && i < 8; i++) fputc(q[i] & 255, f), fputc(q[i] >> 8, f);
     fclose(f);
 }
 
@@ -80,6 +94,22 @@ static char *run(const char *args)
         free(buf);
         return NULL;
     }
+    return buf;
+}
+
+/* Run a tool command line; its output (malloc'd) and exit status. */
+static char *run_status(const char *args, int *status)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", tool, args);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) return NULL;
+    size_t cap = 1 << 16, n = 0, r;
+    char *buf = malloc(cap);
+    while ((r = fread(buf + n, 1, cap - 1 - n, p)) > 0) n += r;
+    buf[n] = 0;
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     return buf;
 }
 
@@ -234,6 +264,102 @@ static void test_sweep_and_table(void)
     free(out);
 }
 
+static void test_calibration(void)
+{
+    char args[20000], t1[4200], t2[4200];
+    snprintf(t1, sizeof t1, "%s/t1.safetensors", dir_path);
+    snprintf(t2, sizeof t2, "%s/t2.safetensors", dir_path);
+    int st;
+    snprintf(args, sizeof args, "calibrate --out %s %s", t1, cal_file);
+    char *out = run_status(args, &st);
+    CHECK_EQ_INT(st, 0);
+    CHECK(out && strstr(out, "1 layers x hidden 4, from 1 chunks (2 tokens)") != NULL);
+    free(out);
+    snprintf(args, sizeof args, "calibrate --out %s %s", t2, cal_file);
+    free(run_status(args, &st));
+    CHECK_EQ_INT(st, 0);
+    /* deterministic: the same bytes */
+    snprintf(args, sizeof args, "cmp %s %s", t1, t2);
+    CHECK_EQ_INT(system(args), 0);
+    /* encode with the transform stage, decode with and without the file */
+    static const uint16_t kv[16] = {0x3F00, 0x3F80, 0x4000, 0x4040, 0xBF80, 0x3E80, 0x4080, 0x3F40,
+                                    0x4000, 0x3F80, 0x4040, 0x4000, 0x4080, 0x4000, 0x3F80, 0x40A0};
+    char kvf[4200], enc[4200], dec[4200];
+    snprintf(kvf, sizeof kvf, "%s/kv.safetensors", dir_path);
+    snprintf(enc, sizeof enc, "%s/enc.safetensors", dir_path);
+    snprintf(dec, sizeof dec, "%s/dec.safetensors", dir_path);
+    write_file_kv(kvf, kv, 0);
+    snprintf(args, sizeof args,
+             "encode --serde '{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\","
+             "\"path\":\"%s\",\"step\":0.01}]}' %s %s",
+             t1, kvf, enc);
+    free(run_status(args, &st));
+    CHECK_EQ_INT(st, 0);
+    snprintf(args, sizeof args, "decode %s %s", enc, dec);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 1);
+    CHECK(out && strstr(out, "this reader has no transform configured") != NULL);
+    free(out);
+    snprintf(args, sizeof args, "decode --transform %s --dtype bfloat16 %s %s", t1, enc, dec);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 0);
+    free(out);
+    unlink(kvf);
+    unlink(enc);
+    unlink(dec);
+    unlink(t1);
+    unlink(t2);
+    /* the calibrated presets, marked, only with a calibration */
+    snprintf(args, sizeof args, "eval --json --calibration %s --sweep %s", cal_file, file);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 0);
+    json_t *doc = out ? json_loads(out, 0, NULL) : NULL;
+    REQUIRE(doc != NULL);
+    const json_t *res = json_object_get(doc, "results");
+    int calibrated = 0, plain = 0;
+    for (size_t i = 0; i < json_array_size(res); i++) {
+        const json_t *r = json_array_get(res, i);
+        const char *name = json_string_value(json_object_get(r, "preset"));
+        int xform = name && strncmp(name, "xform-", 6) == 0;
+        CHECK(json_is_boolean(json_object_get(r, "calibrated")));
+        CHECK(json_is_true(json_object_get(r, "calibrated")) == xform);
+        calibrated += xform;
+        plain += !xform;
+        if (xform)
+            CHECK(num(r, "bits_per_element") > 0 &&
+                  !json_is_true(json_object_get(r, "lossless")));
+    }
+    CHECK_EQ_INT(calibrated, 3);
+    CHECK(plain >= 4);
+    json_decref(doc);
+    free(out);
+    snprintf(args, sizeof args, "eval --json --sweep %s", file);
+    out = run_status(args, &st);
+    CHECK(st == 0 && out && strstr(out, "xform-") == NULL &&
+          strstr(out, "\"calibrated\": true") == NULL);
+    free(out);
+    /* never calibrate on a file that is evaluated */
+    snprintf(args, sizeof args, "eval --calibration %s --sweep %s", file, file);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 2);
+    char want[9000];
+    snprintf(want, sizeof want,
+             "kvserde eval: %s is both a calibration file and a file to evaluate; calibrate on "
+             "other chunks\n",
+             file);
+    CHECK_EQ_STR(out, want);
+    free(out);
+    snprintf(args, sizeof args,
+             "eval --serde '{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\","
+             "\"path\":\"@calibration\"}]}' %s",
+             file);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 2);
+    CHECK_EQ_STR(out,
+                 "kvserde eval: --serde names \"@calibration\" but no --calibration was given\n");
+    free(out);
+}
+
 int main(void)
 {
     const char *bin = getenv("KVS_TEST_BIN_DIR");
@@ -244,13 +370,21 @@ int main(void)
     snprintf(tool, sizeof tool, "%s/kvserde", bin);
     char dir[] = "/tmp/kvs_test_eval_XXXXXX";
     if (mkdtemp(dir) == NULL) return 1;
+    snprintf(dir_path, sizeof dir_path, "%s", dir);
     snprintf(file, sizeof file, "%s/small.safetensors", dir);
     write_file(file);
+    static const uint16_t other[16] = {0x3F00, 0x3F80, 0x4000, 0x4040, 0xBF80, 0x3E80, 0x4080,
+                                       0x3F40, 0x4000, 0x3F80, 0x4040, 0x4000, 0x4080, 0x4000,
+                                       0x3F80, 0x40A0};
+    snprintf(cal_file, sizeof cal_file, "%s/cal.safetensors", dir);
+    write_file_kv(cal_file, other, 1);
     RUN(test_fp8_figures);
     RUN(test_lossless_figures);
     RUN(test_int_figures);
     RUN(test_sweep_and_table);
+    RUN(test_calibration);
     unlink(file);
+    unlink(cal_file);
     rmdir(dir);
     return TEST_SUMMARY();
 }

@@ -90,7 +90,7 @@ static int decode(const kvs_stage *st, const uint8_t *in, size_t n, kvs_memobj *
     uint8_t b[14];
     params_bytes(st, b);
     int rc = st->type->check_params(b, 14);
-    return rc ? rc : st->type->typed_decode(b, 14, in, n, dst);
+    return rc ? rc : st->type->typed_decode(b, 14, NULL, in, n, dst);
 }
 
 static kvs_memobj *obj(kvs_memory_format fmt, kvs_dtype dt, uint32_t nd, const int64_t *dims)

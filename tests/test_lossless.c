@@ -285,7 +285,7 @@ static int stage_decode(const uint8_t *in, size_t n, unsigned elem, uint8_t *out
 {
     const kvs_stage_type *t = &kvs_stage_lossless_type;
     static const uint8_t params[2] = {1, 0};
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
     size_t m;
     int rc = t->transform_decoded_size(params, 2, in, n, &m);
     if (rc) return rc;
@@ -307,7 +307,7 @@ static void test_stage_refusals(void)
     for (size_t i = 0; i < n; i++)
         in[i] = (uint8_t)(i & 1 ? 0x3C + lcg(&s) % 4 : lcg(&s));
     memset(in + 1000, 0, 3000); /* a run for zstd's matches */
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 2, 256};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 2, 256, NULL};
     size_t m = 0, got = 0;
     REQUIRE(kvs_stage_lossless_type.transform_encode(st, NULL, 0, &ctx, in, n, enc, cap, &m) ==
             KVS_OK);
@@ -432,7 +432,7 @@ static kvs_stage *rans_stage(void)
 static size_t rans_encode(kvs_stage *st, const uint8_t *in, size_t n, uint64_t channels,
                           uint8_t **out)
 {
-    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 2, channels};
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 2, channels, NULL};
     size_t cap = kvs_stage_lossless_type.bytes_bound(st, n), m = 0;
     *out = malloc(cap);
     if (kvs_stage_lossless_type.transform_encode(st, NULL, 0, &ctx, in, n, *out, cap, &m))

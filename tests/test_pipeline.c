@@ -254,10 +254,10 @@ static void test_create_refused(void)
          "pipeline: stage 0 must be an object with a string \"type\"; its \"type\" is integer"},
         {ST("[{\"type\":\"zstd\"}]"),
          "pipeline: stage 0: unknown stage type 'zstd'; known: bytes, fp8, crc32c, xxh3, "
-         "aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int"},
+         "aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int, transform"},
         {ST("[{\"type\":\"crc32c\"}]"),
          "pipeline: stage 0 'crc32c' is a bytes -> bytes stage; the chain starts with one "
-         "typed stage (bytes or fp8)"},
+         "typed stage (bytes, fp8 or transform)"},
         {ST("[{\"type\":\"fp8\"},{\"type\":\"bytes\"}]"),
          "pipeline: stage 1 'bytes' is a typed stage; only stage 0 may be typed (tensor -> "
          "bytes), the rest are bytes -> bytes stages"},
@@ -320,13 +320,14 @@ static void test_checksum_appended(void)
               "frame: not a kvserde frame (3 bytes, no 'KVSF' magic)");
     CHECK_ERR(kvs_frame_inspect(b.data, b.len, NULL), KVS_EINVAL,
               "frame: inspect: NULL argument");
-    const char *names[9];
-    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 9), 9);
+    const char *names[10];
+    CHECK_EQ_INT(kvs_pipeline_stage_types(names, 10), 10);
     CHECK_EQ_STR(names[0], "bytes");
     CHECK_EQ_STR(names[4], "aes_gcm");
     CHECK_EQ_STR(names[5], "lossless");
     CHECK_EQ_STR(names[6], "ggml_q8_0");
     CHECK_EQ_STR(names[8], "int");
+    CHECK_EQ_STR(names[9], "transform");
     free(b.data);
     kvs_memobj_free(src);
     kvs_serde_pair_destroy(&p);
@@ -656,7 +657,8 @@ static void test_patched_fields(void)
          "pipeline: frame format version 2; this build reads version 1"},
         {68, 2, 99, KVS_EUNSUPPORTED,
          "pipeline: frame stage 1 has unknown stage id 99; this build knows ids 1 (bytes), 2 "
-         "(fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless), 16 (ggml_q8_0), 17 (ggml_q4_0), 8 (int)"},
+         "(fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), 80 (lossless), 16 (ggml_q8_0), "
+         "17 (ggml_q4_0), 8 (int), 3 (transform)"},
         {5, 1, 3, KVS_EUNSUPPORTED, "pipeline: unknown frame flags 0x03"},
         {5, 1, 0, KVS_ECORRUPT, "pipeline: unbound frame carries a key fingerprint"},
         {24, 1, 9, KVS_ECORRUPT, "pipeline: unknown memory format 9 in the frame"},

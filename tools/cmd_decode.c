@@ -15,7 +15,7 @@
 
 static const char decode_usage[] =
     "usage: kvserde decode [--dtype bfloat16|float16|float32] [--key-file F]...\n"
-    "                      IN.safetensors OUT.safetensors\n"
+    "                      [--transform T.safetensors] IN.safetensors OUT.safetensors\n"
     "\n"
     "Reads a file written by `kvserde encode` and writes OUT with every encoded\n"
     "tensor decoded by the serde recorded in IN (kvserde.serde) back to its\n"
@@ -37,6 +37,8 @@ static const char decode_usage[] =
     "                  dtype (bfloat16, float16 or float32; a \"torch.\" prefix is\n"
     "                  accepted)\n"
     "  --key-file F    an aes_gcm key file (repeatable), for encrypted frames\n"
+    "  --transform T   the transform file (`kvserde calibrate`) of frames made by\n"
+    "                  the transform stage\n"
     "  -h, --help      show this help\n"
     "\n"
     "OUT is written to a temporary file next to it and renamed into place, so a\n"
@@ -327,10 +329,11 @@ int kvs_cmd_decode(int argc, char **argv)
     static const struct option opts[] = {
         {"dtype", required_argument, NULL, 'd'},
         {"key-file", required_argument, NULL, 'k'},
+        {"transform", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *dtype_text = NULL;
+    const char *dtype_text = NULL, *transform = NULL;
     char *key_files[KVS_TOOL_MAX_KEY_FILES];
     size_t nkeys = 0;
     int c;
@@ -339,6 +342,7 @@ int kvs_cmd_decode(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': dtype_text = optarg; break;
+        case 't': transform = optarg; break;
         case 'k':
             if (kvs_tool_add_key_file("decode", key_files, &nkeys, optarg) != 0) return 2;
             break;
@@ -372,8 +376,10 @@ int kvs_cmd_decode(int argc, char **argv)
 
     /* Frames are read by a deserializer that carries only the key files. */
     kvs_serde_pair frames = {0};
-    if (kvs_tool_frame_deserializer(key_files, nkeys, &frames) != KVS_OK) {
-        fprintf(stderr, "kvserde decode: --key-file: %s\n", kvs_last_error());
+    if (kvs_tool_frame_deserializer(key_files, nkeys, transform, &frames) != KVS_OK) {
+        fprintf(stderr, "kvserde decode: %s: %s\n", transform ? "--key-file / --transform"
+                                                              : "--key-file",
+                kvs_last_error());
         return 1;
     }
     kvs_st_mapped map;

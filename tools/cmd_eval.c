@@ -2,7 +2,9 @@
  * speed and fidelity (docs/cli.md). Each (K or V, layer) slice of the `kv`
  * tensor [2, layers, tokens, hidden] is one object [tokens, hidden] (what a
  * connector stores per layer), serialized and deserialized on this thread. */
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +56,25 @@ const kvs_eval_preset kvs_eval_presets[] = {
                      "\"levels\":21,\"k_axis\":\"tensor\",\"v_axis\":\"tensor\","
                      "\"zero_point\":false,\"hadamard\":256},{\"type\":\"lossless\"}]}",
      "Hadamard over 256 channels, one step per K or V, 21 levels, entropy-coded (~2.9 bits)"},
+    /* The calibrated ladder: "@calibration" stands for the transform file
+     * `kvserde eval --calibration` writes; without it these are left out.
+     * Steps (in units of each layer's RMS) from docs/fidelity.md. */
+    {"xform-1b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.52}]}",
+     "calibrated transform, step 0.52 RMS (kvdata: 1.19 bits, attention 19.6 dB)"},
+    {"xform-2b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.15}]}",
+     "calibrated transform, step 0.15 RMS (kvdata: 2.17 bits, 29.5 dB)"},
+    {"xform-4b",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"transform\",\"path\":\"@calibration\","
+     "\"step\":0.019}]}",
+     "calibrated transform, step 0.019 RMS (kvdata: 4.4 bits, 45.5 dB)"},
 };
+
+/* The placeholder of the calibrated presets. */
+#define CALIBRATION_PLACEHOLDER "@calibration"
 const size_t kvs_eval_npresets = sizeof kvs_eval_presets / sizeof kvs_eval_presets[0];
 
 static double now_s(void)
@@ -110,8 +130,12 @@ typedef struct opts {
     int json, sweep, per_slice;
     int layer_objects; /* --objects layer: one KV_2TD [2, tokens, hidden] object per layer */
     const char *serde;
+    const char *plot; /* --plot FILE.svg */
     int heads, kv_heads, head_dim;
     int skip[2][MAX_LAYERS];
+    const char *calibration[MAX_LAYERS]; /* --calibration files */
+    int ncalibration;
+    char transform_path[64]; /* the transform they gave (a temporary file) */
 } opts;
 
 static int usage(FILE *out, int rc)
@@ -119,6 +143,7 @@ static int usage(FILE *out, int rc)
     fprintf(out,
             "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
             "                    [--kv-heads N] [--head-dim N] [--objects slice|layer]\n"
+            "                    [--calibration FILE]... [--plot FILE.svg]\n"
             "                    (--serde JSON | --sweep) FILE...\n\n"
             "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
             "tensor [2, layers, tokens, hidden] of each file, one object per (K or V, layer)\n"
@@ -131,7 +156,14 @@ static int usage(FILE *out, int rc)
             "num_kv_heads, head_dim) or the flags. --objects layer stores each layer's K and V\n"
             "as one KV_2TD object [2, tokens, hidden] instead (what a serde that treats K and V\n"
             "differently, such as the int stage, needs; --skip then leaves out the layer, and\n"
-            "--per-slice reports layers, as KV).\n");
+            "--per-slice reports layers, as KV).\n\n"
+            "--calibration FILE (repeatable, or FILE,FILE,...) first calibrates the transform\n"
+            "stage on those files (never on the files evaluated: a file given both ways is\n"
+            "refused); --sweep then adds the calibrated presets (xform-*), and \"%s\"\n"
+            "in --serde stands for that transform. A serde whose typed stage is the\n"
+            "transform gets each file's whole `kv` tensor as one KV_2LTD object; each row\n"
+            "says \"calibrated\": true for those. --plot writes an SVG of bits per element\n"
+            "against SNR (attention output, K and V) for each row.\n", CALIBRATION_PLACEHOLDER);
     return rc;
 }
 
@@ -201,6 +233,42 @@ static void progress(int on, size_t done, size_t total)
     fflush(stderr);
 }
 
+/* 1 if the serde is a pipeline whose typed stage is the transform: it
+ * takes the whole [2, layers, tokens, hidden] tensor as one object. */
+static int takes_whole_chunk(const char *serde_json)
+{
+    json_t *cfg = json_loads(serde_json, 0, NULL);
+    const json_t *first = json_array_get(json_object_get(cfg, "stages"), 0);
+    const char *type = json_string_value(json_object_get(first, "type"));
+    int whole = type && strcmp(type, "transform") == 0;
+    json_decref(cfg);
+    return whole;
+}
+
+/* Serialize and deserialize one object, timing both. */
+static int round_trip(const kvs_serde_pair *p, const void *src, size_t nbytes,
+                      const kvs_layout *l, kvs_memory_format fmt, uint8_t *blob, size_t cap,
+                      void *back, size_t *n, acc *a)
+{
+    kvs_memobj in, bo, out;
+    kvs_memobj_init(&in, (void *)src, nbytes, l, fmt);
+    kvs_layout bl;
+    kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
+    kvs_memobj_init(&bo, blob, cap, &bl, KVS_FMT_BINARY);
+    kvs_memobj_init(&out, back, nbytes, l, fmt);
+    double t0 = now_s();
+    int rc = kvs_serialize(p->serializer, &in, &bo, NULL, n);
+    double t1 = now_s();
+    if (rc == KVS_OK) {
+        kvs_memobj_set_used_size(&bo, *n);
+        rc = kvs_deserialize(p->deserializer, &bo, &out, NULL);
+    }
+    double t2 = now_s();
+    a->enc_s += t1 - t0;
+    a->dec_s += t2 - t1;
+    return rc;
+}
+
 /* One file through one config: 0 (with --sweep also when the config refuses
  * these tensors: a->skipped says why) or -1 (reported). */
 static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
@@ -223,10 +291,11 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
         return -1;
     }
+    int whole = takes_whole_chunk(serde_json);
     kvs_layout l = {0};
-    const int64_t dims[2] = {T, H};
-    int rc = kvs_layout_add_group(&l, 2, dims, dt);
-    size_t cap = 0;
+    const int64_t dims[2] = {T, H}, wdims[4] = {2, L, T, H};
+    int rc = whole ? kvs_layout_add_group(&l, 4, wdims, dt) : kvs_layout_add_group(&l, 2, dims, dt);
+    size_t cap = 0, wn = 0, bsize = whole ? 2 * (size_t)L * slice : slice;
     if (rc == KVS_OK) rc = kvs_estimate_serialized_size(p.serializer, &l, &cap);
     if (rc == KVS_EINVAL && o->sweep) {
         /* A preset that cannot take this layout (ggml blocks need a hidden
@@ -237,7 +306,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         kvs_serde_pair_destroy(&p);
         return 0;
     }
-    uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(slice ? slice : 1);
+    uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(bsize ? bsize : 1);
     float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     if (rc || !blob || !back || !orig || !rest) {
@@ -245,22 +314,32 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         rc = -1;
         goto out;
     }
+    if (rc == 0 && whole) {
+        /* one KV_2LTD object; each slice is charged its share of the blob */
+        rc = round_trip(&p, kv->data, bsize, &l, KVS_FMT_KV_2LTD, blob, cap, back, &wn, a);
+        if (rc) {
+            fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
+            rc = -1;
+        }
+    }
     /* Objects: one slice (K or V of a layer) each, or with --objects layer
-     * one KV_2TD [2, T, H] object per layer (both slices copied into pair). */
-    int nobj_kv = o->layer_objects ? 1 : 2;
-    uint8_t *pair = o->layer_objects ? malloc(2 * slice + 1) : NULL;
-    if (o->layer_objects && pair == NULL) {
+     * one KV_2TD [2, T, H] object per layer (both slices copied into pair);
+     * a transform serde took the whole chunk above. */
+    int layer_objects = o->layer_objects && !whole;
+    int nobj_kv = layer_objects ? 1 : 2;
+    uint8_t *pair = layer_objects ? malloc(2 * slice + 1) : NULL;
+    if (layer_objects && pair == NULL) {
         fprintf(stderr, "kvserde eval: out of memory\n");
         rc = -1;
     }
     kvs_layout ol = l;
     const int64_t dims3[3] = {2, T, H};
-    if (o->layer_objects) {
+    if (layer_objects) {
         memset(&ol, 0, sizeof ol);
         kvs_layout_add_group(&ol, 3, dims3, dt);
     }
     size_t ocap = cap, oslice = slice * (size_t)(3 - nobj_kv);
-    if (o->layer_objects && kvs_estimate_serialized_size(p.serializer, &ol, &ocap) != KVS_OK) {
+    if (layer_objects && kvs_estimate_serialized_size(p.serializer, &ol, &ocap) != KVS_OK) {
         fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
         rc = -1;
     }
@@ -269,7 +348,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         blob = malloc(ocap);
         cap = ocap;
     }
-    uint8_t *oback = o->layer_objects ? malloc(oslice + 1) : back;
+    uint8_t *oback = layer_objects ? malloc(oslice + 1) : back;
     for (int kvi = 0; kvi < nobj_kv && rc == 0 && blob && oback; kvi++)
         for (int layer = 0; layer < L && rc == 0; layer++) {
             size_t idx = (size_t)kvi * L + layer;
@@ -280,7 +359,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
                 const uint8_t *sp = kv->data + ix * slice;
                 for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(sp + i * es, dt);
             }
-            int skipped = o->skip[kvi][layer] || (o->layer_objects && o->skip[1][layer]);
+            int skipped = !whole && (o->skip[kvi][layer] || (layer_objects && o->skip[1][layer]));
             if (skipped) {
                 for (int h = 0; h < 3 - nobj_kv; h++) {
                     size_t ix = (size_t)(kvi + h) * L + layer;
@@ -288,38 +367,29 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
                 }
                 continue;
             }
-            if (o->layer_objects) {
+            if (layer_objects) {
                 memcpy(pair, kv->data + (size_t)layer * slice, slice);
                 memcpy(pair + slice, kv->data + ((size_t)L + layer) * slice, slice);
                 src = pair;
             }
-            kvs_memobj in, bo, out;
             size_t n = 0;
-            kvs_memory_format fmt = o->layer_objects ? KVS_FMT_KV_2TD : KVS_FMT_BINARY;
-            kvs_memobj_init(&in, (void *)src, oslice, &ol, fmt);
-            kvs_layout bl;
-            kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
-            kvs_memobj_init(&bo, blob, cap, &bl, KVS_FMT_BINARY);
-            kvs_memobj_init(&out, oback, oslice, &ol, fmt);
-            double t0 = now_s();
-            rc = kvs_serialize(p.serializer, &in, &bo, NULL, &n);
-            double t1 = now_s();
-            if (rc == KVS_OK) {
-                kvs_memobj_set_used_size(&bo, n);
-                rc = kvs_deserialize(p.deserializer, &bo, &out, NULL);
+            const uint8_t *got = oback;
+            if (whole) {
+                got = back + idx * slice;
+                n = wn / (2 * (size_t)L) + (idx < wn % (2 * (size_t)L));
+            } else {
+                kvs_memory_format fmt = layer_objects ? KVS_FMT_KV_2TD : KVS_FMT_BINARY;
+                rc = round_trip(&p, src, oslice, &ol, fmt, blob, cap, oback, &n, a);
             }
-            double t2 = now_s();
             if (rc) {
                 fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
                 rc = -1;
                 break;
             }
-            a->enc_s += t1 - t0;
-            a->dec_s += t2 - t1;
             a->raw += (double)oslice;
             a->stored += (double)n;
             a->elems += (double)(3 - nobj_kv) * T * H;
-            int ex = memcmp(src, oback, oslice) == 0;
+            int ex = memcmp(src, got, oslice) == 0;
             a->exact &= ex;
             a->slice_raw[kvi][layer] += (double)oslice;
             a->slice_stored[kvi][layer] += (double)n;
@@ -327,7 +397,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
             for (int h = 0; h < 3 - nobj_kv; h++) {
                 size_t ix = (size_t)(kvi + h) * L + layer;
                 float *of = orig + ix * T * H, *rf = rest + ix * T * H;
-                const uint8_t *bk = oback + (size_t)h * slice;
+                const uint8_t *bk = got + (size_t)h * slice;
                 for (size_t i = 0; i < (size_t)T * H; i++) {
                     rf[i] = to_float(bk + i * es, dt);
                     double x = of[i], y = rf[i], e = x - y;
@@ -400,6 +470,9 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
     json_t *r = json_object();
     json_object_set_new(r, "serde", cfg ? cfg : json_string(serde));
     json_object_set_new(r, "preset", preset ? json_string(preset) : json_null());
+    int whole = takes_whole_chunk(serde);
+    int layer_objects = o->layer_objects && !whole; /* a transform serde took chunks whole */
+    json_object_set_new(r, "calibrated", json_boolean(whole));
     if (a->skipped[0]) json_object_set_new(r, "skipped", json_string(a->skipped));
     int any = a->elems > 0;
     json_object_set_new(r, "bits_per_element", num_or_null(any, 8 * a->stored / a->elems));
@@ -424,7 +497,7 @@ static json_t *result_json(const char *serde, const char *preset, const acc *a, 
                 if (a->slice_raw[kvi][layer] == 0) continue;
                 json_array_append_new(
                     sl, json_pack("{s:s,s:i,s:f,s:b}", "kv",
-                                  o->layer_objects ? "KV" : kvi ? "V" : "K", "layer", layer,
+                                  layer_objects ? "KV" : kvi ? "V" : "K", "layer", layer,
                                   "ratio", a->slice_raw[kvi][layer] / a->slice_stored[kvi][layer],
                                   "lossless", a->slice_exact[kvi][layer]));
             }
@@ -472,6 +545,125 @@ static void print_row(const json_t *r, const char *name)
     }
 }
 
+/* The rate-distortion picture: bits per element (x) against SNR (y) of
+ * the attention output (filled), K and V (open) for each result row. */
+static int write_plot(const char *path, const json_t *results, const char *const *names)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "kvserde eval: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const double W = 720, Hh = 480, x0 = 60, y0 = 420, xs = 620 / 17.0, ys = 380 / 60.0;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" "
+               "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" "
+               "height=\"100%%\" fill=\"white\"/>\n", W, Hh);
+    for (int b = 0; b <= 16; b += 2)
+        fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>"
+                   "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">%d</text>\n",
+                x0 + b * xs, y0, x0 + b * xs, y0 - 60 * ys, x0 + b * xs, y0 + 15, b);
+    for (int d = 0; d <= 60; d += 10)
+        fprintf(f, "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"#ddd\"/>"
+                   "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%d</text>\n",
+                x0, y0 - d * ys, x0 + 17 * xs, y0 - d * ys, x0 - 5, y0 - d * ys + 4, d);
+    fprintf(f, "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">bits per element (every "
+               "header counted)</text>\n<text x=\"15\" y=\"%g\" transform=\"rotate(-90 15 "
+               "%g)\" text-anchor=\"middle\">SNR dB (filled: attention output; open: K, V)"
+               "</text>\n",
+            x0 + 8.5 * xs, y0 + 35, y0 - 30 * ys, y0 - 30 * ys);
+    static const char *const keys[3] = {"attn_snr_db", "k_snr_db", "v_snr_db"};
+    static const char *const colors[3] = {"#1f77b4", "#d62728", "#2ca02c"};
+    for (size_t r = 0; r < json_array_size(results); r++) {
+        const json_t *row = json_array_get(results, r);
+        double bits = json_number_value(json_object_get(row, "bits_per_element"));
+        double x = x0 + (bits > 17 ? 17 : bits) * xs;
+        for (int k = 0; k < 3; k++) {
+            const json_t *v = json_object_get(row, keys[k]);
+            if (!json_is_number(v)) continue;
+            double db = json_number_value(v), y = y0 - (db > 60 ? 60 : db < 0 ? 0 : db) * ys;
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" stroke=\"%s\" fill=\"%s\"/>\n",
+                    x, y, colors[k], k ? "none" : colors[k]);
+            if (k == 0)
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x + 6, y - 4,
+                        names[r] ? names[r] : "--serde");
+        }
+    }
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "kvserde eval: cannot write %s\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int has_skip(const opts *o)
+{
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < MAX_LAYERS; l++)
+            if (o->skip[kv][l]) return 1;
+    return 0;
+}
+
+/* Calibrating on a file that is also evaluated would flatter the figures. */
+static int check_calibration_files(const opts *o, char **files, int nfiles)
+{
+    for (int c = 0; c < o->ncalibration; c++) {
+        char *a = realpath(o->calibration[c], NULL);
+        for (int f = 0; a && f < nfiles; f++) {
+            char *b = realpath(files[f], NULL);
+            int same = b && strcmp(a, b) == 0;
+            free(b);
+            if (same) {
+                fprintf(stderr, "kvserde eval: %s is both a calibration file and a file to "
+                                "evaluate; calibrate on other chunks\n",
+                        files[f]);
+                free(a);
+                return -1;
+            }
+        }
+        free(a);
+    }
+    return 0;
+}
+
+static int calibrate_to_temp(opts *o)
+{
+    snprintf(o->transform_path, sizeof o->transform_path, "/tmp/kvserde-eval-XXXXXX");
+    int fd = mkstemp(o->transform_path);
+    if (fd < 0) {
+        fprintf(stderr, "kvserde eval: cannot create a temporary transform file: %s\n",
+                strerror(errno));
+        return -1;
+    }
+    close(fd);
+    if (kvs_tool_calibrate(o->calibration, (size_t)o->ncalibration, o->transform_path, 1)) {
+        unlink(o->transform_path);
+        return -1;
+    }
+    return 0;
+}
+
+/* json with every CALIBRATION_PLACEHOLDER replaced by path (malloc'd). */
+static char *replace_placeholder(const char *json, const char *path)
+{
+    size_t pl = strlen(CALIBRATION_PLACEHOLDER), n = strlen(json) + 1;
+    for (const char *p = json; (p = strstr(p, CALIBRATION_PLACEHOLDER)); p += pl)
+        n += strlen(path);
+    char *out = malloc(n), *w = out;
+    if (out == NULL) return NULL;
+    for (const char *p = json;;) {
+        const char *hit = strstr(p, CALIBRATION_PLACEHOLDER);
+        size_t k = hit ? (size_t)(hit - p) : strlen(p);
+        memcpy(w, p, k);
+        w += k;
+        if (!hit) break;
+        w += sprintf(w, "%s", path);
+        p = hit + pl;
+    }
+    *w = 0;
+    return out;
+}
+
 int kvs_cmd_eval(int argc, char **argv)
 {
     opts o;
@@ -484,6 +676,11 @@ int kvs_cmd_eval(int argc, char **argv)
         else if (strcmp(a, "--sweep") == 0) o.sweep = 1;
         else if (strcmp(a, "--per-slice") == 0) o.per_slice = 1;
         else if (i + 1 < argc && strcmp(a, "--serde") == 0) o.serde = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--plot") == 0) o.plot = argv[++i];
+        else if (i + 1 < argc && strcmp(a, "--calibration") == 0) {
+            for (char *tok = strtok(argv[++i], ","); tok; tok = strtok(NULL, ","))
+                if (o.ncalibration < MAX_LAYERS) o.calibration[o.ncalibration++] = tok;
+        }
         else if (i + 1 < argc && strcmp(a, "--objects") == 0) {
             const char *v = argv[++i];
             if (strcmp(v, "slice") != 0 && strcmp(v, "layer") != 0) {
@@ -507,7 +704,39 @@ int kvs_cmd_eval(int argc, char **argv)
         return usage(stderr, 2);
     }
     int nfiles = argc - i;
-    size_t ncfg = o.sweep ? kvs_eval_npresets : 1;
+    if (check_calibration_files(&o, argv + i, nfiles)) return 2;
+    /* The configs: --serde, or the presets (the calibrated ones only with a
+     * calibration), with the placeholder replaced by the transform file. */
+    size_t ncfg = 0;
+    char *configs[64];
+    const char *names[64];
+    if (o.ncalibration && calibrate_to_temp(&o)) return 1;
+    for (size_t c = 0; c < (o.sweep ? kvs_eval_npresets : 1); c++) {
+        const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
+        int needs = strstr(json, CALIBRATION_PLACEHOLDER) != NULL;
+        if (needs && !o.ncalibration) {
+            if (o.sweep) continue;
+            fprintf(stderr, "kvserde eval: --serde names \"%s\" but no --calibration was given\n",
+                    CALIBRATION_PLACEHOLDER);
+            return 2;
+        }
+        configs[ncfg] = needs ? replace_placeholder(json, o.transform_path) : strdup(json);
+        names[ncfg] = o.sweep ? kvs_eval_presets[c].name : NULL;
+        if (configs[ncfg++] == NULL) {
+            fprintf(stderr, "kvserde eval: out of memory\n");
+            for (size_t d = 0; d < ncfg; d++) free(configs[d]);
+            if (o.ncalibration) unlink(o.transform_path);
+            return 1;
+        }
+    }
+    for (size_t c = 0; c < ncfg; c++)
+        if (takes_whole_chunk(configs[c]) && has_skip(&o)) {
+            fprintf(stderr, "kvserde eval: --skip cannot leave slices out of a transform serde "
+                            "(it encodes each chunk whole)\n");
+            for (size_t d = 0; d < ncfg; d++) free(configs[d]);
+            if (o.ncalibration) unlink(o.transform_path);
+            return 2;
+        }
     acc *accs = calloc(ncfg, sizeof *accs);
     kvs_st_mapped *maps = calloc((size_t)nfiles, sizeof *maps);
     kvs_st_file *files = calloc((size_t)nfiles, sizeof *files);
@@ -529,7 +758,7 @@ int kvs_cmd_eval(int argc, char **argv)
         accs[c].exact = 1;
         for (int kvi = 0; kvi < 2; kvi++)
             for (int l = 0; l < MAX_LAYERS; l++) accs[c].slice_exact[kvi][l] = 1;
-        const char *json = o.sweep ? kvs_eval_presets[c].serde : o.serde;
+        const char *json = configs[c];
         for (int f = 0; f < nfiles && rc == 0; f++) {
             if (eval_file(argv[i + f], &files[f], json, &o, &accs[c])) rc = 1;
             progress(bar, c * (size_t)nfiles + (size_t)f + 1, ncfg * (size_t)nfiles);
@@ -539,9 +768,8 @@ int kvs_cmd_eval(int argc, char **argv)
         json_t *results = json_array();
         for (size_t c = 0; c < ncfg; c++)
             json_array_append_new(results,
-                                  result_json(o.sweep ? kvs_eval_presets[c].serde : o.serde,
-                                              o.sweep ? kvs_eval_presets[c].name : NULL,
-                                              &accs[c], L, &o));
+                                  result_json(configs[c], names[c], &accs[c], L, &o));
+        if (o.plot && write_plot(o.plot, results, names)) rc = 1;
         if (o.json) {
             json_t *doc = json_pack("{s:i,s:o}", "files", nfiles, "results", results);
             char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
@@ -555,8 +783,7 @@ int kvs_cmd_eval(int argc, char **argv)
             printf("%-14s %7s %7s %-5s %7s %7s %9s %8s %9s %7s %7s\n", "serde", "bits", "ratio",
                    "exact", "K dB", "V dB", "max err", "attn dB", "attn cos", "enc", "dec");
             for (size_t c = 0; c < ncfg; c++)
-                print_row(json_array_get(results, c),
-                          o.sweep ? kvs_eval_presets[c].name : "--serde");
+                print_row(json_array_get(results, c), names[c] ? names[c] : "--serde");
             json_decref(results);
         }
     }
@@ -565,5 +792,7 @@ int kvs_cmd_eval(int argc, char **argv)
     free(maps);
     free(files);
     free(accs);
+    for (size_t c = 0; c < ncfg; c++) free(configs[c]);
+    if (o.ncalibration) unlink(o.transform_path);
     return rc;
 }

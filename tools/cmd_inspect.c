@@ -457,7 +457,7 @@ int kvs_cmd_inspect(int argc, char **argv)
     }
 
     kvs_serde_pair frames = {0};
-    if (kvs_tool_frame_deserializer(key_files, nkeys, &frames) != KVS_OK) {
+    if (kvs_tool_frame_deserializer(key_files, nkeys, NULL, &frames) != KVS_OK) {
         fprintf(stderr, "kvserde inspect: --key-file: %s\n", kvs_last_error());
         return 1;
     }

@@ -339,7 +339,7 @@ int kvs_cmd_verify(int argc, char **argv)
     kvs_serde_pair pair = {0};
     int status = 1;
     if (kvs_l2_create_json(j, &S.l2) != KVS_OK ||
-        kvs_tool_frame_deserializer(key_files, nkeys, &pair) != KVS_OK) {
+        kvs_tool_frame_deserializer(key_files, nkeys, NULL, &pair) != KVS_OK) {
         fprintf(stderr, "kvserde verify: %s\n", kvs_last_error());
         goto out;
     }

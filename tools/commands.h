@@ -11,8 +11,13 @@ int kvs_cmd_decode(int argc, char **argv);
 int kvs_cmd_inspect(int argc, char **argv);
 int kvs_cmd_verify(int argc, char **argv);
 int kvs_cmd_eval(int argc, char **argv);
+int kvs_cmd_calibrate(int argc, char **argv);
 
 #include <stddef.h>
+
+/* Calibrate the transform stage on files and write it to out_path
+ * (cmd_calibrate.c); 0, or -1 with the message printed. quiet: no summary. */
+int kvs_tool_calibrate(const char *const *files, size_t nfiles, const char *out_path, int quiet);
 
 /* The serde presets the project ships (cmd_eval.c): `kvserde list` shows
  * them, `kvserde eval --sweep` evaluates every one. */

@@ -3,11 +3,13 @@
 
 #include <stdio.h>
 
-int kvs_tool_frame_deserializer(char *const *key_files, size_t nkeys, kvs_serde_pair *pair)
+int kvs_tool_frame_deserializer(char *const *key_files, size_t nkeys, const char *transform,
+                                kvs_serde_pair *pair)
 {
-    /* Only the deserializer's key files matter: it reads every frame's own
-     * stage chain. */
-    json_t *stages = json_pack("[{s:s}]", "type", "bytes");
+    /* Only the deserializer's key files and transform matter: it reads every
+     * frame's own stage chain. */
+    json_t *stages = transform ? json_pack("[{s:s,s:s}]", "type", "transform", "path", transform)
+                               : json_pack("[{s:s}]", "type", "bytes");
     if (stages == NULL) return kvs_set_error(KVS_ENOMEM, "out of memory");
     if (nkeys) {
         json_t *files = json_array();

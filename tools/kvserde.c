@@ -18,6 +18,7 @@ static const command commands[] = {
     {"decode", kvs_cmd_decode, "decode a file written by `kvserde encode`"},
     {"bench", kvs_cmd_bench, "measure fp8 conversion speed against memcpy (--help)"},
     {"inspect", kvs_cmd_inspect, "list a safetensors file's tensors; --compare for accuracy"},
+    {"calibrate", kvs_cmd_calibrate, "estimate the transform stage's basis from sample KV chunks"},
     {"eval", kvs_cmd_eval, "size, speed and fidelity of serdes on KV safetensors files"},
     {"verify", kvs_cmd_verify, "scrub a filesystem store: count ok, damaged and foreign objects"},
 };
@@ -26,7 +27,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: kvserde <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(out, "  %-9s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n`kvserde <command> --help` describes a command's options.\n");
 }
 

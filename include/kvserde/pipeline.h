@@ -43,6 +43,23 @@
  *                            dtypes other than float32 / float16 /
  *                            bfloat16, non-finite elements, scales beyond
  *                            float16 (use "scale_dtype": "float32")
+ *        {"type": "transform", "path": "T.safetensors", "step": 0.125,
+ *         "k_step": ..., "v_step": ...}  (or "bits": 2.0, or "snr_db": 30)
+ *                            lossy, for KV_2LTD chunks [2, layers, tokens,
+ *                            hidden] of bfloat16 / float16 / float32 with
+ *                            the transform's layers and hidden: the
+ *                            calibrated basis `kvserde calibrate` wrote,
+ *                            one uniform step per K / V (in units of the
+ *                            layer's RMS; "step" sets both, default 0.125,
+ *                            1e-4 to 64; "bits" 0.05-16 or "snr_db"
+ *                            1-120 instead: the step whose predicted rate
+ *                            or K/V SNR on the calibration statistics
+ *                            meets it, resolved once at creation),
+ *                            entropy-coded coefficients
+ *                            (docs/frame_format.md, docs/fidelity.md). The
+ *                            deserializer loads the same file from its own
+ *                            config; a blob made with another transform,
+ *                            or read without one, is KVS_EKEY
  *   2. then bytes -> bytes stages:
  *        {"type": "lossless", "level": 1, "coder": "zstd"}
  *                            exact compression: the typed stage's elements
@@ -95,7 +112,10 @@
  *                     layout is [2x4x48x256 bfloat16] (196608 bytes)")
  *   KVS_EKEY          written for another object key: the fingerprint in
  *                     the frame is not the key's, or a frame written with
- *                     no key is loaded under one
+ *                     no key is loaded under one; or encoded with another
+ *                     transform than the deserializer's (or it has none):
+ *                     "transform: blob was encoded with transform
+ *                     99f680d834080eae, this reader has transform ..."
  *   KVS_EUNSUPPORTED  a frame format version or a stage id this build does
  *                     not know
  *   KVS_EAUTH         aes_gcm: no configured key matches, or the tag does

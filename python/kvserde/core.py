@@ -70,7 +70,7 @@ def serde_types() -> dict:
 
 
 def pipeline_stage_types() -> list:
-    """The stage types of the ``pipeline`` serde (``["bytes", "fp8", "crc32c", ...]``)."""
+    """The stage types of the ``pipeline`` serde (``["bytes", "fp8", "transform", "crc32c", ...]``)."""
     return _names(lib.kvs_pipeline_stage_types)
 
 

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/transform.h"
 #include "frame/frame.h"
 #include "frame/pipeline_internal.h"
 #include "frame/stage.h"
@@ -66,6 +67,7 @@ typedef struct scratch_buf {
 typedef struct pipeline_deserializer {
     kvs_deserializer base;
     kvs_keyring *keyring; /* NULL: no key files configured */
+    kvs_transform *transform; /* NULL: the config has no transform stage */
     pthread_mutex_t mu;   /* guards kept, nkept, scratch_allocs */
     scratch_buf kept[SCRATCH_KEEP];
     size_t nkept;
@@ -95,7 +97,7 @@ static int check_order(const kvs_stage_type *const *types, uint32_t i)
         if (i == 0)
             return kvs_set_error(KVS_EINVAL,
                                  "pipeline: stage 0 '%s' is a bytes -> bytes stage; the chain "
-                                 "starts with one typed stage (bytes or fp8)",
+                                 "starts with one typed stage (bytes, fp8 or transform)",
                                  t->name);
         return kvs_set_error(KVS_EINVAL,
                              "pipeline: stage %u '%s' is a typed stage; only stage 0 may be "
@@ -316,7 +318,7 @@ static int run_fused(const pipeline_serializer *self, uint32_t k, const blob_par
             rc = t->check_stream_new(&state[i]);
             continue;
         }
-        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0};
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0, NULL};
         if (i == 1) kvs_stage_typed_shape(typed->type->id, &src->layout, &ctx.elem_size,
                                           &ctx.channels);
         if (t->needs_header) {
@@ -394,7 +396,7 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
             n += t->digest_size;
             continue;
         }
-        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0};
+        kvs_stage_ctx ctx = {key, NULL, 0, NULL, 0, 0, NULL};
         if (i == 1) kvs_stage_typed_shape(self->stages[0]->type->id, &src->layout,
                                           &ctx.elem_size, &ctx.channels);
         if (t->needs_header) {
@@ -597,7 +599,7 @@ static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
             break;
         }
-        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0};
+        kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
         if (i == 1) kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
                                           &ctx.channels);
         size_t got;
@@ -641,7 +643,8 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
     if (rc) return rc;
     const kvs_frame_stage *typed = &f.stages[0];
-    rc = typed->type->typed_decode(typed->params, typed->nparams, bytes, n, dst);
+    kvs_stage_ctx ctx = {key, f.header, f.header_len, self->keyring, 0, 0, self->transform};
+    rc = typed->type->typed_decode(typed->params, typed->nparams, &ctx, bytes, n, dst);
     scratch_give(self, owned);
     return rc;
 }
@@ -670,6 +673,7 @@ static void pipeline_deserializer_destroy(kvs_deserializer *d)
 {
     pipeline_deserializer *self = KVS_CONTAINER_OF(d, pipeline_deserializer, base);
     kvs_keyring_free(self->keyring);
+    kvs_transform_free(self->transform);
     for (size_t i = 0; i < self->nkept; i++) scratch_free(self->kept[i]);
     pthread_mutex_destroy(&self->mu);
     free(self);
@@ -697,7 +701,10 @@ int kvs_pipeline_factory(const json_t *kwargs, void *userdata, kvs_serde_pair *o
     }
     int rc = parse_stages(kwargs, s->stages, &s->nstages);
     if (rc == KVS_OK) rc = kvs_keyring_from_config(json_object_get(kwargs, "stages"), &d->keyring);
+    if (rc == KVS_OK)
+        rc = kvs_transform_from_config(json_object_get(kwargs, "stages"), &d->transform);
     if (rc) {
+        kvs_keyring_free(d->keyring);
         stages_destroy(s->stages, s->nstages);
         free(s);
         free(d);

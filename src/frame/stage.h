@@ -26,6 +26,7 @@
 enum kvs_stage_id {
     KVS_STAGE_BYTES = 1,   /* typed: the tensor's own bytes */
     KVS_STAGE_FP8 = 2,     /* typed: one fp8 code per element (fp8.h) */
+    KVS_STAGE_TRANSFORM_CODED = 3, /* typed: calibrated transform, quantized, entropy-coded */
     KVS_STAGE_INT = 8,     /* typed: grouped integer codes, 2-8 bits (codecs/intq.h) */
     KVS_STAGE_GGML_Q8_0 = 16, /* typed: llama.cpp q8_0 blocks (ggml.h) */
     KVS_STAGE_GGML_Q4_0 = 17, /* typed: llama.cpp q4_0 blocks (ggml.h) */
@@ -56,6 +57,7 @@ typedef enum kvs_stage_kind {
  * (else 1); channels is the last dim of the layout when every group has the
  * same last dim (else 1). Both 0 for later stages (nothing known). */
 typedef struct kvs_keyring kvs_keyring;
+typedef struct kvs_transform kvs_transform;
 typedef struct kvs_stage_ctx {
     const kvs_object_key *key;
     const uint8_t *header; /* the frame header, its CRC included */
@@ -63,6 +65,7 @@ typedef struct kvs_stage_ctx {
     const kvs_keyring *keyring; /* NULL when no key files were configured */
     unsigned elem_size;         /* bytes per element the typed stage wrote; 0 unknown */
     uint64_t channels;          /* elements per row (the layout's last dim); 0 unknown */
+    const kvs_transform *transform; /* typed_decode: the reader's transform file, or NULL */
 } kvs_stage_ctx;
 
 typedef struct kvs_stage kvs_stage;
@@ -92,11 +95,12 @@ struct kvs_stage_type {
      * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
-    /* Decode in[0..n) into dst, with the parameters read from the frame.
+    /* Decode in[0..n) into dst, with the parameters read from the frame
+     * and what the reader was configured with (ctx: its transform).
      * Checks the parameters and that n is exactly what dst's layout needs
      * before writing any byte of dst. */
-    int (*typed_decode)(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                        kvs_memobj *dst);
+    int (*typed_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                        const uint8_t *in, size_t n, kvs_memobj *dst);
 
     /* ---- bytes stages (check and transform) -------------------------- */
     /* Upper bound of the output for n input bytes. */
@@ -167,9 +171,10 @@ const kvs_stage_type *kvs_stage_type_by_id(uint16_t id);
 /* Names in registry order, for messages and listings: up to cap into
  * names; returns the total count. */
 size_t kvs_stage_type_names(const char **names, size_t cap);
-/* "bytes, fp8, crc32c, xxh3, aes_gcm, lossless" (a static string). */
+/* "bytes, fp8, crc32c, xxh3, aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int,
+ * transform" (a static string). */
 const char *kvs_stage_type_list_text(void);
-/* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm)": the ids a
+/* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), ...": the ids a
  * frame may name (a static string). */
 const char *kvs_stage_type_id_list_text(void);
 
@@ -183,6 +188,7 @@ extern const kvs_stage_type kvs_stage_lossless_type;
 extern const kvs_stage_type kvs_stage_ggml_q8_0_type;
 extern const kvs_stage_type kvs_stage_ggml_q4_0_type;
 extern const kvs_stage_type kvs_stage_int_type;
+extern const kvs_stage_type kvs_stage_transform_type;
 
 /* The parameter functions of a stage that records none (bytes, the checks,
  * the ggml stages; stage_registry.c): size 0, nothing to write, "{}". */
@@ -199,5 +205,13 @@ void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned
  * every aes_gcm stage of a "stages" array (NULL *out when there are none). */
 int kvs_keyring_from_config(const json_t *stages, kvs_keyring **out);
 void kvs_keyring_free(kvs_keyring *kr);
+
+/* The transform a pipeline's reader needs (stage_transform.c): loaded from
+ * the "path" of a "transform" typed stage of a "stages" array (NULL *out
+ * when the chain has none). Free with kvs_transform_free (transform.h). */
+int kvs_transform_from_config(const json_t *stages, kvs_transform **out);
+/* A transform stage over a transform already in memory (taken over, freed
+ * with the stage, also on failure), for tests and fuzzing. */
+int kvs_stage_transform_new(kvs_transform *t, float k_step, float v_step, kvs_stage **out);
 
 #endif /* KVSERDE_FRAME_STAGE_H */

@@ -48,9 +48,10 @@ static int bytes_encode_range(const kvs_stage *self, const kvs_memobj *src, uint
     return KVS_OK;
 }
 
-static int bytes_decode(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                        kvs_memobj *dst)
+static int bytes_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                      const uint8_t *in, size_t n, kvs_memobj *dst)
 {
+    (void)ctx;
     (void)params;
     (void)nparams;
     size_t need = (size_t)kvs_layout_nbytes(&dst->layout);

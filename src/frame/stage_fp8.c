@@ -65,9 +65,10 @@ static int fp8_encode_range(const kvs_stage *self, const kvs_memobj *src, uint8_
     return kvs_fp8_convert_range(src, out, s->fp8_dtype, s->saturate, 0, begin, end);
 }
 
-static int fp8_decode(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                      kvs_memobj *dst)
+static int fp8_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                      const uint8_t *in, size_t n, kvs_memobj *dst)
 {
+    (void)ctx;
     (void)nparams; /* checked by fp8_check_params when the frame was parsed */
     int rc = kvs_fp8_check_layout(&dst->layout, "destination");
     if (rc) return rc;

@@ -48,17 +48,19 @@ static int ggml_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *ou
     return kvs_ggml_encode_object(type_of(self), src, out, cap, n);
 }
 
-static int q8_0_decode(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                       kvs_memobj *dst)
+static int q8_0_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                       const uint8_t *in, size_t n, kvs_memobj *dst)
 {
+    (void)ctx;
     (void)params;
     (void)nparams; /* checked by check_params when the frame was parsed */
     return kvs_ggml_decode_object(KVS_GGML_Q8_0, in, n, dst);
 }
 
-static int q4_0_decode(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                       kvs_memobj *dst)
+static int q4_0_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                       const uint8_t *in, size_t n, kvs_memobj *dst)
 {
+    (void)ctx;
     (void)params;
     (void)nparams;
     return kvs_ggml_decode_object(KVS_GGML_Q4_0, in, n, dst);

@@ -110,9 +110,10 @@ static int int_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *out
     return kvs_intq_encode(&s->p, src, out, cap, n);
 }
 
-static int int_decode(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n,
-                      kvs_memobj *dst)
+static int int_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                      const uint8_t *in, size_t n, kvs_memobj *dst)
 {
+    (void)ctx;
     (void)nparams; /* checked by int_check_params when the frame was parsed */
     kvs_intq_params p;
     read_params(params, &p);

@@ -14,7 +14,7 @@ static const kvs_stage_type *const stage_types[] = {
     &kvs_stage_bytes_type,  &kvs_stage_fp8_type,    &kvs_stage_crc32c_type,
     &kvs_stage_xxh3_type,   &kvs_stage_aes_gcm_type, &kvs_stage_lossless_type,
     &kvs_stage_ggml_q8_0_type, &kvs_stage_ggml_q4_0_type,
-    &kvs_stage_int_type,
+    &kvs_stage_int_type,    &kvs_stage_transform_type,
 };
 #define NTYPES (sizeof stage_types / sizeof stage_types[0])
 
@@ -79,7 +79,8 @@ void kvs_stage_typed_shape(uint16_t typed_id, const kvs_layout *layout, unsigned
     uint64_t c = 0;
     for (uint32_t g = 0; g < layout->ngroups; g++) {
         const kvs_group *gr = &layout->groups[g];
-        unsigned gs = typed_id == KVS_STAGE_FP8 || typed_id == KVS_STAGE_INT
+        unsigned gs = typed_id == KVS_STAGE_FP8 || typed_id == KVS_STAGE_INT ||
+                              typed_id == KVS_STAGE_TRANSFORM_CODED
                           ? 1
                           : (unsigned)kvs_dtype_size(gr->dtype);
         uint64_t gc = gr->shape.ndim ? (uint64_t)gr->shape.dims[gr->shape.ndim - 1] : 1;

@@ -1,0 +1,607 @@
+/* stage_transform.c - the "transform" typed stage: a calibrated linear
+ * transform (transform.h) decorrelates each layer's K and V, the
+ * coefficients are quantized with one uniform step per K / V (a multiple of
+ * the layer's RMS on the calibration chunks), the trailing components that
+ * quantize to zero everywhere are dropped (they would cost bits and decode
+ * time for nothing), and the rest are entropy-coded with one context class
+ * per component chosen by the encoder and stored (coef_coder.h).
+ * docs/frame_format.md "The transform payload" defines the bytes;
+ * docs/fidelity.md has the measurements behind the defaults.
+ *
+ * Parameters (20 bytes): the transform's fingerprint (u64), the K step and
+ * the V step (f32 each, in units of the layer's RMS), 4 bytes 0. A reader
+ * must be configured with the same transform file: one with another or none
+ * is refused (KVS_EKEY) naming both fingerprints, before any byte of the
+ * destination is written.
+ *
+ * Serves one group of shape [2, layers, tokens, hidden] (KV_2LTD) in
+ * bfloat16, float16 or float32, where layers and hidden are the
+ * transform's; anything else is refused at encode with the shape wanted. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/coef_coder.h"
+#include "codecs/half.h"
+#include "codecs/transform.h"
+#include "frame/stage.h"
+#include "kvserde/error.h"
+#include "kvserde/registry.h"
+#include "util/le.h"
+
+#define PARAMS_SIZE 20
+#define PAYLOAD_HEADER 16
+#define RECORD_SIZE 8
+#define PAYLOAD_VERSION 1
+#define MODE_CODED 0
+#define MODE_RAW 1
+#define Q_MAX 32767 /* coefficients are clamped to +-Q_MAX (the raw mode's i16) */
+#define STEP_MIN 1e-4
+#define STEP_MAX 64.0
+
+typedef struct transform_stage {
+    kvs_stage base;
+    kvs_transform *t;
+    float step[2]; /* K, V: in units of the layer's RMS */
+} transform_stage;
+
+static const char *const kv_name[2] = {"K", "V"};
+
+static int get_number(const json_t *config, const char *key, double def, double lo, double hi,
+                      double *out)
+{
+    const json_t *v = json_object_get(config, key);
+    if (v == NULL) {
+        *out = def;
+        return KVS_OK;
+    }
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return kvs_set_error(KVS_EINVAL, "transform: %s must be a number from %g to %g, got %s",
+                             key, lo, hi, json_is_number(v) ? "a number out of range"
+                                                            : kvs_json_type_name(v));
+    *out = json_number_value(v);
+    return KVS_OK;
+}
+
+/* ---- a step for a target --------------------------------------------
+ * "bits" and "snr_db" are resolved once, when the stage is created, from
+ * the calibration variances alone (so the step, recorded in every frame, is
+ * the same for every blob): each component is modelled as a Gaussian of its
+ * calibration variance, rounded to the step; its entropy and its squared
+ * error are summed over components, layers, K and V. docs/fidelity.md
+ * measures how far the blobs land from the target. */
+
+static double phi(double x) { return exp(-0.5 * x * x) / sqrt(2 * M_PI); }
+static double cdf(double x) { return 0.5 * erfc(-x / sqrt(2.0)); }
+
+/* Entropy (bits) and mean squared error of N(0, sigma^2) rounded to delta. */
+static void gauss_rounded(double sigma, double delta, double *bits, double *mse)
+{
+    double r = sigma / delta;
+    if (r > 4) { /* high-rate: uniform error within the bin */
+        *bits = log2(r) + 0.5 * log2(2 * M_PI * M_E);
+        *mse = delta * delta / 12;
+        return;
+    }
+    if (sigma <= 0) {
+        *bits = 0;
+        *mse = 0;
+        return;
+    }
+    double h = 0, e = 0, s2 = sigma * sigma;
+    int kmax = (int)ceil(8 * r) + 1;
+    for (int k = -kmax; k <= kmax; k++) {
+        double a = (k - 0.5) * delta / sigma, b = (k + 0.5) * delta / sigma, c = k * delta;
+        double p = cdf(b) - cdf(a);
+        if (p > 0) h -= p * log2(p);
+        double m2 = s2 * p - s2 * (b * phi(b) - a * phi(a)); /* int x^2 */
+        double m1 = sigma * (phi(a) - phi(b));               /* int x */
+        e += m2 - 2 * c * m1 + c * c * p;
+    }
+    *bits = h;
+    *mse = e > 0 ? e : 0;
+}
+
+/* Predicted bits per element and SNR (dB, K and V together) at step s. */
+static void predict(const kvs_transform *t, double s, double *bits, double *snr_db)
+{
+    double b = 0, sig = 0, noise = 0;
+    for (int kv = 0; kv < 2; kv++)
+        for (uint32_t l = 0; l < t->layers; l++) {
+            const float *var = t->var[kv] + (size_t)l * t->hidden;
+            const float *mean = t->mean[kv] + (size_t)l * t->hidden;
+            double delta = s * t->rms[kv][l];
+            for (uint32_t j = 0; j < t->hidden; j++) {
+                double hb, e;
+                gauss_rounded(sqrt((double)var[j]), delta, &hb, &e);
+                b += hb;
+                noise += e;
+                sig += (double)var[j] + (double)mean[j] * mean[j];
+            }
+        }
+    *bits = b / (2.0 * t->layers * t->hidden);
+    *snr_db = noise > 0 ? 10 * log10(sig / noise) : INFINITY;
+}
+
+/* The step (bisection on its logarithm; the rate falls and the SNR falls
+ * as the step grows) meeting the target. */
+static double step_for_target(const kvs_transform *t, int want_bits, double target)
+{
+    double lo = log(STEP_MIN), hi = log(STEP_MAX);
+    for (int i = 0; i < 60; i++) {
+        double mid = 0.5 * (lo + hi), b, snr;
+        predict(t, exp(mid), &b, &snr);
+        int too_fine = want_bits ? b > target : snr > target;
+        if (too_fine)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return exp(want_bits ? hi : lo); /* the side that meets the target */
+}
+
+static int transform_create(const json_t *config, kvs_stage **out)
+{
+    static const char *const known[] = {"type",   "path", "step", "k_step",
+                                        "v_step", "bits", "snr_db", NULL};
+    int rc = kvs_json_check_keys(config, "transform", "member", known);
+    if (rc) return rc;
+    const char *path = json_string_value(json_object_get(config, "path"));
+    if (path == NULL)
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: \"path\" is required: the transform file `kvserde "
+                             "calibrate` wrote");
+    int ntargets = 0;
+    static const char *const exclusive[] = {"step", "k_step", "v_step", "bits", "snr_db"};
+    for (int i = 0; i < 5; i++) ntargets += json_object_get(config, exclusive[i]) != NULL;
+    int has_target = json_object_get(config, "bits") || json_object_get(config, "snr_db");
+    if (has_target && ntargets > 1)
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: give one of \"step\" (and \"k_step\" / \"v_step\"), "
+                             "\"bits\" or \"snr_db\"");
+    double step, ks, vs, bits = 0, snr = 0;
+    rc = get_number(config, "step", 0.125, STEP_MIN, STEP_MAX, &step);
+    if (rc == KVS_OK) rc = get_number(config, "k_step", step, STEP_MIN, STEP_MAX, &ks);
+    if (rc == KVS_OK) rc = get_number(config, "v_step", step, STEP_MIN, STEP_MAX, &vs);
+    if (rc == KVS_OK) rc = get_number(config, "bits", 2.0, 0.05, 16.0, &bits);
+    if (rc == KVS_OK) rc = get_number(config, "snr_db", 30.0, 1.0, 120.0, &snr);
+    if (rc) return rc;
+    transform_stage *s = calloc(1, sizeof *s);
+    if (s == NULL) return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
+    rc = kvs_transform_load(path, &s->t);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    if (has_target) {
+        int want_bits = json_object_get(config, "bits") != NULL;
+        ks = vs = step_for_target(s->t, want_bits, want_bits ? bits : snr);
+    }
+    s->base.type = &kvs_stage_transform_type;
+    s->step[0] = (float)ks;
+    s->step[1] = (float)vs;
+    *out = &s->base;
+    return KVS_OK;
+}
+
+/* [2, layers, tokens, hidden] of a float dtype, the transform's layers and
+ * hidden; *tokens set. */
+static int check_layout(const kvs_transform *t, const kvs_layout *layout, const char *what,
+                        uint64_t *tokens)
+{
+    int rc = kvs_layout_validate(layout);
+    if (rc) return rc;
+    const kvs_group *g = layout->ngroups == 1 ? &layout->groups[0] : NULL;
+    if (g == NULL || g->shape.ndim != 4 || g->shape.dims[0] != 2 ||
+        (uint64_t)g->shape.dims[1] != t->layers || (uint64_t)g->shape.dims[3] != t->hidden ||
+        g->shape.dims[2] < 1 || g->shape.dims[2] > INT32_MAX / 2 ||
+        (g->dtype != KVS_DTYPE_BFLOAT16 && g->dtype != KVS_DTYPE_FLOAT16 &&
+         g->dtype != KVS_DTYPE_FLOAT32)) {
+        char got[256];
+        kvs_layout_format(layout, got, sizeof got);
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: %s is %s; the transform serves one group [2 x %u x "
+                             "tokens x %u] (KV_2LTD with its %u layers and hidden %u) of "
+                             "bfloat16, float16 or float32",
+                             what, got, t->layers, t->hidden, t->layers, t->hidden);
+    }
+    /* a stream's byte count is a u32 in the payload */
+    uint64_t stream_max = (uint64_t)g->shape.dims[2] * t->hidden * 2 + t->hidden;
+    if (stream_max > UINT32_MAX)
+        return kvs_set_error(KVS_EINVAL,
+                             "transform: %s has %lld tokens x hidden %u; at most %llu tokens "
+                             "per chunk (a stream's size is 32-bit)",
+                             what, (long long)g->shape.dims[2], t->hidden,
+                             (unsigned long long)((UINT32_MAX - t->hidden) / (2ull * t->hidden)));
+    *tokens = (uint64_t)g->shape.dims[2];
+    return KVS_OK;
+}
+
+static size_t payload_bound(const kvs_transform *t, uint64_t tokens)
+{
+    return PAYLOAD_HEADER + (size_t)2 * t->layers * RECORD_SIZE +
+           (size_t)2 * t->layers * (tokens * t->hidden * 2 + t->hidden);
+}
+
+int kvs_stage_transform_new(kvs_transform *t, float k_step, float v_step, kvs_stage **out)
+{
+    transform_stage *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        kvs_transform_free(t);
+        return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
+    }
+    s->base.type = &kvs_stage_transform_type;
+    s->t = t;
+    s->step[0] = k_step;
+    s->step[1] = v_step;
+    *out = &s->base;
+    return KVS_OK;
+}
+
+static int transform_bound(const kvs_stage *self, const kvs_layout *layout, size_t *nbytes)
+{
+    const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
+    uint64_t tokens;
+    int rc = check_layout(s->t, layout, "the source", &tokens);
+    if (rc == KVS_OK) *nbytes = payload_bound(s->t, tokens);
+    return rc;
+}
+
+/* The step of K or V in layer l, in the data's units. */
+static float layer_step(const kvs_transform *t, int kv, uint32_t l, float step)
+{
+    return step * t->rms[kv][l];
+}
+
+/* A component's context class: the mean square of its quantized values
+ * in half-octaves (the encoder's choice, stored: the decoder reads it). */
+static uint8_t component_class(const int32_t *q, size_t rows, size_t cols, size_t j)
+{
+    double ms = 0;
+    for (size_t r = 0; r < rows; r++) ms += (double)q[r * cols + j] * q[r * cols + j];
+    ms /= (double)rows;
+    if (ms <= 0) return 0;
+    int c = (int)floor(2 * log2(ms)) + 8;
+    return (uint8_t)(c < 0 ? 0 : c >= KVS_COEF_CLASSES ? KVS_COEF_CLASSES - 1 : c);
+}
+
+/* A float's bits as a little-endian u32 in a frame's parameters. */
+static float get_le_float(const uint8_t *p)
+{
+    uint32_t u = get_le32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void put_le_float(uint8_t *p, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put_le32(p, u);
+}
+
+static void load_rows(const void *src, kvs_dtype dtype, size_t offset, size_t n, float *out)
+{
+    if (dtype == KVS_DTYPE_FLOAT32) {
+        memcpy(out, (const float *)src + offset, n * sizeof(float));
+    } else if (dtype == KVS_DTYPE_BFLOAT16) {
+        const uint16_t *p = (const uint16_t *)src + offset;
+        for (size_t i = 0; i < n; i++) out[i] = kvs_bf16_to_f32(p[i]);
+    } else {
+        const uint16_t *p = (const uint16_t *)src + offset;
+        for (size_t i = 0; i < n; i++) out[i] = kvs_f16_to_f32(p[i]);
+    }
+}
+
+static void store_rows(const float *in, size_t n, kvs_dtype dtype, void *dst, size_t offset)
+{
+    if (dtype == KVS_DTYPE_FLOAT32) {
+        memcpy((float *)dst + offset, in, n * sizeof(float));
+    } else if (dtype == KVS_DTYPE_BFLOAT16) {
+        uint16_t *p = (uint16_t *)dst + offset;
+        for (size_t i = 0; i < n; i++) p[i] = kvs_f32_to_bf16(in[i]);
+    } else {
+        uint16_t *p = (uint16_t *)dst + offset;
+        for (size_t i = 0; i < n; i++) p[i] = kvs_f32_to_f16(in[i]);
+    }
+}
+
+static int32_t quantize(float c)
+{
+    if (!(c == c)) return 0; /* NaN */
+    if (c > (float)Q_MAX) return Q_MAX;
+    if (c < -(float)Q_MAX) return -Q_MAX;
+    return (int32_t)lrintf(c);
+}
+
+static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                            size_t cap, size_t *n)
+{
+    const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
+    const kvs_transform *t = s->t;
+    uint64_t tokens;
+    int rc = check_layout(t, &src->layout, "the source", &tokens);
+    if (rc) return rc;
+    size_t need = payload_bound(t, tokens);
+    if (cap < need)
+        return kvs_set_error(KVS_ENOSPC, "transform: destination too small: %zu bytes, need %zu",
+                             cap, need);
+    size_t h = t->hidden, T = (size_t)tokens, rows = T * h;
+    kvs_dtype dtype = src->layout.groups[0].dtype;
+    float *a = malloc(rows * sizeof(float)), *c = malloc(rows * sizeof(float));
+    /* q holds up to T x hidden values */
+    int32_t *q = malloc(rows * sizeof(int32_t));
+    uint8_t *cls = malloc(h);
+    if (a == NULL || c == NULL || q == NULL || cls == NULL) {
+        free(a), free(c), free(q), free(cls);
+        return kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu coefficients",
+                             T, h);
+    }
+    out[0] = PAYLOAD_VERSION;
+    out[1] = out[2] = out[3] = 0;
+    put_le32(out + 4, t->layers);
+    put_le32(out + 8, (uint32_t)T);
+    put_le32(out + 12, (uint32_t)h);
+    uint8_t *rec = out + PAYLOAD_HEADER;
+    size_t pos = PAYLOAD_HEADER + (size_t)2 * t->layers * RECORD_SIZE;
+    for (int kv = 0; kv < 2; kv++)
+        for (uint32_t l = 0; l < t->layers; l++, rec += RECORD_SIZE) {
+            float delta = layer_step(t, kv, l, s->step[kv]);
+            load_rows(src->data, dtype, ((size_t)kv * t->layers + l) * rows, rows, a);
+            const float *mean = t->mean[kv] + (size_t)l * h;
+            for (size_t r = 0; r < T; r++)
+                for (size_t i = 0; i < h; i++) a[r * h + i] -= mean[i];
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h,
+                        1.0f / delta, a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f,
+                        c, (int)h);
+            /* Components are kept up to the last one with a nonzero value:
+             * the trailing ones cost neither bits nor decode time. */
+            uint32_t kept = 0;
+            for (size_t r = 0; r < T; r++)
+                for (size_t j = kept; j < h; j++)
+                    if (quantize(c[r * h + j]) != 0) kept = (uint32_t)j + 1;
+            for (size_t r = 0; r < T; r++)
+                for (size_t j = 0; j < kept; j++) q[r * kept + j] = quantize(c[r * h + j]);
+            size_t nq = T * kept, written = 0;
+            int mode = MODE_CODED;
+            if (kept) {
+                for (size_t j = 0; j < kept; j++) cls[j] = component_class(q, T, kept, j);
+                memcpy(out + pos, cls, kept);
+                if (kvs_coef_encode(q, T, kept, cls, out + pos + kept, nq * 2, &written) !=
+                    KVS_OK) {
+                    mode = MODE_RAW; /* the coder would not save anything */
+                    for (size_t i = 0; i < nq; i++)
+                        put_le16(out + pos + kept + 2 * i, (uint16_t)q[i]);
+                    written = nq * 2;
+                }
+                written += kept;
+            }
+            put_le16(rec, (uint16_t)kept);
+            rec[2] = (uint8_t)mode;
+            rec[3] = 0;
+            put_le32(rec + 4, (uint32_t)written);
+            pos += written;
+        }
+    free(a), free(c), free(q), free(cls);
+    *n = pos;
+    return KVS_OK;
+}
+
+static int transform_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                            const uint8_t *in, size_t n, kvs_memobj *dst)
+{
+    (void)nparams; /* checked by transform_check_params */
+    uint64_t fp = get_le64(params);
+    const kvs_transform *t = ctx ? ctx->transform : NULL;
+    if (t == NULL)
+        return kvs_set_error(KVS_EKEY,
+                             "transform: blob was encoded with transform %016llx; this reader "
+                             "has no transform configured (a pipeline stage {\"type\": "
+                             "\"transform\", \"path\": ...} with that file)",
+                             (unsigned long long)fp);
+    if (t->fingerprint != fp)
+        return kvs_set_error(KVS_EKEY,
+                             "transform: blob was encoded with transform %016llx, this reader "
+                             "has transform %016llx",
+                             (unsigned long long)fp, (unsigned long long)t->fingerprint);
+    float step[2] = {get_le_float(params + 8), get_le_float(params + 12)};
+    uint64_t tokens;
+    int rc = check_layout(t, &dst->layout, "the destination", &tokens);
+    if (rc) return rc;
+    if (dst->capacity < kvs_layout_nbytes(&dst->layout))
+        return kvs_set_error(KVS_ENOSPC, "transform: destination holds %zu bytes, need %llu",
+                             dst->capacity, (unsigned long long)kvs_layout_nbytes(&dst->layout));
+    size_t h = t->hidden, T = (size_t)tokens, nstreams = (size_t)2 * t->layers;
+    size_t table = PAYLOAD_HEADER + nstreams * RECORD_SIZE;
+    if (n < table)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "transform: payload damaged: %zu bytes, shorter than its %zu-byte "
+                             "header and stream table",
+                             n, table);
+    if (in[0] != PAYLOAD_VERSION || in[1] || in[2] || in[3])
+        return kvs_set_error(KVS_ECORRUPT,
+                             "transform: payload damaged: version %u (expected %d) or nonzero "
+                             "reserved bytes",
+                             in[0], PAYLOAD_VERSION);
+    if (get_le32(in + 4) != t->layers || get_le32(in + 8) != T || get_le32(in + 12) != h)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "transform: payload damaged: it says %u layers x %u tokens x hidden "
+                             "%u, the layout %u x %zu x %zu",
+                             get_le32(in + 4), get_le32(in + 8), get_le32(in + 12), t->layers, T, h);
+    /* Every record checked, and the streams must account for the payload
+     * exactly, before anything is decoded. */
+    size_t total = table, coefs = 0;
+    for (size_t i = 0; i < nstreams; i++) {
+        const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
+        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
+        const char *who = kv_name[i / t->layers];
+        unsigned layer = (unsigned)(i % t->layers);
+        if (kept > h || rec[2] > MODE_RAW || rec[3] != 0)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: payload damaged: %s layer %u keeps %u components "
+                                 "(hidden %zu), mode %u, reserved %u",
+                                 who, layer, kept, h, rec[2], rec[3]);
+        if (rec[2] == MODE_RAW && (uint64_t)bytes != (uint64_t)T * kept * 2 + kept)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: payload damaged: %s layer %u raw stream is %u bytes, "
+                                 "%zu x %u coefficients and their classes need %llu",
+                                 who, layer, bytes, T, kept,
+                                 (unsigned long long)T * kept * 2 + kept);
+        if (bytes < kept)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: payload damaged: %s layer %u stream is %u bytes, "
+                                 "shorter than its %u class bytes",
+                                 who, layer, bytes, kept);
+        if (kept == 0 && bytes != 0)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: payload damaged: %s layer %u keeps no component but "
+                                 "has %u stream bytes",
+                                 who, layer, bytes);
+        if (bytes > n - total)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: payload damaged: %s layer %u stream of %u bytes "
+                                 "runs past the %zu-byte payload",
+                                 who, layer, bytes, n);
+        total += bytes;
+        coefs += T * kept;
+    }
+    if (total != n)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "transform: payload damaged: its streams account for %zu of its %zu "
+                             "bytes",
+                             total, n);
+    float *coef = malloc((coefs ? coefs : 1) * sizeof(float));
+    float *x = malloc(T * h * sizeof(float));
+    if (coef == NULL || x == NULL) {
+        free(coef), free(x);
+        return kvs_set_error(KVS_ENOMEM, "transform: out of memory decoding %zu coefficients",
+                             coefs);
+    }
+    /* Pass 1: decode every stream (the only step that can still fail). */
+    size_t pos = table, cpos = 0;
+    for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
+        const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
+        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
+        int kv = (int)(i / t->layers);
+        uint32_t l = (uint32_t)(i % t->layers);
+        for (uint32_t j = 0; j < kept && rc == KVS_OK; j++)
+            if (in[pos + j] >= KVS_COEF_CLASSES)
+                rc = kvs_set_error(KVS_ECORRUPT,
+                                   "transform: payload damaged: %s layer %u component %u has "
+                                   "context class %u, at most %d",
+                                   kv_name[kv], l, j, in[pos + j], KVS_COEF_CLASSES - 1);
+        if (rc == KVS_OK && kept && rec[2] == MODE_CODED) {
+            char what[64];
+            snprintf(what, sizeof what, "transform: %s layer %u", kv_name[kv], l);
+            rc = kvs_coef_decode(in + pos + kept, bytes - kept, T, kept, in + pos, coef + cpos,
+                                 what);
+        } else if (rc == KVS_OK) {
+            for (size_t k = 0; k < (size_t)T * kept; k++)
+                coef[cpos + k] = (float)(int16_t)get_le16(in + pos + kept + 2 * k);
+        }
+        pos += bytes;
+        cpos += T * kept;
+    }
+    /* Pass 2: the basis product into dst. */
+    kvs_dtype dtype = dst->layout.groups[0].dtype;
+    cpos = 0;
+    for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
+        uint32_t kept = get_le16(in + PAYLOAD_HEADER + i * RECORD_SIZE);
+        int kv = (int)(i / t->layers);
+        uint32_t l = (uint32_t)(i % t->layers);
+        const float *mean = t->mean[kv] + (size_t)l * h;
+        if (kept)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
+                        layer_step(t, kv, l, step[kv]), coef + cpos, (int)kept,
+                        t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
+        else
+            memset(x, 0, T * h * sizeof(float));
+        for (size_t r = 0; r < T; r++)
+            for (size_t j = 0; j < h; j++) x[r * h + j] += mean[j];
+        store_rows(x, T * h, dtype, dst->data, i * T * h);
+        cpos += T * kept;
+    }
+    free(coef), free(x);
+    return rc;
+}
+
+static size_t transform_params_size(const kvs_stage *self)
+{
+    (void)self;
+    return PARAMS_SIZE;
+}
+
+static int transform_write_params(const kvs_stage *self, uint8_t *params)
+{
+    const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
+    put_le64(params, s->t->fingerprint);
+    put_le_float(params + 8, s->step[0]);
+    put_le_float(params + 12, s->step[1]);
+    memset(params + 16, 0, 4);
+    return KVS_OK;
+}
+
+static int transform_check_params(const uint8_t *params, size_t nparams)
+{
+    if (nparams != PARAMS_SIZE)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "transform: %zu parameter bytes in the frame, expected %d", nparams,
+                             PARAMS_SIZE);
+    for (int kv = 0; kv < 2; kv++) {
+        float st = get_le_float(params + 8 + 4 * kv);
+        if (!(st >= (float)STEP_MIN && st <= (float)STEP_MAX))
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "transform: frame names a %s step of %g, expected %g to %g",
+                                 kv_name[kv], (double)st, STEP_MIN, STEP_MAX);
+    }
+    if (params[16] | params[17] | params[18] | params[19])
+        return kvs_set_error(KVS_ECORRUPT, "transform: frame's reserved parameter bytes are not 0");
+    return KVS_OK;
+}
+
+static json_t *transform_describe(const uint8_t *params, size_t nparams)
+{
+    (void)nparams;
+    uint64_t fp = get_le64(params);
+    float ks = get_le_float(params + 8), vs = get_le_float(params + 12);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
+    return json_pack("{s:s,s:f,s:f}", "fingerprint", hex, "k_step", (double)ks, "v_step",
+                     (double)vs);
+}
+
+static void transform_destroy(kvs_stage *self)
+{
+    transform_stage *s = KVS_CONTAINER_OF(self, transform_stage, base);
+    kvs_transform_free(s->t);
+    free(s);
+}
+
+int kvs_transform_from_config(const json_t *stages, kvs_transform **out)
+{
+    *out = NULL;
+    const json_t *first = json_array_get(stages, 0); /* NULL for a non-array */
+    const json_t *type = json_object_get(first, "type");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "transform") != 0)
+        return KVS_OK;
+    const char *path = json_string_value(json_object_get(first, "path"));
+    if (path == NULL) return KVS_OK; /* the serializer's creation refuses it */
+    return kvs_transform_load(path, out);
+}
+
+const kvs_stage_type kvs_stage_transform_type = {
+    .name = "transform",
+    .id = KVS_STAGE_TRANSFORM_CODED,
+    .kind = KVS_STAGE_TYPED,
+    .create = transform_create,
+    .typed_bound = transform_bound,
+    .typed_encode = transform_encode,
+    .typed_decode = transform_decode,
+    .params_size = transform_params_size,
+    .write_params = transform_write_params,
+    .check_params = transform_check_params,
+    .describe_params = transform_describe,
+    .destroy = transform_destroy,
+};
