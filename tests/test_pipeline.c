@@ -257,7 +257,7 @@ static void test_create_refused(void)
          "aes_gcm, lossless, ggml_q8_0, ggml_q4_0, int, transform"},
         {ST("[{\"type\":\"crc32c\"}]"),
          "pipeline: stage 0 'crc32c' is a bytes -> bytes stage; the chain starts with one "
-         "typed stage (bytes, fp8 or transform)"},
+         "typed stage (bytes, fp8, ggml_q8_0, ggml_q4_0, int, transform)"},
         {ST("[{\"type\":\"fp8\"},{\"type\":\"bytes\"}]"),
          "pipeline: stage 1 'bytes' is a typed stage; only stage 0 may be typed (tensor -> "
          "bytes), the rest are bytes -> bytes stages"},

@@ -97,8 +97,8 @@ static int check_order(const kvs_stage_type *const *types, uint32_t i)
         if (i == 0)
             return kvs_set_error(KVS_EINVAL,
                                  "pipeline: stage 0 '%s' is a bytes -> bytes stage; the chain "
-                                 "starts with one typed stage (bytes, fp8 or transform)",
-                                 t->name);
+                                 "starts with one typed stage (%s)",
+                                 t->name, kvs_stage_typed_list_text());
         return kvs_set_error(KVS_EINVAL,
                              "pipeline: stage %u '%s' is a typed stage; only stage 0 may be "
                              "typed (tensor -> bytes), the rest are bytes -> bytes stages",

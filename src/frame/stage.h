@@ -177,6 +177,8 @@ const char *kvs_stage_type_list_text(void);
 /* "1 (bytes), 2 (fp8), 64 (crc32c), 65 (xxh3), 66 (aes_gcm), ...": the ids a
  * frame may name (a static string). */
 const char *kvs_stage_type_id_list_text(void);
+/* The typed stages' names in table order, ", "-joined: "bytes, fp8, ...". */
+const char *kvs_stage_typed_list_text(void);
 
 /* The stage types (one file each). */
 extern const kvs_stage_type kvs_stage_bytes_type;

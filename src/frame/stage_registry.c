@@ -54,6 +54,24 @@ const char *kvs_stage_type_list_text(void)
     return list_text;
 }
 
+static char typed_list_text[256];
+
+static void build_typed_list_text(void)
+{
+    const char *names[NTYPES];
+    size_t n = 0;
+    for (size_t i = 0; i < NTYPES; i++)
+        if (stage_types[i]->kind == KVS_STAGE_TYPED) names[n++] = stage_types[i]->name;
+    kvs_names_join(names, n, "(none)", typed_list_text, sizeof typed_list_text);
+}
+
+const char *kvs_stage_typed_list_text(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_typed_list_text);
+    return typed_list_text;
+}
+
 static char id_list_text[256];
 
 static void build_id_list_text(void)
