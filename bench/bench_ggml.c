@@ -17,21 +17,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_timing.h"
 #include "kv_values.h"
 #include "kvserde/kvserde.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 enum { OP_MEMCPY, OP_ENCODE, OP_DECODE };
 

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <zstd.h>
 
+#include "bench_timing.h"
 #include "kvserde/kvserde.h"
 
 #define MAXL 16
@@ -46,13 +47,6 @@ static const char *const colname[NCOL] = {"zstd-1",   "zstd-3",   "lz4",      "z
 /* stored bytes per column; raw bytes (bf16 or fp8) per slice kind and layer */
 static double stored[2][MAXL][NCOL], rawb[2][MAXL];
 static double t_enc[NCOL], t_dec[NCOL], t_raw[NCOL];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static double h0_bytes(const uint8_t *p, size_t n)
 {

@@ -45,6 +45,7 @@
 #define KVS_BENCH_X86 1
 #endif
 
+#include "bench_timing.h"
 #include "kvserde/error.h"
 #include "kvserde/fp8.h"
 #include "kvserde/memobj.h"
@@ -55,27 +56,6 @@
 
 #define MAX_RUNS 101
 #define NTHREADS_MAX 2
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n)
-{
-    double t[MAX_RUNS];
-    memcpy(t, v, sizeof *v * (size_t)n);
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 /* ---- the streaming kernels ------------------------------------------------ */
 

@@ -341,12 +341,6 @@ static double one_task(kvs_processor *p, int dir, kvs_memobj *src, kvs_memobj *d
     return t;
 }
 
-static double median_of(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
-}
-
 /* An fp8 processor with `workers` threads, the given split threshold and
  * piece size (0: the default). */
 static kvs_processor *split_processor(unsigned workers, size_t min_bytes, size_t chunk)
@@ -418,7 +412,7 @@ static int bench_split_large(size_t bytes, int rounds)
                     t[(dir * NCFG + i) * rounds + r] = x;
             }
     }
-    double mc = median_of(t + (2 * NCFG) * rounds, rounds);
+    double mc = median(t + (2 * NCFG) * rounds, rounds);
     printf("one %zu MiB bfloat16 object per task, one task at a time (%s kernels), "
            "median of %d interleaved rounds:\n  memcpy (1 thread)                 %6.2f GB/s\n",
            bytes >> 20, kvs_fp8_isa(), rounds, (double)bytes / mc / 1e9);
@@ -426,7 +420,7 @@ static int bench_split_large(size_t bytes, int rounds)
         printf("  %s\n", dir == SER ? "serialize bf16 -> e4m3fn:" : "deserialize e4m3fn -> bf16:");
         double base = 0;
         for (int i = 0; i < NCFG; i++) {
-            double m = median_of(t + (dir * NCFG + i) * rounds, rounds);
+            double m = median(t + (dir * NCFG + i) * rounds, rounds);
             if (i == 0)
                 base = m;
             printf("    %s %6.2f GB/s   %.2fx memcpy   %.2fx 1 worker\n", cfg[i].label,
@@ -502,7 +496,7 @@ static int bench_split_sweep(void)
                     ts[r] = b;
                 }
             }
-            double mw = median_of(tw, reps), ms = median_of(ts, reps);
+            double mw = median(tw, reps), ms = median(ts, reps);
             printf("  %7.0f us %7.0f us %7.2fx", mw * 1e6, ms * 1e6, mw / ms);
         }
         printf("\n");
