@@ -1,15 +1,31 @@
-/* kvs_test_objs.h - KV-shaped test objects shared by the tests of the size
- * checks (issue 17 item 3): the same [2, 4, tokens, hidden] bfloat16 object
- * with more tokens or fewer, and a canary check. Header-only, static inline
- * so a test that uses one of them does not warn about the other. */
+/* kvs_test_objs.h - test objects shared by several tests: the KV-shaped
+ * objects of the size checks (issue 17 item 3: the same [2, 4, tokens,
+ * hidden] bfloat16 object with more tokens or fewer), a canary check, and a
+ * serde pair made from JSON. Header-only, static inline so a test that uses
+ * one of them does not warn about the others. */
 #ifndef KVS_TEST_OBJS_H
 #define KVS_TEST_OBJS_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvserde/error.h"
 #include "kvserde/memobj.h"
+#include "kvserde/registry.h"
+
+/* The serializer and deserializer of `json`; aborts, naming the config and
+ * the refusal, if the config does not make one. */
+static inline kvs_serde_pair kvs_test_serde_pair(const char *json)
+{
+    kvs_serde_pair p;
+    if (kvs_serde_create_pair(json, &p) != KVS_OK) {
+        fprintf(stderr, "%s: %s\n", json, kvs_last_error());
+        abort();
+    }
+    return p;
+}
 
 /* A [2, 4, tokens, hidden] bfloat16 KV_2LTD object, every byte `fill`;
  * aborts if it cannot be made. */

@@ -20,6 +20,7 @@
 
 #include "frame/stage.h"
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvs_test_proc.h"
 #include "kvserde/memobj.h"
 #include "kvserde/pipeline.h"
@@ -33,16 +34,6 @@
     "\"rans\"}]}"
 #define FP8_LL "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}"
 #define BLOCK 65536u
-
-static kvs_serde_pair make_pair(const char *json)
-{
-    kvs_serde_pair p;
-    if (kvs_serde_create_pair(json, &p) != KVS_OK) {
-        fprintf(stderr, "%s: %s\n", json, kvs_last_error());
-        abort();
-    }
-    return p;
-}
 
 static kvs_memobj *new_obj(const kvs_layout *l)
 {
@@ -92,7 +83,7 @@ static int deser(kvs_serde_pair *p, const uint8_t *data, size_t len, kvs_memobj 
 /* Round trip src through json; 1 if bit-exact. *stored = blob bytes. */
 static int roundtrip(const char *json, const kvs_memobj *src, size_t *stored)
 {
-    kvs_serde_pair p = make_pair(json);
+    kvs_serde_pair p = kvs_test_serde_pair(json);
     size_t len = 0;
     uint8_t *b = ser(&p, src, &len);
     int ok = 0;
@@ -113,8 +104,8 @@ static int roundtrip(const char *json, const kvs_memobj *src, size_t *stored)
 /* fp8 + lossless must give exactly what fp8 + crc32c gives. */
 static int fp8_same(const kvs_memobj *src)
 {
-    kvs_serde_pair a = make_pair(FP8_LL);
-    kvs_serde_pair c = make_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
+    kvs_serde_pair a = kvs_test_serde_pair(FP8_LL);
+    kvs_serde_pair c = kvs_test_serde_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
     size_t la, lc;
     uint8_t *ba = ser(&a, src, &la), *bc = ser(&c, src, &lc);
     kvs_memobj *x = new_obj(&src->layout), *y = new_obj(&src->layout);
@@ -345,7 +336,7 @@ static void frame_damage(const char *json)
     kvs_layout l = flat(2 * BLOCK + 3, KVS_DTYPE_BFLOAT16);
     kvs_memobj *o = new_obj(&l);
     fill(o, SMOOTH, 3);
-    kvs_serde_pair p = make_pair(json);
+    kvs_serde_pair p = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *b = ser(&p, o, &len);
     REQUIRE(b != NULL);
@@ -406,7 +397,7 @@ static void test_old_frames(void)
     }
     const char *cfgs[2] = {BYTES_LL, RANS_LL};
     for (int c = 0; c < 2; c++) {
-        kvs_serde_pair p = make_pair(cfgs[c]);
+        kvs_serde_pair p = kvs_test_serde_pair(cfgs[c]);
         kvs_memobj *back = NULL;
         REQUIRE(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &back) == KVS_OK);
         CHECK_OK(deser(&p, v1_blob, sizeof v1_blob, back));
@@ -650,7 +641,7 @@ static void test_kvdata(void)
         CHECK(ok);
         stored_r += (double)s3;
         CHECK(fp8_same(o));
-        kvs_serde_pair p = make_pair(FP8_LL);
+        kvs_serde_pair p = kvs_test_serde_pair(FP8_LL);
         size_t len;
         uint8_t *b = ser(&p, o, &len);
         s2 = len;
@@ -685,11 +676,11 @@ static void split_across_workers(const char *json)
     REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
     kvs_memobj *src = new_obj(&l);
     fill(src, SMOOTH, 21);
-    kvs_serde_pair sync = make_pair(json);
+    kvs_serde_pair sync = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *want = ser(&sync, src, &len);
     REQUIRE(want != NULL);
-    kvs_serde_pair p2 = make_pair(json);
+    kvs_serde_pair p2 = kvs_test_serde_pair(json);
     kvs_processor *p = NULL;
     REQUIRE(kvs_async_processor_create(p2.serializer, p2.deserializer, 2, &p) == KVS_OK);
     REQUIRE(kvs_async_processor_set_split(p, 0, 64 << 10) == KVS_OK);

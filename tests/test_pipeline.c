@@ -21,6 +21,7 @@
 #include "frame/pipeline_internal.h"
 #include "frame/stage_aes_gcm.h"
 #include "kvs_test.h"
+#include "kvs_test_objs.h"
 #include "kvserde/l2.h"
 #include "kvserde/l2_memory.h"
 #include "kvserde/memobj.h"
@@ -173,16 +174,6 @@ static int same_data(const kvs_memobj *a, const kvs_memobj *b)
  * Sync serialize / deserialize on raw blobs
  * ------------------------------------------------------------------ */
 
-static kvs_serde_pair make_pair(const char *json)
-{
-    kvs_serde_pair p;
-    if (kvs_serde_create_pair(json, &p) != KVS_OK) {
-        fprintf(stderr, "%s: %s\n", json, kvs_last_error());
-        abort();
-    }
-    return p;
-}
-
 typedef struct blob {
     uint8_t *data;
     size_t len, estimate;
@@ -293,7 +284,7 @@ static void test_create_refused(void)
 /* [fp8] gets crc32c appended, and the frame records it. */
 static void test_checksum_appended(void)
 {
-    kvs_serde_pair p = make_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
+    kvs_serde_pair p = kvs_test_serde_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
     kvs_layout l = layout_kv(KVS_DTYPE_BFLOAT16, 4);
     kvs_memobj *src = new_obj(&l);
     fill_random(src, 1);
@@ -348,7 +339,7 @@ static void test_crc32c_reference(void)
 static void check_fp8_frame(const char *pipeline_json, const char *plain_json,
                             const kvs_memobj *src, int digest)
 {
-    kvs_serde_pair p = make_pair(pipeline_json), plain = make_pair(plain_json);
+    kvs_serde_pair p = kvs_test_serde_pair(pipeline_json), plain = kvs_test_serde_pair(plain_json);
     kvs_object_key k = key_a();
     blob b = ser(&p, src, &k), ref = ser(&plain, src, NULL);
     size_t n = (size_t)kvs_layout_numel(&src->layout);
@@ -405,7 +396,7 @@ static void test_fp8_payload_is_plain_fp8(void)
 /* Every field of the header at its offset (src/frame/frame.h). */
 static void test_header_bytes(void)
 {
-    kvs_serde_pair p = make_pair(
+    kvs_serde_pair p = kvs_test_serde_pair(
         "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\",\"fp8_dtype\":\"float8_e5m2\","
         "\"saturate\":false},{\"type\":\"xxh3\"}]}");
     kvs_layout l = layout_kv(KVS_DTYPE_BFLOAT16, 4);
@@ -462,7 +453,7 @@ static void test_header_bytes(void)
 static void check_bytes_roundtrip(const char *json, const kvs_layout *l, uint64_t seed,
                                   int digest)
 {
-    kvs_serde_pair p = make_pair(json);
+    kvs_serde_pair p = kvs_test_serde_pair(json);
     kvs_memobj *src = new_obj(l), *dst = new_canary(l);
     fill_random(src, seed);
     size_t nb = (size_t)kvs_layout_nbytes(l);
@@ -545,7 +536,7 @@ typedef struct fixture {
 
 static int fixture_open(fixture *f, const char *json, int64_t tokens)
 {
-    f->p = make_pair(json);
+    f->p = kvs_test_serde_pair(json);
     f->key = key_a();
     kvs_layout l = layout_kv(KVS_DTYPE_BFLOAT16, tokens);
     f->src = new_obj(&l);
@@ -824,7 +815,7 @@ static void test_verify_arguments(void)
 {
     fixture f;
     REQUIRE(fixture_open(&f, FP8_CRC, 4));
-    kvs_serde_pair fp8 = make_pair("{\"type\":\"fp8\"}");
+    kvs_serde_pair fp8 = kvs_test_serde_pair("{\"type\":\"fp8\"}");
     CHECK_ERR(kvs_pipeline_verify(fp8.deserializer, f.b.data, f.b.len, NULL), KVS_EINVAL,
               "pipeline: verify needs a pipeline deserializer, got 'fp8'");
     CHECK_ERR(kvs_pipeline_verify(NULL, f.b.data, f.b.len, NULL), KVS_EINVAL,
@@ -1109,7 +1100,7 @@ static void test_unchecked_frame_refused(void)
     uint8_t *frame = calloc(1, h + numel);
     REQUIRE(frame != NULL);
     kvs_frame_write_header(frame, &l, KVS_FMT_KV_2LTD, NULL, numel, ids, pp, np, 1);
-    kvs_serde_pair p = make_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
+    kvs_serde_pair p = kvs_test_serde_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}");
     kvs_memobj *dst = new_canary(&l);
     CHECK_ERR(deser(&p, frame, h + numel, dst, NULL), KVS_ECORRUPT,
               "pipeline: frame has no payload check (no checksum or encryption stage)");
@@ -1199,9 +1190,9 @@ static void test_aes_gcm_pipeline(void)
 
     /* rotation: a deserializer holding [k2, k1] opens it, one holding only
      * k2 says which key id the blob needs */
-    kvs_serde_pair both = make_pair((aes_config(json, sizeof json, k2, k1), json));
+    kvs_serde_pair both = kvs_test_serde_pair((aes_config(json, sizeof json, k2, k1), json));
     CHECK_OK(deser(&both, f.b.data, f.b.len, f.dst, &f.key));
-    kvs_serde_pair wrong = make_pair((aes_config(json, sizeof json, k2, NULL), json));
+    kvs_serde_pair wrong = kvs_test_serde_pair((aes_config(json, sizeof json, k2, NULL), json));
     int rc = deser(&wrong, f.b.data, f.b.len, f.dst, &f.key);
     CHECK_EQ_INT(rc, KVS_EAUTH);
     CHECK(strstr(kvs_last_error(), "aes_gcm: no configured key has key id ") == kvs_last_error());
@@ -1267,7 +1258,7 @@ static void test_aes_gcm_fused_blocks(void)
         CHECK_OK(kvs_aes_gcm_open(sub, params + KVS_AES_GCM_KEY_ID_LEN, fr.header,
                                   fr.header_len, kb, klen, fr.payload, n + d,
                                   fr.payload + n + d, plain));
-        kvs_serde_pair fp8 = make_pair("{\"type\":\"fp8\"}");
+        kvs_serde_pair fp8 = kvs_test_serde_pair("{\"type\":\"fp8\"}");
         blob ref = ser(&fp8, f.src, NULL);
         REQUIRE(ref.data != NULL && ref.len == n);
         CHECK(memcmp(plain, ref.data, n) == 0);
