@@ -48,7 +48,10 @@
  * (l2/adapter_base.h: fs, memory, redis). A store or a load then costs
  * three thread wake-ups (caller -> first phase's worker -> second phase's
  * worker -> caller) where handing each phase back to a poll thread cost
- * five (docs/performance.md, "Small objects through the serde wrapper").
+ * five, and two, as the bare adapter, when its transform is small enough
+ * to run inline on the thread at hand (INLINE_MAX_BYTES; docs/performance.md,
+ * "Small objects through the serde wrapper"). A store of large objects
+ * goes on in pieces (PIECE_BYTES), each chained on its own.
  * A processor or an inner adapter that cannot call a hook (a third
  * party's) signals its fd as before, and the wrapper's poll thread moves
  * those phases on. Within a phase tasks move on in submission order (l2.h:
