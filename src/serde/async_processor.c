@@ -245,9 +245,12 @@ static void run_task(kvs_job *job)
 {
     struct task *t = KVS_CONTAINER_OF(job, struct task, job);
     struct core *c = t->core;
+    /* Saved and restored, not cleared: a task run inline (task_runs_inline)
+     * runs on the submitter's thread, which may be running a task itself. */
+    struct core *outer = tl_core;
     tl_core = c;
     transform(t);
-    tl_core = NULL;
+    tl_core = outer;
     finish(c, t);
 }
 
