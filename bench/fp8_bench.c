@@ -52,7 +52,8 @@
 #define MAX_THREADS 64
 #define MAX_RUNS 101
 
-static const char *const isa_names[3] = {"scalar", "avx2", "avx512"};
+#define NISA 4 /* kvs_fp8_isa_names() */
+static const char *const *isa_names;
 static const char *const fmt_names[KVS_FP8_NFMT] = {"e4m3fn", "e5m2"};
 static const char *const wide_names[KVS_NWIDE] = {"float32", "float16", "bfloat16"};
 static const size_t wide_size[KVS_NWIDE] = {4, 2, 2};
@@ -67,7 +68,7 @@ typedef struct options {
     double min_s;
     int threads[8];
     int nthreads;
-    int isa[3]; /* asked for */
+    int isa[NISA]; /* asked for */
     int nt_sweep;
 } options;
 
@@ -485,12 +486,12 @@ static void print_text(const options *opt, const group *g, int ng, const result 
         printf("\n== %s wide buffers (%s), %d thread%s: memcpy %.2f GB/s ==\n", sz,
                g[gi].in_cache ? "in cache" : "memory-bound", g[gi].threads,
                g[gi].threads > 1 ? "s" : "", gbps(g[gi].wide_bytes, g[gi].memcpy_s));
-        printf("%-22s %-7s %9s %9s %9s %6s %10s %-11s %9s\n", "conversion", "isa", "in GB/s",
+        printf("%-22s %-10s %9s %9s %9s %6s %10s %-11s %9s\n", "conversion", "isa", "in GB/s",
                "out GB/s", "x memcpy", "shape", "limit GB/s", "x limit", "x scalar");
         for (int op = OP_ENCODE; op <= OP_DECODE; op++)
             for (int a = 0; a < (op == OP_ENCODE ? KVS_NWIDE : KVS_FP8_NFMT); a++)
                 for (int b = 0; b < (op == OP_ENCODE ? KVS_FP8_NFMT : KVS_NWIDE); b++)
-                    for (int isa = 0; isa < 3; isa++)
+                    for (int isa = 0; isa < NISA; isa++)
                         for (int i = 0; i < nres; i++) {
                             const result *r = &res[i];
                             const int wide = wide_order[op == OP_ENCODE ? a : b];
@@ -511,7 +512,7 @@ static void print_text(const options *opt, const group *g, int ng, const result 
                             char xl[32];
                             snprintf(xl, sizeof xl, "%.2f [%.2f-%.2f]", r->ratio_limit,
                                      r->ratio_limit_min, r->ratio_limit_max);
-                            printf("%-22s %-7s %9.2f %9.2f %9.2f %6s %10.2f %-11s %9s\n", name,
+                            printf("%-22s %-10s %9.2f %9.2f %9.2f %6s %10.2f %-11s %9s\n", name,
                                    isa_names[isa], gbps(in, r->median_s), gbps(out, r->median_s),
                                    r->ratio, limit_shape[op == OP_DECODE][r->wide == KVS_WIDE_F32],
                                    gbps(r->wide_bytes, r->limit_s), xl, xs);
@@ -610,7 +611,7 @@ static void usage(FILE *f, const char *prog)
             "  --runs N          timed runs per figure, median reported (default 5)\n"
             "  --min-ms N        minimum duration of one run (default 50)\n"
             "  --threads LIST    thread counts, e.g. 1,2 (default 1,2)\n"
-            "  --isa LIST        kernel variants among scalar,avx2,avx512 (default: all\n"
+            "  --isa LIST        kernel variants among scalar,avx2,avx512,avx512fp16 (default: all\n"
             "                    this CPU and build support)\n"
             "  --quick           smoke run: 16 MiB and 256 KiB buffers, 3 runs of >= 5 ms\n"
             "  --nt-sweep        instead: the non-temporal store threshold, bfloat16 -> e4m3fn\n"
@@ -688,11 +689,11 @@ static int parse_options(int argc, char **argv, options *o)
                     o->threads[o->nthreads++] = (int)t;
                 } else {
                     int k = -1;
-                    for (int j = 0; j < 3; j++)
+                    for (int j = 0; j < NISA; j++)
                         if (strcmp(tok, isa_names[j]) == 0) k = j;
                     if (k < 0) {
                         fprintf(stderr, "%s: --isa: unknown variant '%s' (scalar, avx2, "
-                                "avx512)\n", prog, tok);
+                                "avx512, avx512fp16)\n", prog, tok);
                         return 2;
                     }
                     o->isa[k] = 1;
@@ -719,7 +720,7 @@ static int parse_options(int argc, char **argv, options *o)
         return 2;
     }
     if (!isa_set)
-        for (int j = 0; j < 3; j++) o->isa[j] = 1;
+        for (int j = 0; j < NISA; j++) o->isa[j] = 1;
     o->size_bytes = (size_t)size_mib << 20;
     o->cache_bytes = (size_t)cache_kib << 10;
     o->runs = (int)runs;
@@ -731,8 +732,10 @@ static const kvs_fp8_kernels *kernels_for(int isa)
 {
     if (!kvs_fp8_isa_available(isa_names[isa]))
         return NULL;
-    return isa == 0 ? kvs_fp8_kernels_scalar()
-                    : isa == 1 ? kvs_fp8_kernels_avx2() : kvs_fp8_kernels_avx512();
+    return isa == 0   ? kvs_fp8_kernels_scalar()
+           : isa == 1 ? kvs_fp8_kernels_avx2()
+           : isa == 2 ? kvs_fp8_kernels_avx512()
+                      : kvs_fp8_kernels_avx512fp16();
 }
 
 /* ---- the non-temporal store threshold ---------------------------------------- */
@@ -822,6 +825,7 @@ static int nt_sweep(const options *opt)
 
 int kvs_fp8_bench_main(int argc, char **argv)
 {
+    isa_names = kvs_fp8_isa_names();
     options opt;
     int rc = parse_options(argc, argv, &opt);
     if (rc)
@@ -830,9 +834,9 @@ int kvs_fp8_bench_main(int argc, char **argv)
     if (opt.nt_sweep)
         return nt_sweep(&opt);
 
-    const kvs_fp8_kernels *kern[3] = {NULL, NULL, NULL};
+    const kvs_fp8_kernels *kern[NISA] = {NULL};
     int nisa = 0;
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < NISA; j++) {
         if (!opt.isa[j]) continue;
         kern[j] = kernels_for(j);
         if (!kern[j])
@@ -891,7 +895,7 @@ int kvs_fp8_bench_main(int argc, char **argv)
                     if (op == OP_ENCODE) fill_wide(wide, bytes, w);
                     else fill_codes(fp8, n);
                     for (int fmt = 0; fmt < KVS_FP8_NFMT; fmt++)
-                        for (int isa = 0; isa < 3; isa++) {
+                        for (int isa = 0; isa < NISA; isa++) {
                             if (!kern[isa]) continue;
                             work wk = {op, kern[isa]->encode[fmt][w], kern[isa]->decode[fmt][w],
                                        NULL, op == OP_ENCODE ? wide : fp8,

@@ -10,7 +10,7 @@
  *     untouched: still the canary) or succeeds; it succeeds only if the
  *     source holds exactly one byte per destination element and every
  *     destination dtype is float32 / float16 / bfloat16;
- *   - every kernel variant this CPU has (scalar, avx2, avx512) writes the
+ *   - every kernel variant this CPU has (scalar, avx2, avx512, avx512fp16) writes the
  *     same bytes as the scalar reference, for deserialize and, on the same
  *     bytes read as float data, for kvs_fp8_encode.
  */
@@ -21,7 +21,7 @@
 
 #define MAX_ELEMS (1u << 18)
 
-static const char *const isas[] = {"avx2", "avx512"};
+static const char *const isas[] = {"avx2", "avx512", "avx512fp16"};
 
 static void encode_differential(const uint8_t *bytes, size_t len, kvs_dtype fp8, int saturate,
                                 uint8_t sel)

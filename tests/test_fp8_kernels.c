@@ -1134,6 +1134,59 @@ static void test_half_matches_f16c(void)
 #endif
 }
 
+/* The variant switch: the names, the refusals with their messages, the
+ * CPU checks (read here from CPUID independently of the dispatcher) and
+ * "auto" choosing the widest variant this CPU runs. */
+static void test_isa_switch(void)
+{
+    const char *const *names = kvs_fp8_isa_names();
+    static const char *const want[] = {"scalar", "avx2", "avx512", "avx512fp16"};
+    size_t n = 0;
+    while (names[n]) n++;
+    CHECK_EQ_U64(n, 4);
+    for (size_t i = 0; i < 4 && i < n; i++) CHECK_EQ_STR(names[i], want[i]);
+
+    REQUIRE_OK(kvs_fp8_set_isa("scalar"));
+    CHECK_ERR(kvs_fp8_set_isa("avx1024"), KVS_EINVAL,
+              "fp8: unknown isa 'avx1024'; known: scalar, avx2, avx512, avx512fp16, auto");
+    CHECK_EQ_STR(kvs_fp8_isa(), "scalar"); /* unchanged */
+    CHECK_ERR(kvs_fp8_set_isa(NULL), KVS_EINVAL, "fp8: isa name is NULL");
+    CHECK_EQ_INT(kvs_fp8_isa_available(NULL), 0);
+    CHECK_EQ_INT(kvs_fp8_isa_available("auto"), 0);
+
+    int expect[4] = {1, 0, 0, 0};
+#if KVS_TEST_HAVE_X86
+    unsigned eax, ebx, ecx = 0, edx = 0;
+    __builtin_cpu_init();
+    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+    expect[1] = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                __builtin_cpu_supports("bmi2");
+    expect[2] = expect[1] && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+    edx = 0;
+    expect[3] = expect[2] && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
+                (edx & (1u << 23)); /* AVX512-FP16 */
+#endif
+    const char *widest = "scalar";
+    for (size_t i = 0; i < 4; i++) {
+        CHECK_EQ_INT(kvs_fp8_isa_available(want[i]), expect[i]);
+        if (expect[i]) {
+            widest = want[i];
+            CHECK_OK(kvs_fp8_set_isa(want[i]));
+            CHECK_EQ_STR(kvs_fp8_isa(), want[i]);
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "fp8: isa '%s' is not supported by this CPU or build",
+                     want[i]);
+            CHECK_ERR(kvs_fp8_set_isa(want[i]), KVS_EUNSUPPORTED, msg);
+        }
+    }
+    printf("test_isa_switch: this CPU runs up to %s\n", widest);
+    CHECK_OK(kvs_fp8_set_isa("auto"));
+    CHECK_EQ_STR(kvs_fp8_isa(), widest);
+}
+
 int main(void)
 {
     clock_t t0 = clock();
@@ -1145,11 +1198,12 @@ int main(void)
     RUN(test_half_widen_all);
     RUN(test_half_narrow_boundaries);
     RUN(test_half_matches_f16c);
+    RUN(test_isa_switch);
 
     /* The whole kernel suite, once per variant this CPU and build have:
      * every variant must give the reference's bytes, bit for bit. */
-    static const char *const variants[] = {"scalar", "avx2", "avx512"};
-    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+    const char *const *variants = kvs_fp8_isa_names();
+    for (size_t v = 0; variants[v]; v++) {
         variant_name = variants[v];
         K = NULL;
         if (strcmp(variant_name, "scalar") == 0) {

@@ -29,7 +29,6 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <xmmintrin.h>
 #define HAVE_MXCSR 1
 #else
@@ -38,6 +37,7 @@
 
 #include "codecs/fp8_kernels.h"
 #include "kvs_test.h"
+#include "kvserde/fp8.h"
 
 static const char *const fmt_names[KVS_FP8_NFMT] = {"e4m3fn", "e5m2"};
 static const char *const wide_names[KVS_NWIDE] = {"float32", "float16", "bfloat16"};
@@ -50,45 +50,23 @@ typedef struct {
     const kvs_fp8_kernels *k;
 } variant;
 
-static variant variants[2];
+static variant variants[4];
 static int nvariants;
 static const kvs_fp8_kernels *ref;
 
-static int cpu_avx2(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    /* F16C from cpuid: clang's __builtin_cpu_supports does not know it
-     * (AVX2 being usable implies the OS saves the ymm state it needs) */
-    unsigned eax, ebx, ecx, edx;
-    const int f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && f16c && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("bmi2");
-#else
-    return 0;
-#endif
-}
-
-static int cpu_avx512(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return cpu_avx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
-#else
-    return 0;
-#endif
-}
-
+/* Every SIMD variant this CPU and build run (the dispatcher's own CPU
+ * checks decide), through the variant switch. */
 static void find_variants(void)
 {
     ref = kvs_fp8_kernels_scalar();
-    const kvs_fp8_kernels *k;
-    if (cpu_avx2() && (k = kvs_fp8_kernels_avx2()) != NULL)
-        variants[nvariants++] = (variant){"avx2", k};
-    if (cpu_avx512() && (k = kvs_fp8_kernels_avx512()) != NULL)
-        variants[nvariants++] = (variant){"avx512", k};
+    const char *const *names = kvs_fp8_isa_names();
+    for (size_t i = 0; names[i] && nvariants < 4; i++) {
+        const kvs_fp8_kernels *k;
+        if (strcmp(names[i], "scalar") == 0 || !kvs_fp8_isa_available(names[i])) continue;
+        if (kvs_fp8_set_isa(names[i]) != KVS_OK || kvs_fp8_kernels_get(&k) != KVS_OK) continue;
+        variants[nvariants++] = (variant){names[i], k};
+    }
+    kvs_fp8_set_isa("auto");
     printf("test_fp8_simd: variants tested against scalar:");
     for (int v = 0; v < nvariants; v++)
         printf(" %s", variants[v].name);

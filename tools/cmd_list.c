@@ -50,10 +50,10 @@ int kvs_cmd_list(int argc, char **argv)
                kvs_eval_presets[i].summary, kvs_eval_presets[i].serde);
 
     printf("\nfp8 kernels:\n");
-    static const char *const isas[] = {"scalar", "avx2", "avx512"};
+    const char *const *isas = kvs_fp8_isa_names();
     const char *active = kvs_fp8_isa();
-    for (size_t i = 0; i < 3; i++)
-        printf("  %-7s %s%s\n", isas[i],
+    for (size_t i = 0; isas[i]; i++)
+        printf("  %-10s %s%s\n", isas[i],
                kvs_fp8_isa_available(isas[i]) ? "available" : "not available",
                strcmp(active, isas[i]) == 0 ? " (in use)" : "");
     if (strcmp(active, "none") == 0) {

@@ -61,12 +61,14 @@ KVS_API int kvs_fp8_decode(const uint8_t *src, kvs_dtype fp8_dtype, void *dst,
 KVS_API uint8_t kvs_fp8_from_float(float x, kvs_dtype fp8_dtype, int saturate);
 KVS_API float kvs_fp8_to_float(uint8_t code, kvs_dtype fp8_dtype);
 
-/* The kernel variant in use: "scalar", "avx2" or "avx512" ("none" when
+/* The kernel variant in use: "scalar", "avx2", "avx512" or "avx512fp16"
+ * (the avx512 kernels, with float16 arithmetic for float16 -> e4m3fn, on
+ * CPUs with AVX512-FP16) ("none" when
  * KVSERDE_ISA named a variant this CPU lacks: conversions then fail with
  * KVS_EUNSUPPORTED until kvs_fp8_set_isa() picks one). */
 KVS_API const char *kvs_fp8_isa(void);
 
-/* Force a kernel variant ("scalar", "avx2", "avx512", or "auto" for the best
+/* Force a kernel variant (a name kvs_fp8_isa_names() lists, or "auto" for the best
  * the CPU supports). Refused with KVS_EUNSUPPORTED if this CPU or build lacks
  * it, KVS_EINVAL for an unknown name; the variant in use is then unchanged.
  * Not meant to be called while conversions run on other threads. */
@@ -74,6 +76,11 @@ KVS_API int kvs_fp8_set_isa(const char *name);
 
 /* 1 if the variant named is compiled in and supported by this CPU. */
 KVS_API int kvs_fp8_isa_available(const char *name);
+
+/* The names of every kernel variant kvserde knows, available here or not,
+ * from the portable one to the widest, NULL-terminated: "scalar", "avx2",
+ * "avx512", "avx512fp16". */
+KVS_API const char *const *kvs_fp8_isa_names(void);
 
 /* The fp8 serde.
  *

@@ -80,7 +80,7 @@ def l2_types() -> list:
 
 
 def fp8_isa() -> str:
-    """The fp8 kernel variant in use (``"avx512"``, ``"avx2"``, ``"scalar"``)."""
+    """The fp8 kernel variant in use (``"avx512fp16"``, ``"avx512"``, ``"avx2"``, ``"scalar"``)."""
     return lib.kvs_fp8_isa().decode()
 
 

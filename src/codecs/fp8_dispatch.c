@@ -44,7 +44,26 @@ static int cpu_has_avx512(void)
            __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512vbmi");
 }
+
+/* AVX512-FP16: CPUID leaf 7, subleaf 0, EDX bit 23 (read directly: the
+ * compilers' builtins do not all know it); the OS saving the zmm state is
+ * part of the avx512f check. */
+static int cpu_has_avx512fp16(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return cpu_has_avx512() && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
+           (edx & (1u << 23));
+}
 #endif
+
+/* Every variant, from the portable one to the widest (best_variant takes
+ * the last one this CPU runs). */
+static const char *const isa_names[] = {"scalar", "avx2", "avx512", "avx512fp16", NULL};
+
+const char *const *kvs_fp8_isa_names(void)
+{
+    return isa_names;
+}
 
 /* The variant named, if compiled in and supported here; else NULL. */
 static const kvs_fp8_kernels *variant(const char *name)
@@ -55,22 +74,26 @@ static const kvs_fp8_kernels *variant(const char *name)
         return cpu_has_avx2() ? kvs_fp8_kernels_avx2() : NULL;
     if (strcmp(name, "avx512") == 0)
         return cpu_has_avx512() ? kvs_fp8_kernels_avx512() : NULL;
+    if (strcmp(name, "avx512fp16") == 0)
+        return cpu_has_avx512fp16() ? kvs_fp8_kernels_avx512fp16() : NULL;
 #endif
     return NULL;
 }
 
 static const kvs_fp8_kernels *best_variant(void)
 {
-    const kvs_fp8_kernels *k = variant("avx512");
-    if (!k) k = variant("avx2");
-    if (!k) k = kvs_fp8_kernels_scalar();
+    size_t n = 0;
+    while (isa_names[n]) n++;
+    const kvs_fp8_kernels *k = NULL;
+    while (!k && n-- > 0) k = variant(isa_names[n]); /* "scalar" always is */
     return k;
 }
 
 static int known_isa(const char *name)
 {
-    return strcmp(name, "scalar") == 0 || strcmp(name, "avx2") == 0 ||
-           strcmp(name, "avx512") == 0;
+    for (size_t i = 0; isa_names[i]; i++)
+        if (strcmp(name, isa_names[i]) == 0) return 1;
+    return 0;
 }
 
 /* NULL when KVSERDE_ISA asked for a variant that cannot run here. */
@@ -99,7 +122,7 @@ int kvs_fp8_kernels_get(const kvs_fp8_kernels **out)
     }
     if (!known_isa(env_isa))
         return kvs_set_error(KVS_EINVAL,
-                             "fp8: KVSERDE_ISA='%s' is unknown; known: scalar, avx2, avx512, auto",
+                             "fp8: KVSERDE_ISA='%s' is unknown; known: scalar, avx2, avx512, avx512fp16, auto",
                              env_isa);
     return kvs_set_error(KVS_EUNSUPPORTED,
                          "fp8: KVSERDE_ISA='%s' is not supported by this CPU or build",
@@ -122,7 +145,7 @@ int kvs_fp8_set_isa(const char *name)
     }
     if (!known_isa(name))
         return kvs_set_error(KVS_EINVAL,
-                             "fp8: unknown isa '%s'; known: scalar, avx2, avx512, auto",
+                             "fp8: unknown isa '%s'; known: scalar, avx2, avx512, avx512fp16, auto",
                              name);
     const kvs_fp8_kernels *k = variant(name);
     if (k == NULL)

@@ -23,7 +23,7 @@ typedef void (*kvs_fp8_encode_fn)(const void *src, uint8_t *dst, size_t n,
 typedef void (*kvs_fp8_decode_fn)(const uint8_t *src, void *dst, size_t n);
 
 typedef struct kvs_fp8_kernels {
-    const char *isa; /* "scalar", "avx2", "avx512" */
+    const char *isa; /* "scalar", "avx2", "avx512", "avx512fp16" */
     kvs_fp8_encode_fn encode[KVS_FP8_NFMT][KVS_NWIDE];
     kvs_fp8_decode_fn decode[KVS_FP8_NFMT][KVS_NWIDE];
 } kvs_fp8_kernels;
@@ -33,6 +33,7 @@ typedef struct kvs_fp8_kernels {
 const kvs_fp8_kernels *kvs_fp8_kernels_scalar(void);
 const kvs_fp8_kernels *kvs_fp8_kernels_avx2(void);
 const kvs_fp8_kernels *kvs_fp8_kernels_avx512(void);
+const kvs_fp8_kernels *kvs_fp8_kernels_avx512fp16(void);
 
 /* The variant in use (chosen once: KVSERDE_ISA, else the best available).
  * Fails (KVS_EINVAL / KVS_EUNSUPPORTED, message set) when KVSERDE_ISA names

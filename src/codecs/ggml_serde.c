@@ -23,7 +23,7 @@ int kvs_ggml_kernels_get(const kvs_ggml_kernels **out)
     if (rc) return rc;
     const kvs_ggml_kernels *k = NULL;
 #if KVS_HAVE_X86
-    if (strcmp(fp8->isa, "avx512") == 0) k = kvs_ggml_kernels_avx512();
+    if (strncmp(fp8->isa, "avx512", 6) == 0) k = kvs_ggml_kernels_avx512(); /* and avx512fp16 */
     if (strcmp(fp8->isa, "avx2") == 0) k = kvs_ggml_kernels_avx2();
 #endif
     *out = k ? k : kvs_ggml_kernels_scalar();
