@@ -411,6 +411,71 @@ static void test_lengths_and_offsets(void)
 #define LONG_N ((size_t)(1u << 20) + 4099)
 #define LONG_NT_MIN ((size_t)1 << 20)
 
+/* encode_copy (fp8_kernels.h: the pipeline's streamed fused encode): dst
+ * and copy both get exactly the scalar encoder's bytes, at every length up
+ * to MAXLEN, every alignment of either, nothing written outside them; and
+ * one long array through the whole loop (prefetch, streaming stores). */
+static void test_encode_copy(void)
+{
+    unsigned char *got = xmalloc(GUARD + 8 + MAXLEN + GUARD);
+    unsigned char *cp = xmalloc(GUARD + 8 + MAXLEN + GUARD);
+    unsigned char *want = xmalloc(MAXLEN);
+    size_t bad = 0, guard_bad = 0, cases = 0;
+    for (int v = 0; v < nvariants; v++) {
+        const variant *var = &variants[v];
+        for (int wide = 0; wide < KVS_NWIDE; wide++) {
+            fill_mixed(wide);
+            for (int fmt = 0; fmt < KVS_FP8_NFMT; fmt++) {
+                REQUIRE(var->k->encode_copy[fmt][wide] != NULL);
+                for (size_t n = 0; n <= MAXLEN; n++)
+                    for (int so = 0; so < 8; so++) {
+                        const int doff = (so * 3 + (int)n) & 7, coff = (so * 5 + (int)n + 1) & 7;
+                        const int sat = (int)(n + so) & 1;
+                        memset(got, 0xEE, GUARD + 8 + MAXLEN + GUARD);
+                        memset(cp, 0xEE, GUARD + 8 + MAXLEN + GUARD);
+                        unsigned char *d = got + GUARD + doff, *c = cp + GUARD + coff;
+                        var->k->encode_copy[fmt][wide](mixed_src + so, d, c, n, sat);
+                        ref->encode[fmt][wide](mixed_src + so, want, n, sat);
+                        cases++;
+                        if ((memcmp(d, want, n) != 0 || memcmp(c, want, n) != 0) && bad++ < 5)
+                            fprintf(stderr, "  %s encode_copy %s -> %s sat=%d n=%zu src+%d "
+                                    "dst+%d copy+%d differs\n", var->name, wide_names[wide],
+                                    fmt_names[fmt], sat, n, so, doff, coff);
+                        for (size_t g = 0; g < GUARD + (size_t)doff; g++) guard_bad += got[g] != 0xEE;
+                        for (size_t g = 0; g < GUARD; g++) guard_bad += d[n + g] != 0xEE;
+                        for (size_t g = 0; g < GUARD + (size_t)coff; g++) guard_bad += cp[g] != 0xEE;
+                        for (size_t g = 0; g < GUARD; g++) guard_bad += c[n + g] != 0xEE;
+                    }
+            }
+        }
+    }
+    CHECK_EQ_U64(cases, (uint64_t)nvariants * KVS_NWIDE * KVS_FP8_NFMT * (MAXLEN + 1) * 8);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(guard_bad, 0);
+    free(got);
+    free(cp);
+    free(want);
+
+    /* long: bfloat16 -> e4m3fn, dst and copy at odd offsets */
+    const size_t n = LONG_N;
+    uint16_t *src = xmalloc(2 * n);
+    uint8_t *d = xmalloc(n + 3), *c = xmalloc(n + 5), *w = xmalloc(n);
+    for (size_t i = 0; i < n; i++) src[i] = (uint16_t)rng32();
+    ref->encode[KVS_FP8_FMT_E4M3FN][KVS_WIDE_BF16](src, w, n, 1);
+    for (int v = 0; v < nvariants; v++) {
+        memset(d, 0, n + 3);
+        memset(c, 0, n + 5);
+        variants[v].k->encode_copy[KVS_FP8_FMT_E4M3FN][KVS_WIDE_BF16](src, d + 3, c + 5, n, 1);
+        CHECK(memcmp(d + 3, w, n) == 0);
+        CHECK(memcmp(c + 5, w, n) == 0);
+    }
+    free(src);
+    free(d);
+    free(c);
+    free(w);
+}
+
+
 /* bfloat16 -> both formats just past the default threshold, streaming. */
 static void test_default_threshold(void)
 {
@@ -584,6 +649,7 @@ int main(void)
     RUN(test_all_codes);
     RUN(test_float32_inputs);
     RUN(test_lengths_and_offsets);
+    RUN(test_encode_copy);
     RUN(test_long_arrays);
     RUN(test_default_threshold);
     RUN(test_nt_edges);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "codecs/fp8_kernels.h"
 #include "frame/frame.h"
 #include "frame/pipeline_internal.h"
 #include "frame/stage_aes_gcm.h"
@@ -1365,5 +1366,17 @@ int main(void)
     RUN(test_aes_gcm_fused_blocks);
     RUN(test_scratch_shared_by_threads);
     RUN(test_unchecked_frame_refused);
+    /* Again with the store threshold at 0, so that every fused payload of
+     * more than one block takes the streamed path (pipeline.c: out written
+     * with non-temporal stores, the checks reading a cached copy), in
+     * blocks of an odd size, so that they start at every alignment: the
+     * same bytes. Encryption (a transform) keeps the in-place path. */
+    kvs_fp8_set_nt_min_bytes(0);
+    kvs_pipeline_fuse_block = 100003;
+    RUN(test_fp8_payload_is_plain_fp8);
+    RUN(test_large_object);
+    RUN(test_aes_gcm_fused_blocks);
+    kvs_pipeline_fuse_block = 0;
+    kvs_fp8_set_nt_min_bytes(KVS_FP8_NT_DEFAULT_MIN_BYTES);
     return TEST_SUMMARY();
 }

@@ -158,8 +158,8 @@ KVS_AI __m256i enc_block(const unsigned char *s, int wide, int fmt, int sat)
  * back to back (one whole line when dst + i is 64-aligned, so a streaming
  * store never leaves a partial line in the write-combining buffer), input
  * prefetched KVS_FP8_PREFETCH_BYTES ahead while `pf`. */
-KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, size_t i, size_t end, int wide,
-                       int fmt, int sat, int nt, int pf)
+KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, uint8_t *copy, size_t i,
+                       size_t end, int wide, int fmt, int sat, int nt, int pf)
 {
     const size_t es = wide == KVS_WIDE_F32 ? 4 : 2;
     for (; i + 64 <= end; i += 64) {
@@ -176,33 +176,45 @@ KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, size_t i, size_t en
             _mm256_storeu_si256((__m256i *)(dst + i), v0);
             _mm256_storeu_si256((__m256i *)(dst + i + 32), v1);
         }
+        if (copy) {
+            _mm256_storeu_si256((__m256i *)(copy + i), v0);
+            _mm256_storeu_si256((__m256i *)(copy + i + 32), v1);
+        }
     }
     return i;
 }
 
-KVS_AI void encode_array(const void *src, uint8_t *dst, size_t n, int wide, int fmt, int sat)
+/* copy: NULL, or a second destination (encode_copy in fp8_kernels.h): dst
+ * then streams whatever n is. */
+KVS_AI void encode_array(const void *src, uint8_t *dst, uint8_t *copy, size_t n, int wide,
+                         int fmt, int sat)
 {
     const size_t es = wide == KVS_WIDE_F32 ? 4 : 2;
     const unsigned char *s = (const unsigned char *)src;
     const size_t ahead = KVS_FP8_PREFETCH_BYTES / es;
     const size_t pf_end = n > ahead + 64 ? n - ahead : 0;
+    const int nt = copy || n >= kvs_fp8_nt_min_bytes();
     size_t i = 0;
-    if (n >= kvs_fp8_nt_min_bytes()) {
-        for (; i < n && ((uintptr_t)(dst + i) & 63) != 0; i++)
+    if (nt)
+        for (; i < n && ((uintptr_t)(dst + i) & 63) != 0; i++) {
             dst[i] = encode_one(s + i * es, wide, fmt, sat);
-        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 1, 1);
-        i = enc_loop(s, dst, i, n, wide, fmt, sat, 1, 0);
-        for (; i + 32 <= n; i += 32) /* one 32-byte half: aligned, the last line */
-            _mm256_stream_si256((__m256i *)(dst + i), enc_block(s + i * es, wide, fmt, sat));
-        _mm_sfence();
-    } else {
-        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 0, 1);
-        i = enc_loop(s, dst, i, n, wide, fmt, sat, 0, 0);
-        for (; i + 32 <= n; i += 32)
-            _mm256_storeu_si256((__m256i *)(dst + i), enc_block(s + i * es, wide, fmt, sat));
+            if (copy) copy[i] = dst[i];
+        }
+    i = enc_loop(s, dst, copy, i, pf_end, wide, fmt, sat, nt, 1);
+    i = enc_loop(s, dst, copy, i, n, wide, fmt, sat, nt, 0);
+    for (; i + 32 <= n; i += 32) { /* one 32-byte half: aligned when nt, the last line */
+        const __m256i v = enc_block(s + i * es, wide, fmt, sat);
+        if (nt)
+            _mm256_stream_si256((__m256i *)(dst + i), v);
+        else
+            _mm256_storeu_si256((__m256i *)(dst + i), v);
+        if (copy) _mm256_storeu_si256((__m256i *)(copy + i), v);
     }
-    for (; i < n; i++)
+    if (nt) _mm_sfence();
+    for (; i < n; i++) {
         dst[i] = encode_one(s + i * es, wide, fmt, sat);
+        if (copy) copy[i] = dst[i];
+    }
 }
 
 /* ---- decoders ------------------------------------------------------------ */

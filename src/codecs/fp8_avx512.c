@@ -467,8 +467,9 @@ KVS_AI __m512i enc32_block(__m512i x0, __m512i x1, __m512i x2, __m512i x3, int f
     return enc16_block(f32_to_bf16_odd(x0, x1), f32_to_bf16_odd(x2, x3), KVS_WIDE_F32, fmt, sat);
 }
 
-/* k (< 64, or 64) elements at src -> dst, masked. */
-KVS_AI void enc_partial(const void *src, uint8_t *dst, size_t k, int wide, int fmt, int sat)
+/* k (< 64, or 64) elements at src -> dst (and copy, unless NULL), masked. */
+KVS_AI void enc_partial(const void *src, uint8_t *dst, uint8_t *copy, size_t k, int wide,
+                        int fmt, int sat)
 {
     const __mmask64 m = mask_first(k);
     __m512i out;
@@ -484,6 +485,7 @@ KVS_AI void enc_partial(const void *src, uint8_t *dst, size_t k, int wide, int f
                           _mm512_maskz_loadu_epi16((__mmask32)(m >> 32), s + 32), wide, fmt, sat);
     }
     _mm512_mask_storeu_epi8(dst, m, out);
+    if (copy) _mm512_mask_storeu_epi8(copy, m, out);
 }
 
 KVS_AI __m512i enc_full(const void *src, int wide, int fmt, int sat)
@@ -497,11 +499,12 @@ KVS_AI __m512i enc_full(const void *src, int wide, int fmt, int sat)
     return enc16_block(_mm512_loadu_si512(s), _mm512_loadu_si512(s + 32), wide, fmt, sat);
 }
 
-/* Full blocks [i, end) -> dst, prefetching the input KVS_FP8_PREFETCH_BYTES
- * ahead while `pf` (the caller keeps the prefetched lines inside the
- * array); returns where it stopped. */
-KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, size_t i, size_t end, int wide,
-                       int fmt, int sat, int nt, int pf)
+/* Full blocks [i, end) -> dst (and copy, unless NULL, with ordinary
+ * stores), prefetching the input KVS_FP8_PREFETCH_BYTES ahead while `pf`
+ * (the caller keeps the prefetched lines inside the array); returns where
+ * it stopped. */
+KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, uint8_t *copy, size_t i,
+                       size_t end, int wide, int fmt, int sat, int nt, int pf)
 {
     const size_t esize = wide == KVS_WIDE_F32 ? 4 : 2;
     for (; i + 64 <= end; i += 64) {
@@ -514,11 +517,15 @@ KVS_AI size_t enc_loop(const unsigned char *s, uint8_t *dst, size_t i, size_t en
             _mm512_stream_si512((void *)(dst + i), v);
         else
             _mm512_storeu_si512((void *)(dst + i), v);
+        if (copy) _mm512_storeu_si512((void *)(copy + i), v);
     }
     return i;
 }
 
-KVS_AI void encode_array(const void *src, uint8_t *dst, size_t n, int wide, int fmt, int sat)
+/* copy: NULL, or a second destination (encode_copy in fp8_kernels.h): dst
+ * then streams whatever n is. */
+KVS_AI void encode_array(const void *src, uint8_t *dst, uint8_t *copy, size_t n, int wide,
+                         int fmt, int sat)
 {
     const size_t esize = wide == KVS_WIDE_F32 ? 4 : 2;
     const unsigned char *s = (const unsigned char *)src;
@@ -526,22 +533,22 @@ KVS_AI void encode_array(const void *src, uint8_t *dst, size_t n, int wide, int 
     const size_t ahead = KVS_FP8_PREFETCH_BYTES / esize;
     const size_t pf_end = n > ahead + 64 ? n - ahead : 0;
     size_t i = 0;
-    if (n >= kvs_fp8_nt_min_bytes()) {
+    if (copy || n >= kvs_fp8_nt_min_bytes()) {
         size_t head = (size_t)(-(uintptr_t)dst & 63);
-        if (head > n) head = n; /* only with a small threshold (tests) */
+        if (head > n) head = n; /* a short array, or a small threshold (tests) */
         if (head) {
-            enc_partial(s, dst, head, wide, fmt, sat);
+            enc_partial(s, dst, copy, head, wide, fmt, sat);
             i = head;
         }
-        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 1, 1);
-        i = enc_loop(s, dst, i, n, wide, fmt, sat, 1, 0);
+        i = enc_loop(s, dst, copy, i, pf_end, wide, fmt, sat, 1, 1);
+        i = enc_loop(s, dst, copy, i, n, wide, fmt, sat, 1, 0);
         _mm_sfence();
     } else {
-        i = enc_loop(s, dst, i, pf_end, wide, fmt, sat, 0, 1);
-        i = enc_loop(s, dst, i, n, wide, fmt, sat, 0, 0);
+        i = enc_loop(s, dst, copy, i, pf_end, wide, fmt, sat, 0, 1);
+        i = enc_loop(s, dst, copy, i, n, wide, fmt, sat, 0, 0);
     }
     if (i < n)
-        enc_partial(s + i * esize, dst + i, n - i, wide, fmt, sat);
+        enc_partial(s + i * esize, dst + i, copy ? copy + i : NULL, n - i, wide, fmt, sat);
 }
 
 /* ---- decoders ----------------------------------------------------------- */

@@ -1,5 +1,7 @@
 /* fp8_convert.c - the public fp8 conversion entry points: check the
  * arguments once, then hand the whole array to the active kernel variant. */
+#include <string.h>
+
 #include "codecs/fp8_kernels.h"
 #include "kvserde/error.h"
 #include "kvserde/fp8.h"
@@ -15,8 +17,11 @@ static int check_fp8(kvs_dtype fp8_dtype, int *fmt)
     return KVS_OK;
 }
 
-int kvs_fp8_encode(const void *src, kvs_dtype src_dtype, uint8_t *dst,
-                   kvs_dtype fp8_dtype, int saturate, size_t n)
+/* kvs_fp8_encode, and with `copy` (not NULL) the kernels' encode_copy
+ * (fp8_kernels.h), or for a variant without one (scalar) the codes copied
+ * after encoding: the same bytes either way. */
+static int encode(const void *src, kvs_dtype src_dtype, uint8_t *dst, uint8_t *copy,
+                  kvs_dtype fp8_dtype, int saturate, size_t n)
 {
     int fmt, rc = check_fp8(fp8_dtype, &fmt);
     if (rc) return rc;
@@ -31,8 +36,29 @@ int kvs_fp8_encode(const void *src, kvs_dtype src_dtype, uint8_t *dst,
     const kvs_fp8_kernels *k;
     rc = kvs_fp8_kernels_get(&k);
     if (rc) return rc;
-    k->encode[fmt][wide](src, dst, n, saturate != 0);
+    if (copy == NULL) {
+        k->encode[fmt][wide](src, dst, n, saturate != 0);
+    } else if (k->encode_copy[fmt][wide]) {
+        k->encode_copy[fmt][wide](src, dst, copy, n, saturate != 0);
+    } else {
+        k->encode[fmt][wide](src, dst, n, saturate != 0);
+        memcpy(copy, dst, n);
+    }
     return KVS_OK;
+}
+
+int kvs_fp8_encode(const void *src, kvs_dtype src_dtype, uint8_t *dst,
+                   kvs_dtype fp8_dtype, int saturate, size_t n)
+{
+    return encode(src, src_dtype, dst, NULL, fp8_dtype, saturate, n);
+}
+
+int kvs_fp8_encode_copy(const void *src, kvs_dtype src_dtype, uint8_t *dst, uint8_t *copy,
+                        kvs_dtype fp8_dtype, int saturate, size_t n)
+{
+    if (n > 0 && copy == NULL)
+        return kvs_set_error(KVS_EINVAL, "fp8: NULL copy buffer for %zu elements", n);
+    return encode(src, src_dtype, dst, copy, fp8_dtype, saturate, n);
 }
 
 int kvs_fp8_decode(const uint8_t *src, kvs_dtype fp8_dtype, void *dst,

@@ -21,11 +21,18 @@ enum { KVS_WIDE_F32 = 0, KVS_WIDE_F16 = 1, KVS_WIDE_BF16 = 2, KVS_NWIDE = 3 };
 typedef void (*kvs_fp8_encode_fn)(const void *src, uint8_t *dst, size_t n,
                                   int saturate);
 typedef void (*kvs_fp8_decode_fn)(const uint8_t *src, void *dst, size_t n);
+/* encode, the codes also written to `copy` (n bytes, ordinary stores) while
+ * dst gets non-temporal stores whatever n is: for a large output that is
+ * not read again soon (a frame's payload) whose bytes a checksum must still
+ * read from cache, block by block (pipeline.c). */
+typedef void (*kvs_fp8_encode_copy_fn)(const void *src, uint8_t *dst, uint8_t *copy, size_t n,
+                                       int saturate);
 
 typedef struct kvs_fp8_kernels {
     const char *isa; /* "scalar", "avx2", "avx512", "avx512fp16" */
     kvs_fp8_encode_fn encode[KVS_FP8_NFMT][KVS_NWIDE];
     kvs_fp8_decode_fn decode[KVS_FP8_NFMT][KVS_NWIDE];
+    kvs_fp8_encode_copy_fn encode_copy[KVS_FP8_NFMT][KVS_NWIDE]; /* NULL: none (scalar) */
 } kvs_fp8_kernels;
 
 /* The variants. The scalar one always exists; the others return NULL when
@@ -63,6 +70,11 @@ void kvs_fp8_set_nt_min_bytes(size_t bytes);
  * while the arithmetic of earlier blocks could have run (docs/performance.md). */
 #define KVS_FP8_PREFETCH_BYTES 4096
 
+/* kvs_fp8_encode (kvserde/fp8.h), the codes also left in copy[0..n)
+ * (kvs_fp8_encode_copy_fn above: dst streamed, copy in cache). */
+int kvs_fp8_encode_copy(const void *src, kvs_dtype src_dtype, uint8_t *dst, uint8_t *copy,
+                        kvs_dtype fp8_dtype, int saturate, size_t n);
+
 /* Map dtypes to table indexes; -1 if not an fp8 / wide dtype. */
 int kvs_fp8_fmt_index(kvs_dtype dtype);
 
@@ -71,12 +83,15 @@ int kvs_fp8_fmt_index(kvs_dtype dtype);
  * convert (`role` "source" / "destination" names it in the message);
  * kernels_ready: the kernels can run. convert_range: elements [begin, end)
  * of `wide` (counted through its groups) <-> codes[begin, end) on this
- * thread, encoding unless `decode`; convert_all: the whole object, which
+ * thread, encoding unless `decode`, and when encoding with `copy` not NULL
+ * the codes also in copy[0 .. end - begin) (kvs_fp8_encode_copy); convert_all:
+ * the whole object, which
  * may be spread over the processor's workers (kvs_serde_parallel_for). */
 int kvs_fp8_check_layout(const kvs_layout *layout, const char *role);
 int kvs_fp8_kernels_ready(const kvs_layout *layout);
-int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
-                          int saturate, int decode, uint64_t begin, uint64_t end);
+int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, uint8_t *copy,
+                          kvs_dtype fp8_dtype, int saturate, int decode, uint64_t begin,
+                          uint64_t end);
 int kvs_fp8_convert_all(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
                         int saturate, int decode);
 int kvs_fp8_wide_index(kvs_dtype dtype);
@@ -90,19 +105,27 @@ float kvs_fp8_e5m2_to_f32(uint8_t code);
 
 /* A SIMD variant is written as two generic array functions, static and
  * always inline in its own file:
- *     encode_array(const void *src, uint8_t *dst, size_t n, int wide, int fmt,
- *                  int saturate)
+ *     encode_array(const void *src, uint8_t *dst, uint8_t *copy, size_t n,
+ *                  int wide, int fmt, int saturate)   (copy NULL: encode)
  *     decode_array(const uint8_t *src, void *dst, size_t n, int wide, int fmt)
- * KVS_FP8_DEFINE_VARIANT(accessor, "isa") then defines its 12 table entries
+ * KVS_FP8_DEFINE_VARIANT(accessor, "isa") then defines its 18 table entries
  * (each with constant wide / fmt / saturate, so the compiler folds every
  * branch on them), its table, and `const kvs_fp8_kernels *accessor(void)`. */
 #define KVS_FP8_ENCODER_(name, wide, fmt)                                        \
     static void name(const void *src, uint8_t *dst, size_t n, int saturate)      \
     {                                                                            \
         if (saturate)                                                            \
-            encode_array(src, dst, n, wide, fmt, 1);                             \
+            encode_array(src, dst, NULL, n, wide, fmt, 1);                       \
         else                                                                     \
-            encode_array(src, dst, n, wide, fmt, 0);                             \
+            encode_array(src, dst, NULL, n, wide, fmt, 0);                       \
+    }                                                                            \
+    static void name##_copy(const void *src, uint8_t *dst, uint8_t *copy, size_t n, \
+                            int saturate)                                        \
+    {                                                                            \
+        if (saturate)                                                            \
+            encode_array(src, dst, copy, n, wide, fmt, 1);                       \
+        else                                                                     \
+            encode_array(src, dst, copy, n, wide, fmt, 0);                       \
     }
 #define KVS_FP8_DECODER_(name, wide, fmt)                                        \
     static void name(const uint8_t *src, void *dst, size_t n)                    \
@@ -136,6 +159,12 @@ float kvs_fp8_e5m2_to_f32(uint8_t code);
                    {[KVS_WIDE_F32] = e5m2_to_f32,                                \
                     [KVS_WIDE_F16] = e5m2_to_f16,                                \
                     [KVS_WIDE_BF16] = e5m2_to_bf16}},                            \
+        .encode_copy = {{[KVS_WIDE_F32] = e4m3fn_from_f32_copy,                  \
+                         [KVS_WIDE_F16] = e4m3fn_from_f16_copy,                  \
+                         [KVS_WIDE_BF16] = e4m3fn_from_bf16_copy},               \
+                        {[KVS_WIDE_F32] = e5m2_from_f32_copy,                    \
+                         [KVS_WIDE_F16] = e5m2_from_f16_copy,                    \
+                         [KVS_WIDE_BF16] = e5m2_from_bf16_copy}},                \
     };                                                                           \
     const kvs_fp8_kernels *accessor(void) { return &variant_table_; }
 

@@ -58,6 +58,8 @@ int kvs_fp8_kernels_ready(const kvs_layout *layout)
 typedef struct fp8_range_job {
     const kvs_memobj *wide;  /* the KV-shaped object: source or destination */
     uint8_t *codes;          /* the blob: one byte per element */
+    uint8_t *copy;           /* NULL, or encoded codes also here, from copy_first */
+    uint64_t copy_first;
     kvs_dtype fp8_dtype;
     int saturate;
     int decode;              /* 0: wide -> codes, 1: codes -> wide */
@@ -69,6 +71,8 @@ static void range_job_init(fp8_range_job *j, const kvs_memobj *wide, uint8_t *co
 {
     j->wide = wide;
     j->codes = codes;
+    j->copy = NULL;
+    j->copy_first = 0;
     j->fp8_dtype = fp8_dtype;
     j->saturate = saturate;
     j->decode = decode;
@@ -89,10 +93,12 @@ static int fp8_range(void *ctx, uint64_t begin, uint64_t end)
         uint8_t *wide = (uint8_t *)kvs_memobj_group_data(j->wide, g) +
                         (begin - j->first[g]) * kvs_dtype_size(dt);
         size_t n = (size_t)(stop - begin);
-        int rc = j->decode
-                     ? kvs_fp8_decode(j->codes + begin, j->fp8_dtype, wide, dt, n)
-                     : kvs_fp8_encode(wide, dt, j->codes + begin, j->fp8_dtype,
-                                      j->saturate, n);
+        int rc = j->decode ? kvs_fp8_decode(j->codes + begin, j->fp8_dtype, wide, dt, n)
+                 : j->copy ? kvs_fp8_encode_copy(wide, dt, j->codes + begin,
+                                                 j->copy + (begin - j->copy_first),
+                                                 j->fp8_dtype, j->saturate, n)
+                           : kvs_fp8_encode(wide, dt, j->codes + begin, j->fp8_dtype,
+                                            j->saturate, n);
         if (rc) return rc;
         begin = stop;
     }
@@ -133,11 +139,14 @@ static int fp8_estimate(const kvs_serializer *s, const kvs_layout *layout,
     return KVS_OK;
 }
 
-int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, kvs_dtype fp8_dtype,
-                          int saturate, int decode, uint64_t begin, uint64_t end)
+int kvs_fp8_convert_range(const kvs_memobj *wide, uint8_t *codes, uint8_t *copy,
+                          kvs_dtype fp8_dtype, int saturate, int decode, uint64_t begin,
+                          uint64_t end)
 {
     fp8_range_job job;
     range_job_init(&job, wide, codes, fp8_dtype, saturate, decode);
+    job.copy = decode ? NULL : copy;
+    job.copy_first = begin;
     return fp8_range(&job, begin, end);
 }
 

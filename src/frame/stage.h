@@ -95,6 +95,12 @@ struct kvs_stage_type {
      * calling thread. NULL for stages without that property. */
     int (*typed_encode_range)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               uint64_t begin, uint64_t end);
+    /* Optional, with typed_encode_range: the same bytes into out[begin, end)
+     * with non-temporal stores (a large payload is not read again soon) and
+     * also into copy[0 .. end - begin), which stays in cache for the checks
+     * that follow (pipeline.c). NULL where it would not save a pass. */
+    int (*typed_encode_range_copy)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                                   uint8_t *copy, uint64_t begin, uint64_t end);
     /* Decode in[0..n) into dst, with the parameters read from the frame
      * and what the reader was configured with (ctx: its transform).
      * Checks the parameters and that n is exactly what dst's layout needs

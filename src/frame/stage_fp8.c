@@ -62,7 +62,14 @@ static int fp8_encode_range(const kvs_stage *self, const kvs_memobj *src, uint8_
                             uint64_t begin, uint64_t end)
 {
     const fp8_stage *s = KVS_CONTAINER_OF(self, const fp8_stage, base);
-    return kvs_fp8_convert_range(src, out, s->fp8_dtype, s->saturate, 0, begin, end);
+    return kvs_fp8_convert_range(src, out, NULL, s->fp8_dtype, s->saturate, 0, begin, end);
+}
+
+static int fp8_encode_range_copy(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                                 uint8_t *copy, uint64_t begin, uint64_t end)
+{
+    const fp8_stage *s = KVS_CONTAINER_OF(self, const fp8_stage, base);
+    return kvs_fp8_convert_range(src, out, copy, s->fp8_dtype, s->saturate, 0, begin, end);
 }
 
 static int fp8_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
@@ -134,6 +141,7 @@ const kvs_stage_type kvs_stage_fp8_type = {
     .typed_bound = fp8_bound,
     .typed_encode = fp8_encode,
     .typed_encode_range = fp8_encode_range,
+    .typed_encode_range_copy = fp8_encode_range_copy,
     .typed_decode = fp8_decode,
     .params_size = fp8_params_size,
     .write_params = fp8_write_params,
