@@ -457,47 +457,205 @@ static void lossless_seeds(void)
         {"f32-random", KVS_DTYPE_FLOAT32, 65, 2, 3},
         {"u8-smooth", KVS_DTYPE_UINT8, 1001, 1, 1},
     };
+    /* the rANS coder (bit 5 of the options; channel count from bits 6-7:
+     * 1, 3, 256, 4096) on the bfloat16 ones, "-rans-" in the names */
+    for (int rans = 0; rans < 2; rans++) {
+        char cfg[160];
+        snprintf(cfg, sizeof cfg,
+                 "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
+                 "{\"type\":\"lossless\"%s},{\"type\":\"crc32c\"}]}",
+                 rans ? ",\"coder\":\"rans\"" : "");
+        kvs_serde_pair p;
+        check(kvs_serde_create_pair(cfg, &p), "lossless pipeline");
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+            if (rans && s[i].dtype != KVS_DTYPE_BFLOAT16) continue;
+            const unsigned opt = s[i].opt | (rans ? 0x20u | (s[i].fill ? 2u : 1u) << 6 : 0u);
+            const char *coder = rans ? "-rans" : "";
+            kvs_layout l;
+            check(kvs_layout_flat(&l, s[i].nelems, s[i].dtype), "layout");
+            kvs_memobj *src, *dst;
+            check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+            uint8_t *d = src->data;
+            uint32_t x = 12345;
+            for (size_t k = 0; k < src->capacity; k++) {
+                x = x * 1103515245u + 12345u;
+                d[k] = s[i].fill == 0                ? 0x3F
+                       : s[i].fill == 1 && (k & 1) ? (uint8_t)(0x3C + (x >> 30))
+                                                   : (uint8_t)(x >> 24);
+            }
+            size_t est, n;
+            check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
+            kvs_layout bl;
+            check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
+            check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
+            check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
+            const uint8_t *b = dst->data;
+            size_t h = (size_t)(b[6] | b[7] << 8);
+            static buf out;
+            out.n = 0;
+            b_u8(&out, s[i].opt);
+            b_mem(&out, b + h, n - h - 4);
+            char name[64];
+            snprintf(name, sizeof name, "%s%s-payload", s[i].name, coder);
+            put("lossless", name, out.b, out.n);
+            out.n = 0;
+            b_u8(&out, opt | 4);
+            b_mem(&out, src->data, src->capacity < 4000 ? src->capacity : 4000);
+            snprintf(name, sizeof name, "%s%s-data", s[i].name, coder);
+            put("lossless", name, out.b, out.n);
+            kvs_memobj_free(src);
+            kvs_memobj_free(dst);
+        }
+        kvs_serde_pair_destroy(&p);
+    }
+}
+
+/* A deterministic fill of an object's single group with values of a few
+ * magnitudes (exponents near 1) and both signs, like a KV chunk, built as
+ * bits: bfloat16 / float16 / float32. */
+static void fill_values(kvs_memobj *o)
+{
+    uint32_t x = 777;
+    const kvs_dtype dt = o->layout.groups[0].dtype;
+    const size_t n = (size_t)kvs_layout_numel(&o->layout);
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        const uint32_t r = x >> 8, e = (r >> 20) % 6;
+        if (dt == KVS_DTYPE_FLOAT32) {
+            uint32_t u = (r & 0x807FFFFFu) | (124 + e) << 23;
+            memcpy((uint8_t *)o->data + 4 * i, &u, 4);
+        } else {
+            uint16_t h = dt == KVS_DTYPE_BFLOAT16 ? (uint16_t)((r & 0x807F) | (124 + e) << 7)
+                                                  : (uint16_t)((r & 0x83FF) | (12 + e) << 10);
+            memcpy((uint8_t *)o->data + 2 * i, &h, 2);
+        }
+    }
+}
+
+/* Serialize `o` through the pipeline `cfg` (no key); the stage-0 parameters
+ * and the payload (without the appended CRC) are cut from the frame
+ * (docs/frame_format.md: header length at 6, groups at 25, stages at 26,
+ * group and stage records from 28). Returns the payload length. */
+static size_t frame_parts(const char *cfg, const kvs_memobj *o, uint8_t *out, size_t cap,
+                          const uint8_t **params, size_t *nparams, const uint8_t **payload)
+{
     kvs_serde_pair p;
-    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
-                                "{\"type\":\"lossless\"},{\"type\":\"crc32c\"}]}",
-                                &p),
-          "lossless pipeline");
+    check(kvs_serde_create_pair(cfg, &p), cfg);
+    kvs_layout bl;
+    check(kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8), "layout");
+    kvs_memobj dst;
+    check(kvs_memobj_init(&dst, out, cap, &bl, KVS_FMT_BINARY), "init");
+    size_t n;
+    check(kvs_serialize(p.serializer, o, &dst, NULL, &n), cfg);
+    kvs_serde_pair_destroy(&p);
+    size_t h = (size_t)(out[6] | out[7] << 8), q = 28;
+    for (unsigned g = 0; g < out[25]; g++) q += 2 + 8 * (size_t)out[q + 1];
+    *nparams = (size_t)(out[q + 2] | out[q + 3] << 8);
+    *params = out + q + 4;
+    *payload = out + h;
+    return n - h - 4; /* the crc32c the pipeline appends */
+}
+
+/* fuzz_int: 14 parameter bytes, options (memory format index | 4 encode),
+ * layout (dtype index | (rank - 1) << 2), dims, then a payload (decode) or
+ * the values (encode), cut from real frames of [int]. */
+static void int_seeds(void)
+{
+    static const struct {
+        const char *name, *stage;
+        kvs_memory_format fmt;
+        unsigned fmt_index;
+        kvs_dtype dt;
+        unsigned dt_index, nd;
+        int64_t dims[4];
+        int encode;
+    } s[] = {
+        {"kivi4-2td-decode", "{\"type\":\"int\",\"bits\":4,\"k_axis\":\"channel\",\"v_axis\":\"token\"}",
+         KVS_FMT_KV_2TD, 2, KVS_DTYPE_BFLOAT16, 0, 3, {2, 16, 16}, 0},
+        {"kivi4-2td-encode", "{\"type\":\"int\",\"bits\":4,\"k_axis\":\"channel\",\"v_axis\":\"token\"}",
+         KVS_FMT_KV_2TD, 2, KVS_DTYPE_BFLOAT16, 0, 3, {2, 16, 16}, 1},
+        {"int8-2ltd-f16-decode", "{\"type\":\"int\",\"bits\":8}",
+         KVS_FMT_KV_2LTD, 1, KVS_DTYPE_FLOAT16, 1, 4, {2, 2, 8, 16}, 0},
+        {"had16-t2d-encode", "{\"type\":\"int\",\"bits\":3,\"hadamard\":16,\"zero_point\":false}",
+         KVS_FMT_KV_T2D, 3, KVS_DTYPE_BFLOAT16, 0, 3, {8, 2, 16}, 1},
+        {"int2-binary-f32-decode", "{\"type\":\"int\",\"bits\":2,\"v_group\":32}",
+         KVS_FMT_BINARY, 0, KVS_DTYPE_FLOAT32, 2, 2, {4, 32}, 0},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        char cfg[256];
+        snprintf(cfg, sizeof cfg, "{\"type\":\"pipeline\",\"stages\":[%s]}", s[i].stage);
+        kvs_layout l = {0};
+        check(kvs_layout_add_group(&l, s[i].nd, s[i].dims, s[i].dt), "layout");
+        kvs_memobj *o;
+        check(kvs_memobj_alloc(&l, s[i].fmt, &o), "alloc");
+        fill_values(o);
+        static uint8_t frame[1 << 15];
+        const uint8_t *params, *payload;
+        size_t np, n = frame_parts(cfg, o, frame, sizeof frame, &params, &np, &payload);
+        static buf b;
+        b.n = 0;
+        b_mem(&b, params, np);
+        b_u8(&b, s[i].fmt_index | (s[i].encode ? 4u : 0u));
+        b_u8(&b, s[i].dt_index | (s[i].nd - 1) << 2);
+        for (unsigned d = 0; d < s[i].nd; d++) b_u8(&b, (unsigned)s[i].dims[d]);
+        if (s[i].encode) b_mem(&b, o->data, o->capacity);
+        else b_mem(&b, payload, n);
+        put("int", s[i].name, b.b, b.n);
+        kvs_memobj_free(o);
+    }
+}
+
+/* fuzz_transform: options, token count - 1, data. The fuzzer calibrates
+ * its own small transform at start, which this program does not have, so
+ * the seeds are encode-mode chunks (bit 0; steps from bits 1-3) and one
+ * decode-mode payload too short for the coder's header. */
+static void transform_seeds(void)
+{
+    static const uint8_t short_payload[] = {0x00, 0x03, 0x01, 0x00, 0x00, 0x00};
+    put("transform", "dec-short", short_payload, sizeof short_payload);
+    static const struct {
+        const char *name;
+        unsigned opt, tokens;
+    } s[] = {{"enc-7-tokens", 0x01, 7}, {"enc-32-tokens-fine", 0x0F, 32}, {"enc-1-token", 0x05, 1}};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         kvs_layout l;
-        check(kvs_layout_flat(&l, s[i].nelems, s[i].dtype), "layout");
-        kvs_memobj *src, *dst;
-        check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
-        uint8_t *d = src->data;
-        uint32_t x = 12345;
-        for (size_t k = 0; k < src->capacity; k++) {
-            x = x * 1103515245u + 12345u;
-            d[k] = s[i].fill == 0 ? 0x3F : s[i].fill == 1 && (k & 1) ? (uint8_t)(0x3C + (x >> 30))
-                                                                      : (uint8_t)(x >> 24);
-        }
-        size_t est, n;
-        check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
-        kvs_layout bl;
-        check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
-        check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
-        check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
-        const uint8_t *b = dst->data;
-        size_t h = (size_t)(b[6] | b[7] << 8);
-        buf out;
-        out.n = 0;
-        b_u8(&out, s[i].opt);
-        b_mem(&out, b + h, n - h - 4);
-        char name[64];
-        snprintf(name, sizeof name, "%s-payload", s[i].name);
-        put("lossless", name, out.b, out.n);
-        out.n = 0;
-        b_u8(&out, s[i].opt | 4);
-        b_mem(&out, src->data, src->capacity < 4000 ? src->capacity : 4000);
-        snprintf(name, sizeof name, "%s-data", s[i].name);
-        put("lossless", name, out.b, out.n);
-        kvs_memobj_free(src);
-        kvs_memobj_free(dst);
+        check(kvs_layout_flat(&l, 2 * 2 * s[i].tokens * 16, KVS_DTYPE_BFLOAT16), "layout");
+        kvs_memobj *o;
+        check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &o), "alloc");
+        fill_values(o);
+        static buf b;
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        b_u8(&b, s[i].tokens - 1);
+        b_mem(&b, o->data, o->capacity);
+        put("transform", s[i].name, b.b, b.n);
+        kvs_memobj_free(o);
     }
-    kvs_serde_pair_destroy(&p);
+}
+
+/* fuzz_rans: options (contexts - 1 | 4 round trip), then the symbols: a
+ * skewed distribution like an exponent plane's, a flat one, and a single
+ * symbol repeated. (Files of the corpus named by a hash are inputs a fuzz
+ * run found, kept for their coverage.) */
+static void rans_seeds(void)
+{
+    static const struct {
+        const char *name;
+        unsigned opt, n, kind;
+    } s[] = {{"rt-skewed-1ctx", 0x04, 3000, 0}, {"rt-flat-3ctx", 0x06, 1024, 1},
+             {"rt-constant-4ctx", 0x07, 777, 2}};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        static buf b;
+        b.n = 0;
+        b_u8(&b, s[i].opt);
+        uint32_t x = 99;
+        for (unsigned k = 0; k < s[i].n; k++) {
+            x = x * 1103515245u + 12345u;
+            unsigned r = x >> 16;
+            b_u8(&b, s[i].kind == 0 ? 120 + (r % 7) * (r % 3) : s[i].kind == 1 ? r & 0xFF : 0x7F);
+        }
+        put("rans", s[i].name, b.b, b.n);
+    }
 }
 
 int main(int argc, char **argv)
@@ -517,5 +675,8 @@ int main(int argc, char **argv)
     frame_seeds();
     roundtrip_seeds();
     lossless_seeds();
+    int_seeds();
+    transform_seeds();
+    rans_seeds();
     return 0;
 }
