@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvserde/error.h"
+#include "kvserde/fp8.h"
 #include "kvserde/memobj.h"
 #include "kvserde/serde.h"
 
@@ -130,24 +131,69 @@ static inline int fz_is_canary(const uint8_t *p, size_t n)
     return 1;
 }
 
-/* Deserialize src with `de` into a fresh canary-filled buffer of `layout`
- * (nbytes, KV_2LTD), returned in *out (to free); a refusal must be a KVS_E*
- * code with a message and leave the canary whole. Returns de's status. */
-static inline int fz_deserialize_canary(kvs_deserializer *de, const kvs_memobj *src,
-                                        const kvs_layout *layout, uint8_t **out, size_t nbytes,
-                                        const char *what)
+/* One operation run with every kernel variant: `run(ctx, out)` writes at
+ * most n bytes to out (filled with the canary before each run) and returns
+ * a status. It runs with the scalar kernels first, then with each other
+ * variant this CPU has (kvs_fp8_isa_names; the fp8 choice picks the ggml
+ * kernels too), and each must return the scalar run's status, the same
+ * message when it refuses, and the same n bytes, refused or not; a refusal
+ * must be a KVS_E* code with a message, and with `untouched_on_refusal` it
+ * must leave out as it was. `what` names the operation in failures.
+ * Returns the scalar run's status; the variant is "auto" again after. */
+typedef int (*fz_variant_run)(void *ctx, uint8_t *out);
+
+static inline int fz_same_on_every_variant(fz_variant_run run, void *ctx, size_t n,
+                                           int untouched_on_refusal, const char *what)
 {
-    uint8_t *buf = fz_canary_alloc(nbytes);
-    kvs_memobj dst;
-    int rc = kvs_memobj_init(&dst, nbytes ? buf : NULL, nbytes, layout, KVS_FMT_KV_2LTD);
-    FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
-    rc = kvs_deserialize(de, src, &dst, NULL);
-    if (rc != KVS_OK) {
-        FZ_ASSERT_REFUSAL(rc, what);
-        FZ_ASSERT(fz_is_canary(buf, nbytes), "a refused %s wrote to the destination", what);
+    uint8_t *ref = fz_canary_alloc(n), *got = fz_canary_alloc(n);
+    char ref_msg[512] = "";
+    const char *const *names = kvs_fp8_isa_names(); /* names[0] is "scalar" */
+    int rc = 0;
+    for (size_t i = 0; names[i]; i++) {
+        if (!kvs_fp8_isa_available(names[i])) continue;
+        FZ_ASSERT(kvs_fp8_set_isa(names[i]) == KVS_OK, "isa %s", names[i]);
+        uint8_t *out = i == 0 ? ref : got;
+        memset(out, 0xA5, n);
+        int r = run(ctx, out);
+        if (r != KVS_OK) {
+            FZ_ASSERT_REFUSAL(r, what);
+            FZ_ASSERT(!untouched_on_refusal || fz_is_canary(out, n),
+                      "a refused %s (%s) wrote to the destination", what, names[i]);
+        }
+        if (i == 0) {
+            rc = r;
+            if (r) snprintf(ref_msg, sizeof ref_msg, "%s", kvs_last_error());
+            continue;
+        }
+        FZ_ASSERT(r == rc, "%s: %s returns %d, scalar %d", what, names[i], r, rc);
+        if (r) FZ_ASSERT(strcmp(kvs_last_error(), ref_msg) == 0, "%s: %s says '%s', scalar '%s'",
+                         what, names[i], kvs_last_error(), ref_msg);
+        for (size_t j = 0; j < n; j++)
+            FZ_ASSERT(got[j] == ref[j], "%s: %s differs from scalar at byte %zu of %zu: 0x%02x != "
+                      "0x%02x", what, names[i], j, n, got[j], ref[j]);
     }
-    *out = buf;
+    FZ_ASSERT(kvs_fp8_set_isa("auto") == KVS_OK, "auto isa");
+    free(ref);
+    free(got);
     return rc;
+}
+
+/* A deserialize for fz_same_on_every_variant: `src` into `out` described by
+ * `layout` (nbytes), memory format KV_2LTD. */
+typedef struct fz_deserialize_job {
+    kvs_deserializer *de;
+    const kvs_memobj *src;
+    const kvs_layout *layout;
+    size_t nbytes;
+} fz_deserialize_job;
+
+static inline int fz_deserialize_into(void *ctx, uint8_t *out)
+{
+    const fz_deserialize_job *j = ctx;
+    kvs_memobj dst;
+    int rc = kvs_memobj_init(&dst, j->nbytes ? out : NULL, j->nbytes, j->layout, KVS_FMT_KV_2LTD);
+    FZ_ASSERT(rc == KVS_OK, "memobj_init of a valid layout: %d", rc);
+    return kvs_deserialize(j->de, j->src, &dst, NULL);
 }
 
 #endif /* KVS_FUZZ_COMMON_H */

@@ -21,7 +21,18 @@
 
 #define MAX_ELEMS (1u << 18)
 
-static const char *const isas[] = {"avx2", "avx512", "avx512fp16"};
+typedef struct encode_job {
+    const uint8_t *bytes;
+    kvs_dtype dt, fp8;
+    int saturate;
+    size_t n;
+} encode_job;
+
+static int encode_into(void *ctx, uint8_t *out)
+{
+    const encode_job *j = ctx;
+    return kvs_fp8_encode(j->bytes, j->dt, out, j->fp8, j->saturate, j->n);
+}
 
 static void encode_differential(const uint8_t *bytes, size_t len, kvs_dtype fp8, int saturate,
                                 uint8_t sel)
@@ -29,27 +40,9 @@ static void encode_differential(const uint8_t *bytes, size_t len, kvs_dtype fp8,
     static const kvs_dtype wide[3] = {KVS_DTYPE_FLOAT32, KVS_DTYPE_FLOAT16,
                                       KVS_DTYPE_BFLOAT16};
     kvs_dtype dt = wide[sel % 3];
-    size_t n = len / kvs_dtype_size(dt);
-    uint8_t *ref = fz_canary_alloc(n), *got = fz_canary_alloc(n);
-    FZ_ASSERT(kvs_fp8_set_isa("scalar") == KVS_OK, "scalar isa");
-    int rc = kvs_fp8_encode(bytes, dt, ref, fp8, saturate, n);
-    FZ_ASSERT(rc == KVS_OK, "scalar encode of %zu %s: %d", n, kvs_dtype_name(dt), rc);
-    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (!kvs_fp8_isa_available(isas[i])) continue;
-        FZ_ASSERT(kvs_fp8_set_isa(isas[i]) == KVS_OK, "isa %s", isas[i]);
-        memset(got, 0xA5, n);
-        rc = kvs_fp8_encode(bytes, dt, got, fp8, saturate, n);
-        FZ_ASSERT(rc == KVS_OK, "%s encode: %d", isas[i], rc);
-        for (size_t j = 0; j < n; j++)
-            FZ_ASSERT(got[j] == ref[j],
-                      "%s encode differs from scalar at element %zu of %zu (%s -> %s, "
-                      "saturate %d): 0x%02x != 0x%02x",
-                      isas[i], j, n, kvs_dtype_name(dt), kvs_dtype_name(fp8), saturate, got[j],
-                      ref[j]);
-    }
-    FZ_ASSERT(kvs_fp8_set_isa("auto") == KVS_OK, "auto isa");
-    free(ref);
-    free(got);
+    encode_job j = {bytes, dt, fp8, saturate, len / kvs_dtype_size(dt)};
+    int rc = fz_same_on_every_variant(encode_into, &j, j.n, 1, "fp8 encode");
+    FZ_ASSERT(rc == KVS_OK, "scalar encode of %zu %s: %d", j.n, kvs_dtype_name(dt), rc);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -101,29 +94,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvs_deserializer *de = NULL;
     FZ_ASSERT(kvs_fp8_serde_create(fp8, saturate, NULL, &de) == KVS_OK, "fp8 serde");
 
-    FZ_ASSERT(kvs_fp8_set_isa("scalar") == KVS_OK, "scalar isa");
-    uint8_t *ref = NULL;
-    int rc = fz_deserialize_canary(de, &src, &layout, &ref, nbytes, "fp8 deserialize");
+    fz_deserialize_job job = {de, &src, &layout, nbytes};
+    int rc = fz_same_on_every_variant(fz_deserialize_into, &job, nbytes, 1,
+                                      "fp8 deserialize");
     if (rc == KVS_OK)
         FZ_ASSERT(all_wide && used == total,
                   "accepted %zu source bytes for %" PRIu64 " elements (all float dtypes: %d)",
                   used, total, all_wide);
-    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (!kvs_fp8_isa_available(isas[i])) continue;
-        FZ_ASSERT(kvs_fp8_set_isa(isas[i]) == KVS_OK, "isa %s", isas[i]);
-        uint8_t *got = NULL;
-        int rc2 = fz_deserialize_canary(de, &src, &layout, &got, nbytes, "fp8 deserialize");
-        FZ_ASSERT(rc2 == rc, "%s deserialize returns %d, scalar %d", isas[i], rc2, rc);
-        if (rc == KVS_OK) {
-            for (size_t j = 0; j < nbytes; j++)
-                FZ_ASSERT(got[j] == ref[j],
-                          "%s deserialize differs from scalar at byte %zu of %zu (%s)", isas[i],
-                          j, nbytes, kvs_dtype_name(fp8));
-        }
-        free(got);
-    }
-    FZ_ASSERT(kvs_fp8_set_isa("auto") == KVS_OK, "auto isa");
-    free(ref);
     kvs_deserializer_destroy(de);
 
     encode_differential(bytes, len, fp8, saturate, (uint8_t)(sel >> 24));
