@@ -71,114 +71,13 @@
 #include "kvserde/processor.h"
 #include "bench_timing.h"
 
-extern char **environ;
-
 #define CHUNK_ELEMS ((size_t)32 << 20) /* 32 Mi elements: 32 MiB of fp8 */
 #define WAIT_MS 120000
 
-static pid_t server_pid;
-static char workdir[64];
-
-static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void cleanup(void)
-{
-    if (server_pid > 0) {
-        kill(server_pid, SIGKILL);
-        while (waitpid(server_pid, NULL, 0) < 0 && errno == EINTR) {
-        }
-        server_pid = 0;
-    }
-    if (workdir[0]) nftw(workdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static void on_fatal(int sig)
-{
-    if (server_pid > 0) kill(server_pid, SIGKILL);
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-/* 1 once something accepts connections on 127.0.0.1:port. */
-static int port_open(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return 0;
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-/* Start redis-server on a free loopback port; the port, or -1. */
-static int start_redis(void)
-{
-    srand((unsigned)(getpid() ^ time(NULL)));
-    int port;
-    do port = 20000 + rand() % 20000;
-    while (!port_free(port));
-    char p[16], logf[128];
-    snprintf(p, sizeof p, "%d", port);
-    snprintf(logf, sizeof logf, "%s/redis.log", workdir);
-    const char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--daemonize", "no", "--dir", workdir,
-                          "--logfile", logf, NULL};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    /* stderr too: a server that outlives a crashed test must not hold the
-     * test runner's output pipe open (ctest would wait for its timeout). */
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    int rc = posix_spawnp(&server_pid, "redis-server", &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "bench_l2: cannot start redis-server: %s (run scripts/setup.sh)\n",
-                strerror(rc));
-        server_pid = 0;
-        return -1;
-    }
-    for (int i = 0; i < 500; i++) {
-        if (port_open(port)) return port;
-        if (waitpid(server_pid, NULL, WNOHANG) == server_pid) break;
-        struct timespec ts = {0, 20000000};
-        nanosleep(&ts, NULL);
-    }
-    fprintf(stderr, "bench_l2: redis-server did not start (see %s)\n", logf);
-    return -1;
-}
-
-static int wait_fd(int fd)
-{
-    struct pollfd p = {fd, POLLIN, 0};
-    int r;
-    do r = poll(&p, 1, WAIT_MS);
-    while (r < 0 && errno == EINTR);
-    if (r == 1) kvs_event_fd_consume(fd, NULL);
-    return r == 1;
-}
+/* the tests' helpers: redis-server processes, waiting on event fds (WAIT_MS
+ * above) */
+#include "kvs_test_l2.h"
+#include "kvs_test_redis.h"
 
 /* Key k of `model` and a source and a destination object of layout l; 0,
  * or -1 with a message. */
@@ -582,9 +481,9 @@ static int vs_plain_fs(int runs, size_t n)
         }
     }
     char fsdir[96], rawdir[96], plaindir[96], spec[512];
-    snprintf(fsdir, sizeof fsdir, "%s/fs-fp8", workdir);
-    snprintf(rawdir, sizeof rawdir, "%s/fs-raw", workdir);
-    snprintf(plaindir, sizeof plaindir, "%s/plain", workdir);
+    snprintf(fsdir, sizeof fsdir, "%s/fs-fp8", tmpdir);
+    snprintf(rawdir, sizeof rawdir, "%s/fs-raw", tmpdir);
+    snprintf(plaindir, sizeof plaindir, "%s/plain", tmpdir);
     if (mkdir(plaindir, 0700) != 0) {
         perror("bench_l2: mkdir");
         return 1;
@@ -672,19 +571,17 @@ static int vs_plain_fs(int runs, size_t n)
     return rc;
 }
 
-/* A work directory under /tmp and a redis-server in it, both removed at
- * exit; the server's port, or -1. */
+/* A work directory under /tmp (tmpdir, kvs_test_redis.h) and a
+ * redis-server in it, both removed at exit; the server's port, or -1. */
 static int setup(void)
 {
-    snprintf(workdir, sizeof workdir, "/tmp/kvs_bench_l2_XXXXXX");
-    if (mkdtemp(workdir) == NULL) {
-        perror("bench_l2: mkdtemp");
+    if (kvs_test_redis_init() != 0) return -1;
+    server *s = new_server();
+    if (start_server(s, 0, NULL) != 0) {
+        fprintf(stderr, "bench_l2: no redis-server (run scripts/setup.sh)\n");
         return -1;
     }
-    atexit(cleanup);
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGABRT, SIGSEGV};
-    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) signal(sigs[i], on_fatal);
-    return start_redis();
+    return s->port;
 }
 
 int main(int argc, char **argv)
@@ -707,12 +604,7 @@ int main(int argc, char **argv)
                     PF_CHUNKS_MAX);
             return 2;
         }
-        snprintf(workdir, sizeof workdir, "/tmp/kvs_bench_l2_XXXXXX");
-        if (mkdtemp(workdir) == NULL) {
-            perror("bench_l2: mkdtemp");
-            return 1;
-        }
-        atexit(cleanup);
+        if (kvs_test_redis_init() != 0) return 1; /* the work directory only */
         return vs_plain_fs(runs, n);
     }
     size_t n = argc > 1 ? (size_t)strtoul(argv[1], NULL, 10) : 4;
@@ -735,7 +627,7 @@ int main(int argc, char **argv)
     }
 
     char fsdir[96];
-    snprintf(fsdir, sizeof fsdir, "%s/fs", workdir);
+    snprintf(fsdir, sizeof fsdir, "%s/fs", tmpdir);
     struct {
         const char *name;
         char spec[512];
