@@ -193,24 +193,26 @@ KVS_AI void encode_array(const void *src, uint8_t *dst, uint8_t *copy, size_t n,
     const unsigned char *s = (const unsigned char *)src;
     const size_t ahead = KVS_FP8_PREFETCH_BYTES / es;
     const size_t pf_end = n > ahead + 64 ? n - ahead : 0;
-    const int nt = copy || n >= kvs_fp8_nt_min_bytes();
     size_t i = 0;
-    if (nt)
+    if (copy || n >= kvs_fp8_nt_min_bytes()) {
         for (; i < n && ((uintptr_t)(dst + i) & 63) != 0; i++) {
             dst[i] = encode_one(s + i * es, wide, fmt, sat);
             if (copy) copy[i] = dst[i];
         }
-    i = enc_loop(s, dst, copy, i, pf_end, wide, fmt, sat, nt, 1);
-    i = enc_loop(s, dst, copy, i, n, wide, fmt, sat, nt, 0);
-    for (; i + 32 <= n; i += 32) { /* one 32-byte half: aligned when nt, the last line */
-        const __m256i v = enc_block(s + i * es, wide, fmt, sat);
-        if (nt)
+        i = enc_loop(s, dst, copy, i, pf_end, wide, fmt, sat, 1, 1);
+        i = enc_loop(s, dst, copy, i, n, wide, fmt, sat, 1, 0);
+        for (; i + 32 <= n; i += 32) { /* one 32-byte half: aligned, the last line */
+            const __m256i v = enc_block(s + i * es, wide, fmt, sat);
             _mm256_stream_si256((__m256i *)(dst + i), v);
-        else
-            _mm256_storeu_si256((__m256i *)(dst + i), v);
-        if (copy) _mm256_storeu_si256((__m256i *)(copy + i), v);
+            if (copy) _mm256_storeu_si256((__m256i *)(copy + i), v);
+        }
+        _mm_sfence();
+    } else {
+        i = enc_loop(s, dst, NULL, i, pf_end, wide, fmt, sat, 0, 1);
+        i = enc_loop(s, dst, NULL, i, n, wide, fmt, sat, 0, 0);
+        for (; i + 32 <= n; i += 32)
+            _mm256_storeu_si256((__m256i *)(dst + i), enc_block(s + i * es, wide, fmt, sat));
     }
-    if (nt) _mm_sfence();
     for (; i < n; i++) {
         dst[i] = encode_one(s + i * es, wide, fmt, sat);
         if (copy) copy[i] = dst[i];

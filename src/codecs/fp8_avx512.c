@@ -11,10 +11,13 @@
  *                fp8 results
  *   AVX512_VBMI  vpermb / vpermi2b / vpermt2b: table lookups and packing
  * It is also compiled with -mavx2 -mf16c -mfma -mbmi2, so the compiler may
- * emit those too: the dispatcher checks them as well (as for avx2).
+ * emit those too: the dispatcher checks them as well (as for avx2); and
+ * as fp8_avx512fp16.c with -mavx512fp16 as well (AVX512_FP16: vaddph).
  * No instruction here depends on MXCSR: the only float arithmetic is
  * vdpbf16ps, which always rounds to nearest even and treats subnormal
- * inputs as zero, and those (below 2^-126) round to fp8 zero anyway.
+ * inputs as zero, and those (below 2^-126) round to fp8 zero anyway, and
+ * in the avx512fp16 variant vaddph with its rounding (to nearest even) and
+ * exception suppression given in the instruction.
  *
  * Encoding works on bfloat16 bit patterns in 16-bit lanes (32 per vector):
  *   float32    is first rounded to bfloat16 *to odd* (truncate, OR "any
