@@ -474,6 +474,57 @@ static void test_roundtrip_e4m3(void)
     CHECK_EQ_STR(listing(), "dec.safetensors,enc.safetensors,enc_scalar.safetensors,in.safetensors");
 }
 
+/* --tensor: only the tensors named are encoded, the others (float ones
+ * too) are copied byte for byte and get no kvserde.dtype entry; decode
+ * restores the file. A name IN lacks, or a tensor that is not float, is
+ * refused before OUT is written. */
+static void test_selected_tensors(void)
+{
+    clear_dir(work);
+    const char *in = write_roundtrip_input();
+    REQUIRE(in);
+    static expected e;
+    expect_codes(KVS_DTYPE_FLOAT8_E4M3FN, 1, &e);
+    const char *enc = path_in("enc.safetensors"), *dec = path_in("dec.safetensors");
+    CHECK_PRINTS(ARGS("encode", "--tensor", "f32", "--tensor", "bf16_all", in, enc),
+                 /* 65536 + 20 codes, 131072 + 7 bytes kept */
+                 strf("%s: encoded 2 of 4 tensors with {\"type\":\"fp8\"}; data 262231 "
+                      "-> 196635 bytes\n",
+                      enc));
+    stf f;
+    REQUIRE(st_load(enc, &f) == 0);
+    const uint8_t *b = st_get(&f, "bf16_all", "F8_E4M3", "[256,256]", 65536);
+    CHECK(b && memcmp(b, e.bf16, 65536) == 0);
+    const uint8_t *x = st_get(&f, "f32", "F8_E4M3", "[4,5]", 20);
+    CHECK(x && memcmp(x, e.f32, 20) == 0);
+    const uint8_t *h = st_get(&f, "f16_all", "F16", "[65536]", sizeof all16);
+    CHECK(h && memcmp(h, all16, sizeof all16) == 0); /* kept as it was */
+    const uint8_t *u = st_get(&f, "ids", "U8", "[7]", sizeof ids);
+    CHECK(u && memcmp(u, ids, sizeof ids) == 0);
+    char *m = st_meta(&f);
+    CHECK_EQ_STR(m, "{\"format\":\"pt\",\"kvserde.dtype.bf16_all\":\"bfloat16\","
+                    "\"kvserde.dtype.f32\":\"float32\",\"kvserde.format\":\"1\","
+                    "\"kvserde.serde\":\"{\\\"type\\\":\\\"fp8\\\"}\",\"source\":\"kvserde test\"}");
+    free(m);
+    st_free(&f);
+    CHECK_PRINTS(ARGS("decode", enc, dec),
+                 strf("%s: decoded 2 of 4 tensors; data 196635 -> 262231 bytes\n", dec));
+    REQUIRE(st_load(dec, &f) == 0);
+    h = st_get(&f, "f16_all", "F16", "[65536]", sizeof all16);
+    CHECK(h && memcmp(h, all16, sizeof all16) == 0);
+    st_get(&f, "bf16_all", "BF16", "[256,256]", sizeof all16);
+    st_get(&f, "f32", "F32", "[4,5]", sizeof f32_vals);
+    st_free(&f);
+
+    const char *bad = path_in("bad.safetensors");
+    CHECK_FAILS(ARGS("encode", "--tensor", "kv", in, bad), 1,
+                strf("kvserde encode: --tensor 'kv': %s has no tensor of that name\n", in));
+    CHECK_FAILS(ARGS("encode", "--tensor", "f32", "--tensor", "ids", in, bad), 1,
+                "kvserde encode: --tensor 'ids': the tensor is U8; only float32, float16 and "
+                "bfloat16 tensors are encoded\n");
+    CHECK_EQ_STR(listing(), "dec.safetensors,enc.safetensors,in.safetensors");
+}
+
 static void test_roundtrip_e5m2(void)
 {
     clear_dir(work);
@@ -2180,6 +2231,7 @@ int main(int argc, char **argv)
         RUN(test_usage);
         RUN(test_roundtrip_e4m3);
         RUN(test_roundtrip_e5m2);
+        RUN(test_selected_tensors);
         RUN(test_decode_dtype);
         RUN(test_raw_blobs);
         RUN(test_exact_layout);

@@ -11,13 +11,17 @@
 #include "safetensors.h"
 
 static const char encode_usage[] =
-    "usage: kvserde encode [--serde JSON] [--raw] IN.safetensors OUT.safetensors\n"
+    "usage: kvserde encode [--serde JSON] [--raw] [--tensor NAME]... IN.safetensors\n"
+    "                      OUT.safetensors\n"
     "\n"
     "Puts every float32, float16 and bfloat16 tensor of IN through the serde and\n"
     "writes OUT; every other tensor and the __metadata__ entries are kept.\n"
     "\n"
     "  --serde JSON  the serde config (default {\"type\": \"fp8\"}), e.g.\n"
     "                '{\"type\": \"fp8\", \"fp8_dtype\": \"float8_e5m2\"}'\n"
+    "  --tensor NAME encode only the tensors named (repeatable; each must be a\n"
+    "                float32, float16 or bfloat16 tensor of IN); the others are\n"
+    "                kept as they are, e.g. the queries of a KV file beside 'kv'\n"
     "  --raw         store each encoded tensor as the serde's opaque bytes (a U8\n"
     "                tensor), even when the serde is fp8\n"
     "  -h, --help    show this help\n"
@@ -300,17 +304,28 @@ int kvs_cmd_encode(int argc, char **argv)
     static const struct option opts[] = {
         {"serde", required_argument, NULL, 's'},
         {"raw", no_argument, NULL, 'r'},
+        {"tensor", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *serde_text = "{\"type\": \"fp8\"}";
     int raw = 0, c;
+    enum { MAX_SELECTED = 256 };
+    const char *selected[MAX_SELECTED];
+    size_t nselected = 0;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 's': serde_text = optarg; break;
         case 'r': raw = 1; break;
+        case 't':
+            if (nselected == MAX_SELECTED) {
+                fprintf(stderr, "kvserde encode: at most %d --tensor options\n", MAX_SELECTED);
+                return 2;
+            }
+            selected[nselected++] = optarg;
+            break;
         case 'h': fputs(encode_usage, stdout); return 0;
         case ':':
             fprintf(stderr, "kvserde encode: option '%s' needs a value\n\n%s", argv[optind - 1],
@@ -400,6 +415,26 @@ int kvs_cmd_encode(int argc, char **argv)
     }
 
     size_t n = in.ntensors;
+    /* Every tensor --tensor names is in IN and a float tensor. */
+    for (size_t k = 0; k < nselected; k++) {
+        const kvs_st_tensor *t = NULL;
+        for (size_t i = 0; i < n && t == NULL; i++)
+            if (strcmp(in.tensors[i].name, selected[k]) == 0) t = &in.tensors[i];
+        kvs_dtype dt;
+        if (t == NULL) {
+            fprintf(stderr, "kvserde encode: --tensor '%s': %s has no tensor of that name\n",
+                    selected[k], in_path);
+            goto out;
+        }
+        if (kvs_st_dtype_to_kvs(t->dtype, &dt) != 0 ||
+            (dt != KVS_DTYPE_FLOAT32 && dt != KVS_DTYPE_FLOAT16 && dt != KVS_DTYPE_BFLOAT16)) {
+            fprintf(stderr,
+                    "kvserde encode: --tensor '%s': the tensor is %s; only float32, float16 "
+                    "and bfloat16 tensors are encoded\n",
+                    selected[k], kvs_st_dtype_name(t->dtype));
+            goto out;
+        }
+    }
     /* A kv_split tensor becomes up to 4 output tensors. */
     outs = calloc(n ? 4 * n : 1, sizeof *outs);
     ctx.orig_dtype = calloc(n ? 4 * n : 1, sizeof *ctx.orig_dtype);
@@ -426,11 +461,16 @@ int kvs_cmd_encode(int argc, char **argv)
     for (size_t i = 0; i < n; i++) {
         const kvs_st_tensor *t = &in.tensors[i];
         kvs_dtype dt;
-        int is_float = kvs_st_dtype_to_kvs(t->dtype, &dt) == 0 &&
-                       (dt == KVS_DTYPE_FLOAT32 || dt == KVS_DTYPE_FLOAT16 ||
-                        dt == KVS_DTYPE_BFLOAT16);
+        /* every float tensor, or those --tensor names; the others are kept */
+        int encode = kvs_st_dtype_to_kvs(t->dtype, &dt) == 0 &&
+                     (dt == KVS_DTYPE_FLOAT32 || dt == KVS_DTYPE_FLOAT16 ||
+                      dt == KVS_DTYPE_BFLOAT16);
+        int chosen = nselected == 0;
+        for (size_t k = 0; k < nselected && !chosen; k++)
+            chosen = strcmp(t->name, selected[k]) == 0;
+        encode = encode && chosen;
         in_bytes += t->end - t->begin;
-        if (is_float && is_multi) {
+        if (encode && is_multi) {
             /* K and V as tensors of their own, and one metadata entry. */
             size_t from = nout;
             nencoded++;
@@ -451,7 +491,7 @@ int kvs_cmd_encode(int argc, char **argv)
         o->nbytes = t->end - t->begin;
         o->data = t->data;
         ctx.src_index[nout++] = i;
-        if (is_float) {
+        if (encode) {
             ctx.orig_dtype[nout - 1] = dt;
             nencoded++;
             meta[nmeta].key = key_for(KVS_META_DTYPE, t->name);
