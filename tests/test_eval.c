@@ -304,6 +304,24 @@ static void test_calibration(void)
     out = run_status(args, &st);
     CHECK_EQ_INT(st, 0);
     free(out);
+    /* inspect --compare decodes the frame too: refused without the file,
+     * the kv row with it (the stage's error at step 0.01 is small) */
+    snprintf(args, sizeof args, "inspect %s --compare %s", enc, kvf);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 1);
+    CHECK(out && strstr(out, "this reader has no transform configured") != NULL);
+    free(out);
+    snprintf(args, sizeof args, "inspect %s --transform %s --compare %s", enc, t1, kvf);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 0);
+    CHECK(out && strstr(out, "stage 0: transform {") != NULL &&
+          strstr(out, "\n  kv    U8 ") != NULL && strstr(out, "checks ok") != NULL);
+    free(out);
+    snprintf(args, sizeof args, "inspect %s --transform %s/missing.safetensors", enc, dir_path);
+    out = run_status(args, &st);
+    CHECK_EQ_INT(st, 1);
+    CHECK(out && strstr(out, "kvserde inspect: --key-file / --transform: ") != NULL);
+    free(out);
     unlink(kvf);
     unlink(enc);
     unlink(dec);

@@ -15,6 +15,7 @@
 
 static const char inspect_usage[] =
     "usage: kvserde inspect FILE [--compare ORIG] [--key-file F]...\n"
+    "                       [--transform T.safetensors]\n"
     "\n"
     "Validates FILE (a safetensors file) and lists its header size, data size,\n"
     "__metadata__ entries, and each tensor's name, dtype, shape and bytes, in\n"
@@ -35,6 +36,8 @@ static const char inspect_usage[] =
     "                  A non-finite x against a finite o makes the error infinite.\n"
     "  --key-file F    an aes_gcm key file (repeatable): check and decode\n"
     "                  encrypted frames\n"
+    "  --transform T   the transform file (`kvserde calibrate`) of frames made by\n"
+    "                  the transform stage, to decode them for --compare\n"
     "  -h, --help      show this help\n"
     "\n"
     "Exit status: 0 success, 1 failure (reason on stderr), 2 usage error.\n";
@@ -424,10 +427,11 @@ int kvs_cmd_inspect(int argc, char **argv)
     static const struct option opts[] = {
         {"compare", required_argument, NULL, 'c'},
         {"key-file", required_argument, NULL, 'k'},
+        {"transform", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *orig_path = NULL;
+    const char *orig_path = NULL, *transform = NULL;
     char *key_files[KVS_TOOL_MAX_KEY_FILES];
     size_t nkeys = 0;
     int c;
@@ -436,6 +440,7 @@ int kvs_cmd_inspect(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': orig_path = optarg; break;
+        case 't': transform = optarg; break;
         case 'k':
             if (kvs_tool_add_key_file("inspect", key_files, &nkeys, optarg) != 0) return 2;
             break;
@@ -457,8 +462,9 @@ int kvs_cmd_inspect(int argc, char **argv)
     }
 
     kvs_serde_pair frames = {0};
-    if (kvs_tool_frame_deserializer(key_files, nkeys, NULL, &frames) != KVS_OK) {
-        fprintf(stderr, "kvserde inspect: --key-file: %s\n", kvs_last_error());
+    if (kvs_tool_frame_deserializer(key_files, nkeys, transform, &frames) != KVS_OK) {
+        fprintf(stderr, "kvserde inspect: %s: %s\n",
+                transform ? "--key-file / --transform" : "--key-file", kvs_last_error());
         return 1;
     }
     int status = 1;
