@@ -302,79 +302,98 @@ static inline __attribute__((always_inline)) void block_maxima(const void *src, 
     *amax = _mm512_max_epi32(*pos, *neg);
 }
 
-/* Sixteen blocks at a time: their maxima in one vector, d and id for all
- * of them with one division each (lane by lane the reference's scalar
- * operations), then the codes block by block; the input prefetched
- * KVS_FP8_PREFETCH_BYTES ahead (fp8_kernels.h) while that stays inside
- * the array. */
+/* Blocks b .. b + 15 into out (block b + k at out + k bytes-per-block):
+ * their maxima in one vector, d and id for all of them with one division
+ * each (lane by lane the reference's scalar operations), then the codes
+ * block by block. 0, with nothing written, when one of them holds a
+ * non-finite value. */
+static inline __attribute__((always_inline)) int encode16(const void *src, uint8_t *out,
+                                                          size_t b, int type, int wide,
+                                                          __m512i order)
+{
+    const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
+    const __m512 inf = _mm512_set1_ps(INFINITY), one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i amax, pos = _mm512_setzero_si512(), negv = _mm512_setzero_si512();
+    block_maxima(src, wide, b, type, &amax, &pos, &negv);
+    if (_mm512_cmpge_epu32_mask(amax, _mm512_set1_epi32(0x7F800000))) return 0;
+    /* q8_0: d = amax / 127. q4_0: |d| = amax / 8 (division is symmetric in
+     * sign, so max / -8 = -+(amax / 8)); the sign comes per block. */
+    __m512 d = _mm512_div_ps(_mm512_castsi512_ps(amax),
+                             _mm512_set1_ps(type == KVS_GGML_Q8_0 ? 127.0f : 8.0f));
+    __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
+                                    one, d);
+    const __mmask16 id_inf = _mm512_cmp_ps_mask(id, inf, _CMP_EQ_OQ);
+    if (type == KVS_GGML_Q4_0) {
+        /* max is negative when the negative maximum is the larger (amax 0
+         * keeps max = +0); equal maxima of both signs (a tie) leave it to
+         * the first of them, looked up in the block. d and id take the
+         * sign opposite to max's. */
+        const __mmask16 nonzero = _mm512_cmpneq_epi32_mask(amax, _mm512_setzero_si512());
+        __mmask16 max_neg = _mm512_mask_cmpgt_epi32_mask(nonzero, negv, pos);
+        const __mmask16 tie = _mm512_mask_cmpeq_epi32_mask(nonzero, negv, pos);
+        if (tie) {
+            uint32_t amax_bits[16];
+            _mm512_storeu_si512(amax_bits, amax);
+            for (int k = 0; k < 16; k++)
+                if ((tie >> k) & 1 && first_max_negative(src, wide, b + (size_t)k, amax_bits[k]))
+                    max_neg = (__mmask16)(max_neg | 1u << k);
+        }
+        const __mmask16 flip = (__mmask16)~max_neg;
+        d = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(d), flip,
+                                                      _mm512_castps_si512(d), sign));
+        id = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(id), flip,
+                                                       _mm512_castps_si512(id), sign));
+    }
+    uint16_t dh[16];
+    float ids[16];
+    _mm256_storeu_si256((__m256i *)dh,
+                        _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm512_storeu_ps(ids, id);
+    for (int k = 0; k < 16; k++) {
+        __m512 x[2];
+        load_block(src, wide, b + (size_t)k, x);
+        uint8_t *o = out + (size_t)k * bb;
+        const int zero_codes = (id_inf >> k) & 1;
+        memcpy(o, &dh[k], 2);
+        if (type == KVS_GGML_Q8_0)
+            store_q8_codes(o, x, _mm512_set1_ps(ids[k]), order, zero_codes);
+        else
+            store_q4_codes(o, x, _mm512_set1_ps(ids[k]), order, zero_codes);
+    }
+    return 1;
+}
+
+/* Prefetch the input of `count` blocks from block b + ahead (fp8_kernels.h:
+ * KVS_FP8_PREFETCH_BYTES ahead), when they are inside the array. */
+static inline __attribute__((always_inline)) void prefetch_blocks(const void *src, size_t b,
+                                                                  size_t count, size_t nblocks,
+                                                                  int wide)
+{
+    const size_t in_bytes = KVS_GGML_BLOCK * (wide == KVS_WIDE_F32 ? 4 : 2); /* of a block */
+    const size_t ahead = KVS_FP8_PREFETCH_BYTES / in_bytes;
+    if (b + ahead + count > nblocks) return;
+    const char *p = (const char *)src + (b + ahead) * in_bytes;
+    for (size_t l = 0; l < count * in_bytes; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+}
+
+/* Sixteen blocks at a time (encode16), the input prefetched. The output
+ * takes ordinary stores at every size: streaming whole lines of 32 blocks
+ * through a buffer on the stack measured no faster at 256 MiB (0.64-0.75
+ * of memcpy against 0.60-0.80, docs/performance.md), the output being
+ * half the input or less. */
 static inline __attribute__((always_inline)) size_t encode_array(const void *src, uint8_t *dst,
                                                                  size_t nblocks, int type,
                                                                  int wide)
 {
     const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
-    const size_t in_bytes = KVS_GGML_BLOCK * (wide == KVS_WIDE_F32 ? 4 : 2); /* of a block */
-    const size_t ahead = KVS_FP8_PREFETCH_BYTES / in_bytes;                  /* blocks */
-    const size_t pf_end = nblocks > ahead + 16 ? nblocks - ahead - 16 : 0;
-    const __m512 inf = _mm512_set1_ps(INFINITY), one = _mm512_set1_ps(1.0f);
-    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     const __m512i order = gather_index(wide);
     size_t b = 0;
     for (; b + 16 <= nblocks; b += 16) {
-        if (b <= pf_end) {
-            const char *p = (const char *)src + (b + ahead) * in_bytes;
-            for (size_t l = 0; l < 16 * in_bytes; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
-        }
-        __m512i amax, pos = _mm512_setzero_si512(), negv = _mm512_setzero_si512();
-        block_maxima(src, wide, b, type, &amax, &pos, &negv);
-        if (_mm512_cmpge_epu32_mask(amax, _mm512_set1_epi32(0x7F800000))) {
-            size_t done = encode_one_by_one(src, dst, b, b + 16, type, wide);
-            if (done != b + 16) return done;
-            continue;
-        }
-        /* q8_0: d = amax / 127. q4_0: |d| = amax / 8 (division is symmetric
-         * in sign, so max / -8 = -+(amax / 8)); the sign comes per block. */
-        __m512 d = _mm512_div_ps(_mm512_castsi512_ps(amax),
-                                 _mm512_set1_ps(type == KVS_GGML_Q8_0 ? 127.0f : 8.0f));
-        __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ),
-                                        one, d);
-        const __mmask16 id_inf = _mm512_cmp_ps_mask(id, inf, _CMP_EQ_OQ);
-        if (type == KVS_GGML_Q4_0) {
-            /* max is negative when the negative maximum is the larger (amax
-             * 0 keeps max = +0); equal maxima of both signs (a tie) leave
-             * it to the first of them, looked up in the block. d and id
-             * take the sign opposite to max's. */
-            const __mmask16 nonzero = _mm512_cmpneq_epi32_mask(amax, _mm512_setzero_si512());
-            __mmask16 max_neg = _mm512_mask_cmpgt_epi32_mask(nonzero, negv, pos);
-            const __mmask16 tie = _mm512_mask_cmpeq_epi32_mask(nonzero, negv, pos);
-            if (tie) {
-                uint32_t amax_bits[16];
-                _mm512_storeu_si512(amax_bits, amax);
-                for (int k = 0; k < 16; k++)
-                    if ((tie >> k) & 1 && first_max_negative(src, wide, b + (size_t)k, amax_bits[k]))
-                        max_neg = (__mmask16)(max_neg | 1u << k);
-            }
-            const __mmask16 flip = (__mmask16)~max_neg;
-            d = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(d), flip,
-                                                          _mm512_castps_si512(d), sign));
-            id = _mm512_castsi512_ps(_mm512_mask_xor_epi32(_mm512_castps_si512(id), flip,
-                                                           _mm512_castps_si512(id), sign));
-        }
-        uint16_t dh[16];
-        float ids[16];
-        _mm256_storeu_si256((__m256i *)dh,
-                            _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        _mm512_storeu_ps(ids, id);
-        for (int k = 0; k < 16; k++) {
-            __m512 x[2];
-            load_block(src, wide, b + (size_t)k, x);
-            uint8_t *out = dst + (b + (size_t)k) * bb;
-            const int zero_codes = (id_inf >> k) & 1;
-            memcpy(out, &dh[k], 2);
-            if (type == KVS_GGML_Q8_0)
-                store_q8_codes(out, x, _mm512_set1_ps(ids[k]), order, zero_codes);
-            else
-                store_q4_codes(out, x, _mm512_set1_ps(ids[k]), order, zero_codes);
-        }
+        prefetch_blocks(src, b, 16, nblocks, wide);
+        if (encode16(src, dst + b * bb, b, type, wide, order)) continue;
+        size_t done = encode_one_by_one(src, dst, b, b + 16, type, wide);
+        if (done != b + 16) return done;
     }
     return encode_one_by_one(src, dst, b, nblocks, type, wide);
 }
