@@ -44,10 +44,11 @@
 
 #include "codecs/ggml_kernels.h"
 
-/* A block's 32 elements as two vectors of float32 in the order `form`
- * gives (element_order): bfloat16 in one load, the even elements (0, 2, ..,
- * 30: each dword's low word moved up) and the odd ones (its high word,
- * masked), no shuffle; float16 and float32 as elements 0-15 and 16-31. */
+/* Block b's 32 elements as two vectors of float32, in an order that
+ * depends on `wide` (element_order undoes it): bfloat16 in one load, the
+ * even elements (0, 2, .., 30: each dword's low word moved up) and the odd
+ * ones (its high word, masked), no shuffle; float16 and float32 as
+ * elements 0-15 and 16-31. */
 static inline __attribute__((always_inline)) void load_block(const void *src, int wide,
                                                              size_t b, __m512 x[2])
 {
