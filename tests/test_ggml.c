@@ -3,8 +3,8 @@
  * independent float16 rounding), on hand-checked vectors (ties, zeros, equal
  * values, subnormal and overflowing scales, the first of equal magnitudes)
  * and on random data of every source dtype; every kernel variant against
- * the scalar one, every float16 / bfloat16 pattern included; non-finite
- * input refused; round trips within the documented bounds on synthetic data
+ * the scalar one, every float16 / bfloat16 pattern included, every block
+ * count to 66 at every byte offset; non-finite input refused; round trips within the documented bounds on synthetic data
  * and on the real KV cache (../shared/kvdata); the serdes, the registry, the
  * pipeline stages and a split across a processor's workers. */
 #include <math.h>
@@ -157,31 +157,50 @@ static void check_blocks(kvs_ggml_type t, float *x, size_t nblocks, kvs_dtype dt
     free(got);
 }
 
-/* One block through each variant, float32 in, bytes compared with `want`:
- * alone, and as 20 copies (so the SIMD paths for 16 blocks at once run). */
+/* Whether dtype dt holds every one of x[0..n) exactly. */
+static int holds_exactly(const float *x, size_t n, kvs_dtype dt)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (dt == KVS_DTYPE_FLOAT32) continue;
+        float back = dt == KVS_DTYPE_FLOAT16 ? kvs_f16_to_f32(kvs_f32_to_f16(x[i]))
+                                             : kvs_bf16_to_f32(kvs_f32_to_bf16(x[i]));
+        if (memcmp(&back, &x[i], 4) != 0) return 0;
+    }
+    return 1;
+}
+
+/* One block through each variant, bytes compared with `want`: as float32,
+ * and as float16 and bfloat16 when they hold it exactly; alone, and as 20
+ * copies (so the SIMD paths for 16 blocks at once run). */
 static void check_exact(kvs_ggml_type t, const float *x, const uint8_t *want, const char *what)
 {
     enum { COPIES = 20 };
     float xs[32 * COPIES];
     uint8_t got[34 * COPIES];
     for (int c = 0; c < COPIES; c++) memcpy(xs + 32 * c, x, sizeof(float) * 32);
-    for (size_t i = 0; i < 3; i++) {
-        if (!kvs_fp8_isa_available(isas[i])) continue;
-        REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
-        for (int copies = 1; copies <= COPIES; copies += COPIES - 1) {
-            CHECK_OK(kvs_ggml_encode(xs, KVS_DTYPE_FLOAT32, got, t, 32 * (size_t)copies));
-            for (int c = 0; c < copies; c++) {
-                if (memcmp(got + bb(t) * (size_t)c, want, bb(t)) == 0) continue;
-                char g[120] = "", w[120] = "";
-                for (size_t k = 0; k < bb(t); k++) {
-                    snprintf(g + strlen(g), sizeof g - strlen(g), "%02x", got[bb(t) * c + k]);
-                    snprintf(w + strlen(w), sizeof w - strlen(w), "%02x", want[k]);
+    for (int w = 0; w < 3; w++) {
+        if (!holds_exactly(x, 32, wides[w])) continue;
+        void *src = as_dtype(xs, 32 * COPIES, wides[w]);
+        for (size_t i = 0; i < 3; i++) {
+            if (!kvs_fp8_isa_available(isas[i])) continue;
+            REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
+            for (int copies = 1; copies <= COPIES; copies += COPIES - 1) {
+                CHECK_OK(kvs_ggml_encode(src, wides[w], got, t, 32 * (size_t)copies));
+                for (int c = 0; c < copies; c++) {
+                    if (memcmp(got + bb(t) * (size_t)c, want, bb(t)) == 0) continue;
+                    char g[120] = "", wa[120] = "";
+                    for (size_t k = 0; k < bb(t); k++) {
+                        snprintf(g + strlen(g), sizeof g - strlen(g), "%02x", got[bb(t) * c + k]);
+                        snprintf(wa + strlen(wa), sizeof wa - strlen(wa), "%02x", want[k]);
+                    }
+                    KVS_FAIL_("%s %s %s (%s, copy %d of %d):\n    got  %s\n    want %s",
+                              kvs_ggml_type_name(t), kvs_dtype_name(wides[w]), what, isas[i], c,
+                              copies, g, wa);
+                    break;
                 }
-                KVS_FAIL_("%s %s (%s, copy %d of %d):\n    got  %s\n    want %s",
-                          kvs_ggml_type_name(t), what, isas[i], c, copies, g, w);
-                break;
             }
         }
+        free(src);
     }
     REQUIRE_OK(kvs_fp8_set_isa("auto"));
 }
@@ -228,6 +247,10 @@ static void test_known_blocks(void)
     const int8_t q8[8] = {127, 1, -1, 2, -3, 127, 0, -127};
     for (int j = 0; j < 8; j++) w[2 + j] = (uint8_t)q8[j];
     check_exact(KVS_GGML_Q8_0, x, w, "ties");
+    /* The same halves in a block bfloat16 and float16 hold exactly (0.25
+     * for 0.49999997): code 0. */
+    x[6] = 0.25f;
+    check_exact(KVS_GGML_Q8_0, x, w, "ties, every dtype");
 
     /* q4_0: max -8 -> d = 1, id = 1; trunc(x + 8.5): 0.5 -> 9, -0.5 -> 8,
      * 7 -> 15, 7.6 -> 16 clamped to 15, -8 -> 0, 8 (a later +8 of equal
@@ -249,6 +272,15 @@ static void test_known_blocks(void)
     w[2 + 3] = (uint8_t)(1 | 8 << 4);   /* 7 -> 1.5 -> 1 */
     w[2 + 4] = (uint8_t)(0 | 8 << 4);   /* 7.6 -> 0.9 -> 0 */
     check_exact(KVS_GGML_Q4_0, x, w, "first of equal magnitudes");
+    /* In a block every dtype holds (7.5 for 7.6): 7.5 * -1 + 8.5 = 1. With
+     * -8 first, 7.5 + 8.5 = 16 is clamped to 15, as 7.6 was. */
+    x[4] = 7.5f;
+    w[2 + 4] = (uint8_t)(1 | 8 << 4);
+    check_exact(KVS_GGML_Q4_0, x, w, "first of equal magnitudes, every dtype");
+    x[0] = -8.0f, x[16] = 8.0f;
+    w[1] = 0x3C;
+    for (int j = 0; j < 16; j++) w[2 + j] = (uint8_t)(lo[j] | hi[j] << 4);
+    check_exact(KVS_GGML_Q4_0, x, w, "ties and clamp, every dtype");
 
     /* Subnormal float16 scale: amax 127 x 2^-20 -> d = 2^-20 = 16 x 2^-24
      * (0x0010); codes as for d = 1. */
@@ -443,6 +475,82 @@ static void test_nonfinite_refused(void)
               "ggml_q8_0: unsupported source dtype 'uint8'; expected float32, float16 or bfloat16");
     CHECK_ERR(kvs_ggml_decode(out, (kvs_ggml_type)7, x, KVS_DTYPE_FLOAT32, 32), KVS_EINVAL,
               "ggml: unknown block type 7; expected 0 (q8_0) or 1 (q4_0)");
+}
+
+/* Every block count from 0 to 40 (and around 64) at every byte offset of
+ * source and destination from 0 to 3, each variant against the scalar
+ * one, on blocks mixing ties, zeros, equal magnitudes of both signs and
+ * noise; a non-finite value in each block of 40 is refused with its index
+ * by every variant. */
+static void test_lengths_and_alignments(void)
+{
+    enum { MAXB = 66 };
+    static const size_t counts_extra[] = {47, 63, 64, 65, 66};
+    float *x = malloc(sizeof(float) * 32 * MAXB);
+    for (size_t i = 0; i < 32 * MAXB; i++) {
+        size_t b = i / 32;
+        switch (b % 4) {
+        case 0: x[i] = (float)((int)(rnd() % 17) - 8) * 0.5f; break;   /* halves, both signs */
+        case 1: x[i] = b % 8 == 1 ? 0.0f : gauss(); break;            /* a block of zeros */
+        case 2: x[i] = i % 32 == 3 ? -4.0f : i % 32 == 9 ? 4.0f : 1.0f; break; /* a tie */
+        default: x[i] = gauss() * 3.0f; break;
+        }
+    }
+    uint8_t *want = malloc(34 * MAXB + 8), *got = malloc(34 * MAXB + 8);
+    for (int w = 0; w < 3; w++) {
+        size_t es = kvs_dtype_size(wides[w]);
+        void *packed = as_dtype(x, 32 * MAXB, wides[w]);
+        uint8_t *src = malloc(32 * MAXB * es + 8);
+        for (int t = 0; t < 2; t++) {
+            kvs_ggml_type ty = (kvs_ggml_type)t;
+            for (size_t ci = 0; ci < 41 + sizeof counts_extra / sizeof counts_extra[0]; ci++) {
+                size_t nb = ci <= 40 ? ci : counts_extra[ci - 41];
+                for (size_t so = 0; so < 4; so++)
+                    for (size_t dof = 0; dof < 4; dof++) {
+                        memcpy(src + so, packed, 32 * nb * es);
+                        REQUIRE_OK(kvs_fp8_set_isa("scalar"));
+                        memset(want, 0xA5, 34 * MAXB + 8);
+                        CHECK_OK(kvs_ggml_encode(src + so, wides[w], want + dof, ty, 32 * nb));
+                        for (size_t i = 1; i < 3; i++) {
+                            if (!kvs_fp8_isa_available(isas[i])) continue;
+                            REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
+                            memset(got, 0xA5, 34 * MAXB + 8);
+                            CHECK_OK(kvs_ggml_encode(src + so, wides[w], got + dof, ty, 32 * nb));
+                            if (memcmp(got, want, 34 * MAXB + 8) != 0)
+                                KVS_FAIL_("%s %s, %zu blocks, offsets %zu / %zu: %s differs "
+                                          "from scalar", kvs_ggml_type_name(ty),
+                                          kvs_dtype_name(wides[w]), nb, so, dof, isas[i]);
+                        }
+                    }
+            }
+            /* a NaN, then an infinity, in block k of 40 (element 32 k + k % 32) */
+            for (size_t k = 0; k < 40; k++) {
+                size_t at = 32 * k + k % 32;
+                for (int inf = 0; inf < 2; inf++) {
+                    memcpy(src, packed, 32 * 40 * es);
+                    uint32_t f32 = inf ? 0xFF800000u : 0x7FC00000u;
+                    uint16_t h = wides[w] == KVS_DTYPE_FLOAT16 ? (inf ? 0xFC00 : 0x7E00)
+                                                               : (uint16_t)(f32 >> 16);
+                    if (es == 4) memcpy(src + 4 * at, &f32, 4);
+                    else memcpy(src + 2 * at, &h, 2);
+                    char msg[128];
+                    snprintf(msg, sizeof msg, "%s: element %zu is %s; ggml blocks need finite values",
+                             kvs_ggml_type_name(ty), at, inf ? "-inf" : "nan");
+                    for (size_t i = 0; i < 3; i++) {
+                        if (!kvs_fp8_isa_available(isas[i])) continue;
+                        REQUIRE_OK(kvs_fp8_set_isa(isas[i]));
+                        CHECK_ERR(kvs_ggml_encode(src, wides[w], got, ty, 32 * 40), KVS_EINVAL, msg);
+                    }
+                }
+            }
+        }
+        free(src);
+        free(packed);
+    }
+    REQUIRE_OK(kvs_fp8_set_isa("auto"));
+    free(x);
+    free(want);
+    free(got);
 }
 
 /* ---- the serdes ------------------------------------------------------------------ */
@@ -786,6 +894,7 @@ int main(void)
     RUN(test_all_half_patterns);
     RUN(test_decode_all);
     RUN(test_nonfinite_refused);
+    RUN(test_lengths_and_alignments);
     RUN(test_serde_layouts_and_sizes);
     RUN(test_roundtrip_bounds);
     RUN(test_kvdata);

@@ -261,6 +261,30 @@ static void test_hand_computed(void)
     kvs_memobj_free(b3);
 }
 
+/* The zero point of a group whose minimum is 0 with both signs: the
+ * encoder folds its statistics in eight lanes (element i in lane i % 8),
+ * each keeping the first of equal values it meets, and then the lanes in
+ * order, so -0 in lane 1 (element 9) wins over +0 in lane 2 (element 2),
+ * though +0 comes first in the row: the stored zero point is -0. */
+static void test_signed_zero_minimum(void)
+{
+    const int64_t d2[2] = {1, 16};
+    kvs_memobj *o = obj(KVS_FMT_BINARY, KVS_DTYPE_FLOAT32, 2, d2);
+    for (uint64_t i = 0; i < 16; i++) set(o, i, 1.0f);
+    set(o, 2, 0.0f);
+    set(o, 9, -0.0f);
+    kvs_stage *st = make_stage("{\"type\":\"int\",\"bits\":8,\"group\":16,"
+                               "\"scale_dtype\":\"float32\"}");
+    size_t n;
+    uint8_t *pl = encode(st, o, &n);
+    REQUIRE(pl != NULL);
+    const uint8_t minus_zero[4] = {0x00, 0x00, 0x00, 0x80};
+    CHECK(n == 4 + 4 + 4 + 16 && memcmp(pl + 8, minus_zero, 4) == 0);
+    free(pl);
+    st->type->destroy(st);
+    kvs_memobj_free(o);
+}
+
 /* A subnormal scale (float32 values near 0): the codes divide by it (its
  * reciprocal would overflow to inf and give NaN codes for x = z, the case
  * fuzz_int found) and stay within the bound. */
@@ -827,6 +851,7 @@ static void test_kvdata(void)
 int main(void)
 {
     RUN(test_hand_computed);
+    RUN(test_signed_zero_minimum);
     RUN(test_subnormal_scale);
     RUN(test_kv_planes);
     RUN(test_bound_synthetic);

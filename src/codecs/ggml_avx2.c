@@ -64,11 +64,20 @@ AI __m256i pack_bytes(__m256i a, __m256i b, __m256i c, __m256i d, int is_unsigne
     return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* The input is prefetched KVS_FP8_PREFETCH_BYTES ahead (fp8_kernels.h)
+ * while that stays inside the array. */
 AI size_t encode_array(const void *src, uint8_t *dst, size_t nblocks, int type, int wide)
 {
     const __m256i absmask = _mm256_set1_epi32(0x7FFFFFFF);
     const size_t bb = type == KVS_GGML_Q8_0 ? KVS_GGML_Q8_0_BYTES : KVS_GGML_Q4_0_BYTES;
+    const size_t in_bytes = KVS_GGML_BLOCK * (wide == KVS_WIDE_F32 ? 4 : 2); /* of a block */
+    const size_t ahead = KVS_FP8_PREFETCH_BYTES / in_bytes;                  /* blocks */
+    const size_t pf_end = nblocks > ahead + 1 ? nblocks - ahead - 1 : 0;
     for (size_t b = 0; b < nblocks; b++) {
+        if (b <= pf_end) {
+            const char *p = (const char *)src + (b + ahead) * in_bytes;
+            for (size_t l = 0; l < in_bytes; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+        }
         __m256 x[4];
         __m256i a[4];
         load_block(src, wide, b, x);

@@ -366,16 +366,23 @@ CLONES static void pack_codes(const uint8_t *codes, uint64_t n, unsigned bits, u
         memcpy(out, codes, n);
         return;
     }
+    /* 4 and 2 bits: the codes of a byte as one little-endian word, their
+     * fields moved together with shifts (codes below 2^bits: nothing else
+     * lands in the low byte), which the compiler vectorizes */
     if (bits == 4) {
-        for (uint64_t i = 0; i + 1 < n; i += 2) out[i / 2] = (uint8_t)(codes[i] | codes[i + 1] << 4);
+        for (uint64_t i = 0; i < n / 2; i++) {
+            unsigned w = get_le16(codes + 2 * i);
+            out[i] = (uint8_t)(w | w >> 4);
+        }
         if (n & 1) out[n / 2] = codes[n - 1];
         return;
     }
     if (bits == 2) {
-        uint64_t i = 0;
-        for (; i + 4 <= n; i += 4)
-            out[i / 4] = (uint8_t)(codes[i] | codes[i + 1] << 2 | codes[i + 2] << 4 |
-                                   codes[i + 3] << 6);
+        for (uint64_t q = 0; q < n / 4; q++) {
+            uint32_t w = get_le32(codes + 4 * q);
+            out[q] = (uint8_t)(w | w >> 6 | w >> 12 | w >> 18);
+        }
+        uint64_t i = n / 4 * 4;
         if (i < n) {
             unsigned v = 0;
             for (unsigned k = 0; i + k < n; k++) v |= (unsigned)codes[i + k] << (2 * k);
@@ -404,16 +411,19 @@ CLONES static void unpack_codes(const uint8_t *in, uint64_t n, unsigned bits, ui
         return;
     }
     if (bits == 4) {
+        /* (as pack_codes: one byte's codes spread into a little-endian word) */
         for (uint64_t i = 0; i < n / 2; i++) {
-            codes[2 * i] = in[i] & 15;
-            codes[2 * i + 1] = in[i] >> 4;
+            unsigned x = in[i];
+            put_le16(codes + 2 * i, (uint16_t)((x | x << 4) & 0x0F0Fu));
         }
         if (n & 1) codes[n - 1] = in[n / 2] & 15;
         return;
     }
     if (bits == 2) {
-        for (uint64_t i = 0; i < n / 4; i++)
-            for (unsigned k = 0; k < 4; k++) codes[4 * i + k] = in[i] >> (2 * k) & 3;
+        for (uint64_t i = 0; i < n / 4; i++) {
+            uint32_t x = in[i];
+            put_le32(codes + 4 * i, (x | x << 6 | x << 12 | x << 18) & 0x03030303u);
+        }
         for (uint64_t i = n / 4 * 4; i < n; i++) codes[i] = in[i / 4] >> (2 * (i & 3)) & 3;
         return;
     }
@@ -448,10 +458,13 @@ static int round_scale(float v, kvs_dtype sd, int up, float *out, uint32_t *bits
     }
     uint16_t h = kvs_f32_to_f16(v);
     float back = kvs_f16_to_f32(h);
-    if (up ? back < v : back > v) h = f16_step(h, up);
-    *out = kvs_f16_to_f32(h);
+    if (up ? back < v : back > v) {
+        h = f16_step(h, up);
+        back = kvs_f16_to_f32(h);
+    }
+    *out = back;
     *bits = h;
-    return isfinite(*out);
+    return isfinite(back);
 }
 
 static void put_scale(uint8_t *p, kvs_dtype sd, uint32_t bits)
@@ -559,10 +572,17 @@ static const uint8_t *row_src(const enc_job *j, const group_plan *g, uint64_t pi
     return j->src + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
 }
 
-/* Token t of plane pi as floats, outliers zeroed, rotated. */
+/* Token t of plane pi as floats, outliers zeroed, rotated; the next
+ * token's source prefetched, line by line (a row is worked on for longer
+ * than memory takes to answer; without it the loads of widen_row waited
+ * on memory, a sixth of the encoder's time in perf). */
 static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const uint8_t *outl,
                     unsigned nout, uint64_t t, float *row)
 {
+    if (t + 1 < g->T) {
+        const uint8_t *next = row_src(j, g, pi, t + 1);
+        for (uint64_t o = 0; o < g->D * g->es; o += 64) __builtin_prefetch(next + o);
+    }
     if (widen_row(row_src(j, g, pi, t), g->dtype, g->D, row))
         for (uint64_t c = 0; c < g->D; c++)
             if (!isfinite(row[c]))
@@ -578,25 +598,41 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
 
 /* Folds x[0..n) into *mn, *mx: eight lanes at a time, then the rest (min
  * and max of finite values in any order are the same values, so lanes
- * change nothing but let the loop vectorize). */
+ * change nothing but let the loop vectorize; the lanes are the byte
+ * definition for +0 and -0, which compare equal: each lane keeps the first
+ * of them it meets). The lanes are a GCC vector (eight floats, one AVX2
+ * register): written as arrays, GCC kept them in scalar registers. */
+typedef float minmax_lanes __attribute__((vector_size(32)));
+typedef int32_t minmax_mask __attribute__((vector_size(32)));
+
 CLONES static void minmax(const float *x, uint64_t n, float *mn, float *mx)
 {
-    float lo[8], hi[8];
+    minmax_lanes lo, hi;
     for (int k = 0; k < 8; k++) lo[k] = *mn, hi[k] = *mx;
     uint64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) {
-            lo[k] = x[i + k] < lo[k] ? x[i + k] : lo[k];
-            hi[k] = x[i + k] > hi[k] ? x[i + k] : hi[k];
-        }
+    for (; i + 8 <= n; i += 8) {
+        minmax_lanes v;
+        memcpy(&v, x + i, sizeof v);
+        /* lo = v < lo ? v : lo, lane by lane (a mask of all ones or zeros) */
+        minmax_mask lt = v < lo, gt = v > hi;
+        lo = (minmax_lanes)((lt & (minmax_mask)v) | (~lt & (minmax_mask)lo));
+        hi = (minmax_lanes)((gt & (minmax_mask)v) | (~gt & (minmax_mask)hi));
+    }
     for (; i < n; i++) {
         lo[0] = x[i] < lo[0] ? x[i] : lo[0];
         hi[0] = x[i] > hi[0] ? x[i] : hi[0];
     }
-    for (int k = 0; k < 8; k++) {
-        *mn = lo[k] < *mn ? lo[k] : *mn;
-        *mx = hi[k] > *mx ? hi[k] : *mx;
-    }
+    /* The lanes in order, as a tree: "the first of the smallest" is
+     * associative, so pairs of neighbours give what lane after lane gave,
+     * in a chain of 4 comparisons instead of 8. */
+    for (int w = 1; w < 8; w *= 2)
+        for (int k = 0; k < 8; k += 2 * w) {
+            lo[k] = lo[k + w] < lo[k] ? lo[k + w] : lo[k];
+            hi[k] = hi[k + w] > hi[k] ? hi[k + w] : hi[k];
+        }
+    float m0 = *mn, m1 = *mx;
+    *mn = lo[0] < m0 ? lo[0] : m0;
+    *mx = hi[0] > m1 ? hi[0] : m1;
 }
 
 static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi, workspace *w)
@@ -618,11 +654,17 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows;
         rc = load_row(j, g, pi, outl, r->nout, t0, row);
         uint64_t ng = ceil_div(D, r->group);
+        /* the statistics of every group first: their chains of comparisons
+         * are independent, and overlap when not held up by the scales */
+        for (uint64_t k = 0; k < ng; k++) {
+            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
+            w->a[k] = w->b[k] = row[c0];
+            minmax(row + c0, n, &w->a[k], &w->b[k]);
+        }
         for (uint64_t k = 0; k < ng && rc == KVS_OK; k++) {
             uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            float mn = row[c0], mx = row[c0], inv, z;
-            minmax(row + c0, n, &mn, &mx);
-            rc = group_scale(p, mn, mx, scales, zeros, t0 * ng + k, &inv, &z);
+            float inv, z;
+            rc = group_scale(p, w->a[k], w->b[k], scales, zeros, t0 * ng + k, &inv, &z);
             if (rc == KVS_OK) quantize_run(row + c0, n, &inv, &z, 0, lo, hi, mid, w->codes + c0);
         }
         if (rc == KVS_OK) pack_codes(w->codes, D, p->bits, codes + t0 * g->row_bytes);
