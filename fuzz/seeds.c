@@ -500,6 +500,54 @@ static void lossless_seeds(void)
     kvs_serde_pair_destroy(&p);
 }
 
+/* fuzz_lossless, row references: a version 3 payload (the rANS coder at
+ * level 2 on [64, 16] bfloat16 whose rows copy earlier rows in part) and
+ * the same data to encode at level 2 with 256 channels. */
+static void lossless_refs_seeds(void)
+{
+    kvs_serde_pair p;
+    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
+                                "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":2},"
+                                "{\"type\":\"crc32c\"}]}",
+                                &p),
+          "lossless rans level 2 pipeline");
+    kvs_layout l = {0};
+    const int64_t dims[2] = {64, 16};
+    check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
+    kvs_memobj *src, *dst;
+    check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+    uint16_t *v = src->data;
+    uint32_t x = 12345;
+    size_t from = 0;
+    for (size_t k = 0; k < 64 * 16; k++) {
+        x = x * 1103515245u + 12345u;
+        size_t r = k / 16;
+        if (k % 16 == 0) from = r ? (x >> 8) % r : 0;
+        v[k] = r && (x >> 31) ? v[from * 16 + k % 16] : (uint16_t)(0x3C00 + (x >> 22));
+    }
+    size_t est, n;
+    check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
+    kvs_layout bl;
+    check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
+    check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
+    check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
+    const uint8_t *b = dst->data;
+    size_t h = (size_t)(b[6] | b[7] << 8);
+    check(b[h] == 3 ? KVS_OK : KVS_EINVAL, "a version 3 payload");
+    buf out;
+    out.n = 0;
+    b_u8(&out, 2);
+    b_mem(&out, b + h, n - h - 4);
+    put("lossless", "bf16-rows-refs-payload", out.b, out.n);
+    out.n = 0;
+    b_u8(&out, 2 | 4 | 8 | 32 | 2u << 6);
+    b_mem(&out, src->data, src->capacity);
+    put("lossless", "bf16-rows-refs-data", out.b, out.n);
+    kvs_memobj_free(src);
+    kvs_memobj_free(dst);
+    kvs_serde_pair_destroy(&p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -517,5 +565,6 @@ int main(int argc, char **argv)
     frame_seeds();
     roundtrip_seeds();
     lossless_seeds();
+    lossless_refs_seeds();
     return 0;
 }
