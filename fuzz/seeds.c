@@ -440,9 +440,32 @@ static void roundtrip_seeds(void)
     }
 }
 
+/* A fuzz_lossless decode seed `name`: opt, then the lossless payload of src
+ * through p (a [bytes, lossless, crc32c] pipeline: the bytes between the
+ * frame header and the CRC), whose version must be `version` (0: any). */
+static void put_lossless_payload(const kvs_serde_pair *p, kvs_memobj *src, unsigned opt,
+                                 const char *name, unsigned version)
+{
+    size_t est, n;
+    kvs_memobj *dst;
+    check(kvs_estimate_serialized_size(p->serializer, &src->layout, &est), "estimate");
+    kvs_layout bl;
+    check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
+    check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
+    check(kvs_serialize(p->serializer, src, dst, NULL, &n), "serialize");
+    const uint8_t *b = dst->data;
+    size_t h = (size_t)(b[6] | b[7] << 8);
+    check(version == 0 || b[h] == version ? KVS_OK : KVS_EINVAL, "the payload version");
+    buf out;
+    out.n = 0;
+    b_u8(&out, opt);
+    b_mem(&out, b + h, n - h - 4);
+    put("lossless", name, out.b, out.n);
+    kvs_memobj_free(dst);
+}
+
 /* fuzz_lossless: opt, then a stage payload (decode mode, bit 2 clear) or
- * data to encode (bit 2 set). Payloads are cut from real frames of
- * [bytes, lossless, crc32c]: the bytes between the header and the CRC. */
+ * data to encode (bit 2 set). */
 static void lossless_seeds(void)
 {
     static const struct {
@@ -465,7 +488,7 @@ static void lossless_seeds(void)
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         kvs_layout l;
         check(kvs_layout_flat(&l, s[i].nelems, s[i].dtype), "layout");
-        kvs_memobj *src, *dst;
+        kvs_memobj *src;
         check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
         uint8_t *d = src->data;
         uint32_t x = 12345;
@@ -474,28 +497,16 @@ static void lossless_seeds(void)
             d[k] = s[i].fill == 0 ? 0x3F : s[i].fill == 1 && (k & 1) ? (uint8_t)(0x3C + (x >> 30))
                                                                       : (uint8_t)(x >> 24);
         }
-        size_t est, n;
-        check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
-        kvs_layout bl;
-        check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
-        check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
-        check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
-        const uint8_t *b = dst->data;
-        size_t h = (size_t)(b[6] | b[7] << 8);
-        buf out;
-        out.n = 0;
-        b_u8(&out, s[i].opt);
-        b_mem(&out, b + h, n - h - 4);
         char name[64];
         snprintf(name, sizeof name, "%s-payload", s[i].name);
-        put("lossless", name, out.b, out.n);
+        put_lossless_payload(&p, src, s[i].opt, name, 0);
+        buf out;
         out.n = 0;
         b_u8(&out, s[i].opt | 4);
         b_mem(&out, src->data, src->capacity < 4000 ? src->capacity : 4000);
         snprintf(name, sizeof name, "%s-data", s[i].name);
         put("lossless", name, out.b, out.n);
         kvs_memobj_free(src);
-        kvs_memobj_free(dst);
     }
     kvs_serde_pair_destroy(&p);
 }
@@ -514,7 +525,7 @@ static void lossless_refs_seeds(void)
     kvs_layout l = {0};
     const int64_t dims[2] = {64, 16};
     check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
-    kvs_memobj *src, *dst;
+    kvs_memobj *src;
     check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
     uint16_t *v = src->data;
     uint32_t x = 12345;
@@ -525,26 +536,13 @@ static void lossless_refs_seeds(void)
         if (k % 16 == 0) from = r ? (x >> 8) % r : 0;
         v[k] = r && (x >> 31) ? v[from * 16 + k % 16] : (uint16_t)(0x3C00 + (x >> 22));
     }
-    size_t est, n;
-    check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
-    kvs_layout bl;
-    check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
-    check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
-    check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
-    const uint8_t *b = dst->data;
-    size_t h = (size_t)(b[6] | b[7] << 8);
-    check(b[h] == 3 ? KVS_OK : KVS_EINVAL, "a version 3 payload");
+    put_lossless_payload(&p, src, 2, "bf16-rows-refs-payload", 3);
     buf out;
-    out.n = 0;
-    b_u8(&out, 2);
-    b_mem(&out, b + h, n - h - 4);
-    put("lossless", "bf16-rows-refs-payload", out.b, out.n);
     out.n = 0;
     b_u8(&out, 2 | 4 | 8 | 32 | 2u << 6);
     b_mem(&out, src->data, src->capacity);
     put("lossless", "bf16-rows-refs-data", out.b, out.n);
     kvs_memobj_free(src);
-    kvs_memobj_free(dst);
     kvs_serde_pair_destroy(&p);
 }
 
