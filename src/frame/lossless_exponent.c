@@ -368,6 +368,40 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     return nref;
 }
 
+/* Add the n exponents' counts to h4, by group (ctx NULL: all group 0):
+ * four histograms, summed after (hist_sum), because exponents cluster on a
+ * few values and one counter per value would chain its increments. */
+static void hist_add(const uint8_t *restrict exp, const uint8_t *restrict ctx, size_t n,
+                     uint32_t h4[4][LLX_GROUPS][256])
+{
+    size_t i = 0;
+    uint32_t *h0 = h4[0][0], *h1 = h4[1][0], *h2 = h4[2][0], *h3 = h4[3][0];
+    if (ctx) {
+        for (; i + 4 <= n; i += 4) {
+            h0[(unsigned)ctx[i] << 8 | exp[i]]++;
+            h1[(unsigned)ctx[i + 1] << 8 | exp[i + 1]]++;
+            h2[(unsigned)ctx[i + 2] << 8 | exp[i + 2]]++;
+            h3[(unsigned)ctx[i + 3] << 8 | exp[i + 3]]++;
+        }
+        for (; i < n; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
+        return;
+    }
+    for (; i + 4 <= n; i += 4) {
+        h0[exp[i]]++;
+        h1[exp[i + 1]]++;
+        h2[exp[i + 2]]++;
+        h3[exp[i + 3]]++;
+    }
+    for (; i < n; i++) h0[exp[i]]++;
+}
+
+static void hist_sum(uint32_t h4[4][LLX_GROUPS][256], uint32_t h[LLX_GROUPS][256])
+{
+    for (int g = 0; g < LLX_GROUPS; g++)
+        for (int s = 0; s < 256; s++)
+            h[g][s] = h4[0][g][s] + h4[1][g][s] + h4[2][g][s] + h4[3][g][s];
+}
+
 /* The cost of 1, 2 and 4 groups of the histograms h (2: the ranking's
  * halves), tables and map included, in bits; t[g] the tables of 2^g groups,
  * *choice the cheapest g. */
@@ -410,16 +444,16 @@ static void write_map(const kvs_llx_scratch *w, uint32_t period, unsigned per, u
 }
 
 /* The block as a kind 2 record (row references found; w->ctx each
- * element's group; hall the exponents' histograms per group, and kind 1's
- * estimate k1 from them), when its estimate is below k1 and it comes out
- * smaller than raw: returns its bytes, else 0. rec + 1 holds the sign and
- * mantissa bytes (kind 1's), read before rec is written. */
+ * element's group; h the exponents' histograms per group of the rows
+ * without a reference; k1 kind 1's estimate), when its estimate is below k1
+ * and it comes out smaller than raw: returns its bytes, else 0. rec + 1
+ * holds the sign and mantissa bytes (kind 1's), read before rec is
+ * written. */
 static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
-                          size_t nref, uint32_t hall[LLX_GROUPS][256], double k1, uint8_t *rec)
+                          size_t nref, uint32_t h[LLX_GROUPS][256], double k1, uint8_t *rec)
 {
     size_t rows = (k + period - 1) / period, u = 0, nfl = 0;
-    uint32_t h[LLX_GROUPS][256], hd[256], hf[256];
-    memcpy(h, hall, sizeof h);
+    uint32_t hd[256], hf[256];
     memset(hd, 0, sizeof hd);
     memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
@@ -440,7 +474,6 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             size_t i = i0 + c;
             unsigned eq = get16(src + 2 * i) == get16(src + 2 * (i - d));
             uint8_t diff = (uint8_t)(exp[i] - exp[i - d]);
-            h[ctx[i]][exp[i]]--; /* not under the groups after all */
             hd[diff] += !eq;
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | eq << (nfl & 7));
             w->sym[u] = diff;
@@ -525,46 +558,41 @@ int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint6
         rank_channels(w, k, period, phase);
         fill_ctx(w->group, period, phase, k, w->ctx);
     }
-    /* Four histograms per group, summed after: exponents cluster on a few
-     * values, and one counter per value would chain its increments. */
-    uint32_t h4[4][LLX_GROUPS][256], h[LLX_GROUPS][256];
+    /* Row references need whole rows from the block's start. */
+    size_t nref = refs && use_map && phase == 0 && k >= 2 * (size_t)period
+                      ? find_refs(w, src, k, period)
+                      : 0;
+    /* The exponents' histograms per group: of the rows without a
+     * reference (h), and of those with one (hr) when there are any; kind 1
+     * counts them all. */
+    uint32_t h4[4][LLX_GROUPS][256], h[LLX_GROUPS][256], hall[LLX_GROUPS][256];
     memset(h4, 0, sizeof h4);
-    const uint8_t *exp = w->exp, *ctx = w->ctx;
-    size_t i = 0;
-    uint32_t *h0 = h4[0][0], *h1 = h4[1][0], *h2 = h4[2][0], *h3 = h4[3][0];
-    if (use_map) {
-        for (; i + 4 <= k; i += 4) {
-            h0[(unsigned)ctx[i] << 8 | exp[i]]++;
-            h1[(unsigned)ctx[i + 1] << 8 | exp[i + 1]]++;
-            h2[(unsigned)ctx[i + 2] << 8 | exp[i + 2]]++;
-            h3[(unsigned)ctx[i + 3] << 8 | exp[i + 3]]++;
-        }
-        for (; i < k; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
+    if (nref == 0) {
+        hist_add(w->exp, use_map ? w->ctx : NULL, k, h4);
+        hist_sum(h4, h);
+        memcpy(hall, h, sizeof h);
     } else {
-        for (; i + 4 <= k; i += 4) {
-            h0[exp[i]]++;
-            h1[exp[i + 1]]++;
-            h2[exp[i + 2]]++;
-            h3[exp[i + 3]]++;
+        uint32_t hr4[4][LLX_GROUPS][256], hr[LLX_GROUPS][256];
+        memset(hr4, 0, sizeof hr4);
+        for (size_t i0 = 0; i0 < k; i0 += period) {
+            size_t len = k - i0 < period ? k - i0 : period;
+            hist_add(w->exp + i0, w->ctx + i0, len, w->ref[i0 / period] ? hr4 : h4);
         }
-        for (; i < k; i++) h0[exp[i]]++;
+        hist_sum(h4, h);
+        hist_sum(hr4, hr);
+        for (int g = 0; g < LLX_GROUPS; g++)
+            for (int s = 0; s < 256; s++) hall[g][s] = h[g][s] + hr[g][s];
     }
-    for (int g = 0; g < LLX_GROUPS; g++)
-        for (int s = 0; s < 256; s++) h[g][s] = h4[0][g][s] + h4[1][g][s] + h4[2][g][s] + h4[3][g][s];
     kvs_rans_freqs t[3][LLX_GROUPS];
     uint8_t form[KVS_RANS_FREQS_MAX];
     int choice = 0;
-    double best = choose_groups(h, use_map, map_bytes, t, &choice);
+    double best = choose_groups(hall, use_map, map_bytes, t, &choice);
     /* kind, G and the states besides the estimate (map and tables in it) */
     double k1 = 8.0 * (2 + 4 * KVS_RANS_LANES + (double)k) + best;
-    /* Row references need whole rows from the block's start. */
-    if (refs && use_map && phase == 0 && k >= 2 * (size_t)period) {
-        size_t nref = find_refs(w, src, k, period);
-        size_t n = nref ? encode_refs(w, src, k, period, nref, h, k1, rec) : 0;
-        if (n) {
-            *used = n;
-            return 1;
-        }
+    size_t n = nref ? encode_refs(w, src, k, period, nref, h, k1, rec) : 0;
+    if (n) {
+        *used = n;
+        return 1;
     }
     unsigned ng = 1u << choice, per = LLX_GROUPS / ng;
     size_t raw = 1 + 2 * k;
