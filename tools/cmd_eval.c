@@ -29,7 +29,7 @@ const kvs_eval_preset kvs_eval_presets[] = {
     {"lossless-rans",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":\"rans\"}]}",
      "bf16 exponent by rANS per channel group, sign+mantissa raw"},
-    {"lossless-rans-rows",
+    {"lossless-rows",
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":\"rans\","
      "\"level\":2}]}",
      "lossless-rans and rows that repeat earlier rows in part (level 2)"},
