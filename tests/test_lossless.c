@@ -153,6 +153,23 @@ static void fill(kvs_memobj *o, enum fill f, uint64_t seed)
     }
 }
 
+enum { ROWS_COPIED = SMOOTH + 1 };
+
+/* SMOOTH, then each row from the second on a copy of a random earlier row
+ * with about half of its elements changed (rows of c bfloat16). */
+static void fill_rows(kvs_memobj *o, uint64_t c, uint64_t seed)
+{
+    fill(o, SMOOTH, seed);
+    uint16_t *v = o->data;
+    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
+    uint64_t s = seed;
+    for (size_t r = 1; r * c < n; r++) {
+        size_t from = (size_t)(lcg(&s) % r);
+        for (size_t j = 0; j < c && r * c + j < n; j++)
+            if (lcg(&s) & 1) v[r * c + j] = v[from * c + j];
+    }
+}
+
 /* ---------------------------------------------------------------------
  * Round trips
  * ------------------------------------------------------------------ */
@@ -334,11 +351,19 @@ static void test_stage_refusals(void)
 }
 
 /* Through the frame: every damaged byte of the payload is refused. */
-static void frame_damage(const char *json)
+/* rows: [513, 256] whose rows copy earlier rows in part (the rANS coder's
+ * row references at level 2), else 2 blocks and 3 elements, flat. */
+static void frame_damage(const char *json, int rows)
 {
     kvs_layout l = flat(2 * BLOCK + 3, KVS_DTYPE_BFLOAT16);
+    const int64_t dims[2] = {2 * BLOCK / 256 + 1, 256};
+    if (rows) {
+        l = (kvs_layout){0};
+        REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
+    }
     kvs_memobj *o = new_obj(&l);
-    fill(o, SMOOTH, 3);
+    if (rows) fill_rows(o, 256, 3);
+    else fill(o, SMOOTH, 3);
     kvs_serde_pair p = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *b = ser(&p, o, &len);
@@ -363,8 +388,9 @@ static void frame_damage(const char *json)
 
 static void test_frame_damage(void)
 {
-    frame_damage(BYTES_LL);
-    frame_damage(RANS_LL);
+    frame_damage(BYTES_LL, 0);
+    frame_damage(RANS_LL, 0);
+    frame_damage(RANS2_LL, 1);
 }
 
 /* ---------------------------------------------------------------------
@@ -552,23 +578,6 @@ static void test_rans_payload(void)
 /* ---------------------------------------------------------------------
  * Row references (level 2, payload version 3)
  * ------------------------------------------------------------------ */
-
-enum { ROWS_COPIED = SMOOTH + 1 };
-
-/* SMOOTH, then each row from the second on a copy of a random earlier row
- * with about half of its elements changed (rows of c bfloat16). */
-static void fill_rows(kvs_memobj *o, uint64_t c, uint64_t seed)
-{
-    fill(o, SMOOTH, seed);
-    uint16_t *v = o->data;
-    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
-    uint64_t s = seed;
-    for (size_t r = 1; r * c < n; r++) {
-        size_t from = (size_t)(lcg(&s) % r);
-        for (size_t j = 0; j < c && r * c + j < n; j++)
-            if (lcg(&s) & 1) v[r * c + j] = v[from * c + j];
-    }
-}
 
 static void test_rans_refs_roundtrips(void)
 {
@@ -874,7 +883,7 @@ static void split_across_workers(const char *json)
     const int64_t dims[2] = {2560, 256}; /* 10 blocks of bfloat16 */
     REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
     kvs_memobj *src = new_obj(&l);
-    fill(src, SMOOTH, 21);
+    fill_rows(src, 256, 21); /* rows that repeat in part: references at rANS level 2 */
     kvs_serde_pair sync = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *want = ser(&sync, src, &len);
@@ -912,6 +921,7 @@ static void test_split_across_workers(void)
 {
     split_across_workers(BYTES_LL);
     split_across_workers(RANS_LL);
+    split_across_workers(RANS2_LL);
 }
 
 int main(void)
