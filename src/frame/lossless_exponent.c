@@ -99,9 +99,10 @@ static void scratch_free(kvs_llx_scratch *w)
 /* One scratch of KVS_LLX_KEPT_K elements kept for the next call, as the
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
- * about 490 KiB more, are only touched by records of kind 2). A call takes the kept one or
- * makes its own, and keeps it afterwards if the slot is free; the kept one
- * is reachable from here until the process ends. */
+ * about 490 KiB more, are only touched when encoding at level 2 and when
+ * decoding records of kind 2). A call takes the kept one or makes its own,
+ * and keeps it afterwards if the slot is free; the kept one is reachable
+ * from here until the process ends. */
 #define KVS_LLX_KEPT_K 65536u
 static _Atomic(kvs_llx_scratch *) scratch_kept;
 
