@@ -69,7 +69,8 @@ struct kvs_llx_scratch {
     uint8_t *flags;   /* ... the repeat flags, 8 a byte */
     uint8_t *flag_stream;
     uint32_t *ref;    /* ... each row's distance to its reference, 0 none */
-    uint32_t *mark;   /* ... the encoder: row q is candidate mark[q] & 63 of row (mark[q] >> 6) - 1 */
+    uint32_t *mark;   /* ... the encoder: row q is candidate mark[q] & 63 of row
+                       * (mark[q] >> 6) - 1 */
     uint32_t hash[1u << LLX_HASH_BITS]; /* sampled (channel, value) -> row + 1 */
     uint32_t sum[KVS_LLX_MAX_PERIOD];
     uint16_t sum16[KVS_LLX_MAX_PERIOD];

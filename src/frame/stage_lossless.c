@@ -35,7 +35,8 @@
  * version whatever its own configuration says.
  *
  * Parameters (2 bytes): i8 zstd level (-7 to 19, encoder only, recorded for
- * inspect; the rANS coder looks for row references from LL_REFS_LEVEL), u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
+ * inspect; the rANS coder looks for row references from LL_REFS_LEVEL),
+ * u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
  *
  * Why zstd: Debian's libzstd is maintained, fuzzed and fast, its literal
  * Huffman coder does the order-0 work on the exponent plane, and its match
