@@ -6,8 +6,9 @@
  *             0 unknown, 1, 2, 4
  *   bit 2     encode mode: the data is the typed stage's output; encode it
  *             (level from bits 3-4: 1, -7, 3, 19 only for data <= 4 KiB;
- *             bit 5: the rANS coder instead, with the channel count from
- *             bits 6-7: 1, 3, 256, 4096), then decode that
+ *             bit 5: the rANS coder instead, at level 1 when bits 3-4
+ *             are 0, else level 2 (row references); the channel count
+ *             from bits 6-7: 1, 3, 256, 4096), then decode that
  *   else      decode mode: the data is a stage payload
  * Properties:
  *   - decoded_size and decode refuse (a KVS_E* code and a message) or
@@ -27,7 +28,7 @@
 
 #define MAX_OUT ((size_t)4 << 20)
 
-static kvs_stage *g_stage[5]; /* levels 1, -7, 3, 19; the rANS coder */
+static kvs_stage *g_stage[6]; /* levels 1, -7, 3, 19; the rANS coder at 1 and 2 */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -39,9 +40,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
         json_decref(cfg);
     }
-    json_t *cfg = json_pack("{s:s,s:s}", "type", "lossless", "coder", "rans");
-    if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[4]) != KVS_OK) abort();
-    json_decref(cfg);
+    for (int i = 4; i < 6; i++) {
+        json_t *cfg = json_pack("{s:s,s:s,s:i}", "type", "lossless", "coder", "rans", "level",
+                                i - 3);
+        if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
+        json_decref(cfg);
+    }
     return 0;
 }
 
@@ -124,13 +128,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         static const uint64_t channels[4] = {1, 3, 256, 4096};
         int li = (opt >> 3) & 3;
         if (li == 3 && n > 4096) li = 0;
-        if (opt & 32) li = 4;
+        if (opt & 32) li = (opt >> 3 & 3) ? 5 : 4;
         roundtrip(g_stage[li], in, n, elem, channels[opt >> 6]);
     } else {
         uint8_t *out;
         size_t m;
         if (decode(in, n, elem, &out, &m) == KVS_OK) {
-            roundtrip(g_stage[in[0] == 2 ? 4 : 0], out, m, elem, 256);
+            roundtrip(g_stage[in[0] == 2 ? 4 : in[0] == 3 ? 5 : 0], out, m, elem, 256);
             free(out);
         }
     }

@@ -440,6 +440,27 @@ static void roundtrip_seeds(void)
     }
 }
 
+static void put_lossless_payload(const kvs_serde_pair *p, kvs_memobj *src, unsigned opt,
+                                 const char *name, unsigned version)
+{
+    size_t est, n;
+    kvs_memobj *dst;
+    check(kvs_estimate_serialized_size(p->serializer, &src->layout, &est), "estimate");
+    kvs_layout bl;
+    check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
+    check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
+    check(kvs_serialize(p->serializer, src, dst, NULL, &n), "serialize");
+    const uint8_t *b = dst->data;
+    size_t h = (size_t)(b[6] | b[7] << 8);
+    check(version == 0 || b[h] == version ? KVS_OK : KVS_EINVAL, "the payload version");
+    buf out;
+    out.n = 0;
+    b_u8(&out, opt);
+    b_mem(&out, b + h, n - h - 4);
+    put("lossless", name, out.b, out.n);
+    kvs_memobj_free(dst);
+}
+
 /* fuzz_lossless: opt, then a stage payload (decode mode, bit 2 clear) or
  * data to encode (bit 2 set). Payloads are cut from real frames of
  * [bytes, lossless, crc32c]: the bytes between the header and the CRC. */
@@ -473,7 +494,7 @@ static void lossless_seeds(void)
             const char *coder = rans ? "-rans" : "";
             kvs_layout l;
             check(kvs_layout_flat(&l, s[i].nelems, s[i].dtype), "layout");
-            kvs_memobj *src, *dst;
+            kvs_memobj *src;
             check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
             uint8_t *d = src->data;
             uint32_t x = 12345;
@@ -483,28 +504,16 @@ static void lossless_seeds(void)
                        : s[i].fill == 1 && (k & 1) ? (uint8_t)(0x3C + (x >> 30))
                                                    : (uint8_t)(x >> 24);
             }
-            size_t est, n;
-            check(kvs_estimate_serialized_size(p.serializer, &l, &est), "estimate");
-            kvs_layout bl;
-            check(kvs_layout_flat(&bl, est, KVS_DTYPE_UINT8), "layout");
-            check(kvs_memobj_alloc(&bl, KVS_FMT_BINARY, &dst), "alloc");
-            check(kvs_serialize(p.serializer, src, dst, NULL, &n), "serialize");
-            const uint8_t *b = dst->data;
-            size_t h = (size_t)(b[6] | b[7] << 8);
-            static buf out;
-            out.n = 0;
-            b_u8(&out, s[i].opt);
-            b_mem(&out, b + h, n - h - 4);
             char name[64];
             snprintf(name, sizeof name, "%s%s-payload", s[i].name, coder);
-            put("lossless", name, out.b, out.n);
+            put_lossless_payload(&p, src, s[i].opt, name, 0);
+            static buf out;
             out.n = 0;
             b_u8(&out, opt | 4);
             b_mem(&out, src->data, src->capacity < 4000 ? src->capacity : 4000);
             snprintf(name, sizeof name, "%s%s-data", s[i].name, coder);
             put("lossless", name, out.b, out.n);
             kvs_memobj_free(src);
-            kvs_memobj_free(dst);
         }
         kvs_serde_pair_destroy(&p);
     }
@@ -658,6 +667,41 @@ static void rans_seeds(void)
     }
 }
 
+/* fuzz_lossless, row references: a version 3 payload (the rANS coder at
+ * level 2 on [64, 16] bfloat16 whose rows copy earlier rows in part) and
+ * the same data to encode at level 2 with 256 channels. */
+static void lossless_refs_seeds(void)
+{
+    kvs_serde_pair p;
+    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
+                                "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":2},"
+                                "{\"type\":\"crc32c\"}]}",
+                                &p),
+          "lossless rans level 2 pipeline");
+    kvs_layout l = {0};
+    const int64_t dims[2] = {64, 16};
+    check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
+    kvs_memobj *src;
+    check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+    uint16_t *v = src->data;
+    uint32_t x = 12345;
+    size_t from = 0;
+    for (size_t k = 0; k < 64 * 16; k++) {
+        x = x * 1103515245u + 12345u;
+        size_t r = k / 16;
+        if (k % 16 == 0) from = r ? (x >> 8) % r : 0;
+        v[k] = r && (x >> 31) ? v[from * 16 + k % 16] : (uint16_t)(0x3C00 + (x >> 22));
+    }
+    put_lossless_payload(&p, src, 2, "bf16-rows-refs-payload", 3);
+    buf out;
+    out.n = 0;
+    b_u8(&out, 2 | 4 | 8 | 32 | 2u << 6);
+    b_mem(&out, src->data, src->capacity);
+    put("lossless", "bf16-rows-refs-data", out.b, out.n);
+    kvs_memobj_free(src);
+    kvs_serde_pair_destroy(&p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -675,6 +719,7 @@ int main(int argc, char **argv)
     frame_seeds();
     roundtrip_seeds();
     lossless_seeds();
+    lossless_refs_seeds();
     int_seeds();
     transform_seeds();
     rans_seeds();

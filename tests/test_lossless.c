@@ -33,6 +33,9 @@
     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":" \
     "\"rans\"}]}"
 #define FP8_LL "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"},{\"type\":\"lossless\"}]}"
+#define RANS2_LL                                                                          \
+    "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","        \
+    "\"coder\":\"rans\",\"level\":2}]}"
 #define BLOCK 65536u
 
 static kvs_memobj *new_obj(const kvs_layout *l)
@@ -147,6 +150,23 @@ static void fill(kvs_memobj *o, enum fill f, uint64_t seed)
             break;
         }
         }
+    }
+}
+
+enum { ROWS_COPIED = SMOOTH + 1 };
+
+/* SMOOTH, then each row from the second on a copy of a random earlier row
+ * with about half of its elements changed (rows of c bfloat16). */
+static void fill_rows(kvs_memobj *o, uint64_t c, uint64_t seed)
+{
+    fill(o, SMOOTH, seed);
+    uint16_t *v = o->data;
+    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
+    uint64_t s = seed;
+    for (size_t r = 1; r * c < n; r++) {
+        size_t from = (size_t)(lcg(&s) % r);
+        for (size_t j = 0; j < c && r * c + j < n; j++)
+            if (lcg(&s) & 1) v[r * c + j] = v[from * c + j];
     }
 }
 
@@ -331,11 +351,19 @@ static void test_stage_refusals(void)
 }
 
 /* Through the frame: every damaged byte of the payload is refused. */
-static void frame_damage(const char *json)
+/* rows: [513, 256] whose rows copy earlier rows in part (the rANS coder's
+ * row references at level 2), else 2 blocks and 3 elements, flat. */
+static void frame_damage(const char *json, int rows)
 {
     kvs_layout l = flat(2 * BLOCK + 3, KVS_DTYPE_BFLOAT16);
+    const int64_t dims[2] = {2 * BLOCK / 256 + 1, 256};
+    if (rows) {
+        l = (kvs_layout){0};
+        REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
+    }
     kvs_memobj *o = new_obj(&l);
-    fill(o, SMOOTH, 3);
+    if (rows) fill_rows(o, 256, 3);
+    else fill(o, SMOOTH, 3);
     kvs_serde_pair p = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *b = ser(&p, o, &len);
@@ -360,8 +388,9 @@ static void frame_damage(const char *json)
 
 static void test_frame_damage(void)
 {
-    frame_damage(BYTES_LL);
-    frame_damage(RANS_LL);
+    frame_damage(BYTES_LL, 0);
+    frame_damage(RANS_LL, 0);
+    frame_damage(RANS2_LL, 1);
 }
 
 /* ---------------------------------------------------------------------
@@ -411,9 +440,9 @@ static void test_old_frames(void)
  * The rANS coder's payload (version 2): exact bytes and refusals
  * ------------------------------------------------------------------ */
 
-static kvs_stage *rans_stage(void)
+static kvs_stage *rans_stage_at(int level)
 {
-    json_t *cfg = json_pack("{s:s,s:s}", "type", "lossless", "coder", "rans");
+    json_t *cfg = json_pack("{s:s,s:s,s:i}", "type", "lossless", "coder", "rans", "level", level);
     kvs_stage *st = NULL;
     if (kvs_stage_lossless_type.create(cfg, &st) != KVS_OK) abort();
     json_decref(cfg);
@@ -438,7 +467,7 @@ static void put_u32(uint8_t *p, uint32_t v)
 
 static void test_rans_payload(void)
 {
-    kvs_stage *st = rans_stage();
+    kvs_stage *st = rans_stage_at(1);
     uint8_t params[2];
     CHECK_OK(kvs_stage_lossless_type.write_params(st, params));
     CHECK(params[0] == 1 && params[1] == 1);
@@ -496,7 +525,9 @@ static void test_rans_payload(void)
         for (int bit = 0; bit < 8; bit++) {
             enc[k] ^= (uint8_t)(1u << bit);
             int rc = stage_decode(enc, m, 2, back, sizeof in, &got);
-            if (rc == KVS_OK && (memcmp(back, in, sizeof in) != 0 || k < 4 || k > 19 ||
+            /* (version 2 -> 3: version 3 holds every version 2 record) */
+            int v3 = k == 0 && bit == 0;
+            if (rc == KVS_OK && (memcmp(back, in, sizeof in) != 0 || (k < 4 && !v3) || k > 19 ||
                                  (k > 7 && k < 16)))
                 KVS_FAIL_("byte %zu bit %d accepted", k, bit);
             enc[k] ^= (uint8_t)(1u << bit);
@@ -543,6 +574,179 @@ static void test_rans_payload(void)
     free(enc);
     free(back);
     kvs_stage_lossless_type.destroy(st);
+}
+
+/* ---------------------------------------------------------------------
+ * Row references (level 2, payload version 3)
+ * ------------------------------------------------------------------ */
+
+static void test_rans_refs_roundtrips(void)
+{
+    /* [rows, channels]: one element, odd sizes, a period that does not
+     * divide the block (later blocks start inside a row: no references
+     * there), several blocks */
+    static const int64_t shapes[][2] = {{1, 1},   {2, 2},    {3, 7},    {2, 4096},
+                                        {64, 256}, {256, 256}, {300, 3000}, {513, 128}};
+    kvs_stage *st1 = rans_stage_at(1), *st2 = rans_stage_at(2);
+    for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
+        for (int f = ALL_EQUAL; f <= ROWS_COPIED; f++) {
+            kvs_layout l = {0};
+            REQUIRE(kvs_layout_add_group(&l, 2, shapes[z], KVS_DTYPE_BFLOAT16) == KVS_OK);
+            kvs_memobj *o = new_obj(&l);
+            if (f == ROWS_COPIED) fill_rows(o, (uint64_t)shapes[z][1], 7 + z);
+            else fill(o, (enum fill)f, 11 * z + (uint64_t)f);
+            size_t stored;
+            int ok = roundtrip(RANS2_LL, o, &stored);
+            if (!ok)
+                fprintf(stderr, "rans level 2: [%lld, %lld], fill %d\n", (long long)shapes[z][0],
+                        (long long)shapes[z][1], f);
+            CHECK(ok);
+            /* the stage alone: the version, and never above version 2's bound */
+            size_t n = (size_t)kvs_layout_nbytes(&l), blocks = (n / 2 + BLOCK - 1) / BLOCK;
+            uint8_t *e1 = NULL, *e2 = NULL;
+            size_t m1 = rans_encode(st1, o->data, n, (uint64_t)shapes[z][1], &e1);
+            size_t m2 = rans_encode(st2, o->data, n, (uint64_t)shapes[z][1], &e2);
+            CHECK(m2 <= n + 24 + 5 * blocks);
+            CHECK(e1[0] == 2);
+            int big = shapes[z][0] >= 64;
+            /* rows that repeat: references, and fewer bytes than level 1 */
+            if (big && (f == ROWS_COPIED || f == ALL_EQUAL)) {
+                CHECK(e2[0] == 3);
+                CHECK(m2 < m1);
+            }
+            /* random bits: nothing repeats, so level 2 is level 1 */
+            if (f == RANDOM) CHECK(e2[0] == 2 && m1 == m2 && memcmp(e1, e2, m1) == 0);
+            if (shapes[z][0] < 2) CHECK(e2[0] == 2); /* one row: nothing to refer to */
+            free(e1);
+            free(e2);
+            kvs_memobj_free(o);
+        }
+    kvs_stage_lossless_type.destroy(st1);
+    kvs_stage_lossless_type.destroy(st2);
+}
+
+/* A version 3 payload of one block of 8 elements, channel period 4, its
+ * record kind 2 built by hand: u sign and mantissa bytes (0x11 * (j + 1)),
+ * one group (exponent 127 only), row 1 referring d rows back with the
+ * reference bits `bits`, the difference table {0: 1024}, the flag table
+ * {flag: 1024} (every symbol of a one-symbol table costs no bits, so both
+ * streams are their 32 states at 2^15). Returns its bytes. */
+static size_t refs_payload(uint8_t *p, uint32_t u, uint8_t bits, unsigned d, uint8_t flag)
+{
+    static const uint8_t head[24] = {3, 2, 0, 0, 0, 0, 1, 0, 16, 0, 0, 0,
+                                     0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(p, head, 24);
+    uint8_t *r = p + 28, *q = r;
+    *q++ = 2;
+    put_u32(q, u), q += 4;
+    for (uint32_t j = 0; j < u; j++) *q++ = (uint8_t)(0x11 * (j + 1));
+    *q++ = 1;    /* one group */
+    *q++ = bits; /* row 1 has a reference */
+    *q++ = (uint8_t)d, *q++ = (uint8_t)(d >> 8);
+    const uint8_t tabs[13] = {127, 127, 0x84, 0, 0, 0, 0x84, 0, 1, flag, flag, 0x84, 0};
+    memcpy(q, tabs, 13), q += 13; /* group, difference, flag coding 1, flag table */
+    put_u32(q, 128), q += 4;
+    for (int s = 0; s < 2; s++)
+        for (int l = 0; l < 32; l++) *q++ = 0, *q++ = 0x80, *q++ = 0, *q++ = 0;
+    put_u32(p + 24, (uint32_t)(q - r));
+    return (size_t)(q - p);
+}
+
+static void test_rans_refs_payload(void)
+{
+    uint8_t p[512], back[16];
+    size_t got = 0, m = refs_payload(p, 6, 0x02, 1, 0x05);
+    /* row 0: four elements of exponent 127 with sign and mantissa bytes
+     * 0x11-0x44; row 1: elements 0 and 2 repeat row 0's, elements 1 and 3
+     * have exponent 127 + 0 and bytes 0x55, 0x66 */
+    static const uint16_t want[8] = {0x3F91, 0x3FA2, 0x3FB3, 0x3FC4,
+                                     0x3F91, 0x3FD5, 0x3FB3, 0x3FE6};
+    uint8_t wb[16];
+    for (int j = 0; j < 8; j++)
+        wb[2 * j] = (uint8_t)want[j], wb[2 * j + 1] = (uint8_t)(want[j] >> 8);
+    CHECK(stage_decode(p, m, 2, back, sizeof back, &got) == KVS_OK && got == 16);
+    CHECK(memcmp(back, wb, 16) == 0);
+    /* every truncation refused */
+    for (size_t k = 0; k < m; k++) CHECK(stage_decode(p, k, 2, back, sizeof back, &got) != KVS_OK);
+    /* the messages */
+    p[0] = 2;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: record kind 2 (0 raw, 1 rANS)");
+    p[0] = 4;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: version 4, expected 1, 2 or 3");
+    p[0] = 3;
+    p[28] = 3;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: record kind 3 (0 raw, 1 rANS, 2 rANS with row references)");
+    p[28] = 2;
+    p[16] = 1; /* channel period 1 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: row references in a block that does not start a row "
+              "(channel period 1, first element 0)");
+    p[16] = 4;
+    put_u32(p + 29, 9);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 9 sign and mantissa bytes of 8 elements, 283 bytes left");
+    put_u32(p + 29, 6);
+    m = refs_payload(p, 6, 0x03, 1, 0x05);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: row reference bit of row 0 or past row 1 set");
+    m = refs_payload(p, 6, 0x06, 1, 0x05);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: row reference bit of row 0 or past row 1 set");
+    m = refs_payload(p, 6, 0x02, 0, 0x05);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: row 1 refers 0 rows back (1 to 1)");
+    m = refs_payload(p, 6, 0x02, 2, 0x05);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: row 1 refers 2 rows back (1 to 1)");
+    m = refs_payload(p, 6, 0x02, 1, 0x15); /* element 4 of a row of 4 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: flag bits past element 3 set");
+    m = refs_payload(p, 5, 0x02, 1, 0x05);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 6 elements not repeated, 5 sign and mantissa bytes");
+    m = refs_payload(p, 6, 0x02, 1, 0x05);
+    size_t fl = m - 256 - 4; /* the flag stream's length */
+    put_u32(p + fl, 129); /* a byte of the exponent stream taken into the flags' */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 1 bytes after the rANS stream of 1 symbols");
+    put_u32(p + fl, 127);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: rANS stream of 127 bytes, shorter than its 128 bytes of states");
+    put_u32(p + fl, 300);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: flag stream of 300 bytes, 256 left");
+    put_u32(p + fl, 128);
+    p[fl + 4 + 1] = 0; /* the flag stream's state 0 below 2^15 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: rANS state 0 is 0, outside [32768, 2147483648)");
+    p[fl + 4 + 1] = 0x80;
+    p[fl - 2] = 0x83; /* the flag table sums to 768 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: frequencies sum to 768, expected 1024");
+    p[fl - 2] = 0x84;
+    CHECK(stage_decode(p, m, 2, back, sizeof back, &got) == KVS_OK);
+    CHECK(memcmp(back, wb, 16) == 0);
+    p[fl - 5] = 2;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: flag coding 2 (0 raw, 1 rANS)");
+    /* the flags raw: coding 0, no table, F = 1 and the flag byte */
+    p[fl - 5] = 0;
+    memmove(p + fl - 4, p + fl, 4 + 128 + 128);
+    m -= 4;
+    fl -= 4;
+    put_u32(p + fl, 1);
+    p[fl + 4] = 0x05;
+    memmove(p + fl + 5, p + fl + 4 + 128, 128);
+    m -= 127;
+    put_u32(p + 24, (uint32_t)(m - 28));
+    CHECK(stage_decode(p, m, 2, back, sizeof back, &got) == KVS_OK);
+    CHECK(memcmp(back, wb, 16) == 0);
+    put_u32(p + fl, 2);
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 2 raw flag bytes, expected 1");
 }
 
 /* ---------------------------------------------------------------------
@@ -616,7 +820,7 @@ static void test_kvdata(void)
     REQUIRE(d != NULL);
     struct dirent *ent;
     int files = 0;
-    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0, stored_r = 0;
+    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0, stored_r = 0, stored_r2 = 0;
     while ((ent = readdir(d)) != NULL) {
         size_t nl = strlen(ent->d_name);
         if (nl < 12 || strcmp(ent->d_name + nl - 12, ".safetensors") != 0) continue;
@@ -640,6 +844,12 @@ static void test_kvdata(void)
         if (!ok) fprintf(stderr, "%s: not bit-exact through the rANS coder\n", ent->d_name);
         CHECK(ok);
         stored_r += (double)s3;
+        size_t s4;
+        ok = roundtrip(RANS2_LL, o, &s4);
+        if (!ok) fprintf(stderr, "%s: not bit-exact through rANS level 2\n", ent->d_name);
+        CHECK(ok);
+        CHECK(s4 < s3); /* this model's rows repeat in part */
+        stored_r2 += (double)s4;
         CHECK(fp8_same(o));
         kvs_serde_pair p = kvs_test_serde_pair(FP8_LL);
         size_t len;
@@ -656,9 +866,10 @@ static void test_kvdata(void)
         files++;
     }
     closedir(d);
-    printf("test_kvdata: %d files bit-exact; bytes + lossless %.4fx (the rANS coder %.4fx), "
-           "fp8 + lossless %.4fx over the fp8 bytes (all layers, frame headers included)\n",
-           files, raw / stored_b, raw / stored_r, raw8 / stored8);
+    printf("test_kvdata: %d files bit-exact; bytes + lossless %.4fx (the rANS coder %.4fx, at "
+           "level 2 %.4fx), fp8 + lossless %.4fx over the fp8 bytes (all layers, frame headers "
+           "included)\n",
+           files, raw / stored_b, raw / stored_r, raw / stored_r2, raw8 / stored8);
     CHECK(raw / stored_r > 1.3);
     CHECK(files >= 1);
     CHECK(raw / stored_b > 1.3);
@@ -675,7 +886,7 @@ static void split_across_workers(const char *json)
     const int64_t dims[2] = {2560, 256}; /* 10 blocks of bfloat16 */
     REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
     kvs_memobj *src = new_obj(&l);
-    fill(src, SMOOTH, 21);
+    fill_rows(src, 256, 21); /* rows that repeat in part: references at rANS level 2 */
     kvs_serde_pair sync = kvs_test_serde_pair(json);
     size_t len;
     uint8_t *want = ser(&sync, src, &len);
@@ -713,6 +924,7 @@ static void test_split_across_workers(void)
 {
     split_across_workers(BYTES_LL);
     split_across_workers(RANS_LL);
+    split_across_workers(RANS2_LL);
 }
 
 int main(void)
@@ -725,6 +937,8 @@ int main(void)
     RUN(test_split_across_workers);
     RUN(test_old_frames);
     RUN(test_rans_payload);
+    RUN(test_rans_refs_roundtrips);
+    RUN(test_rans_refs_payload);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -71,7 +71,10 @@
  *                            a table per channel group, and the sign and
  *                            mantissa, stored raw (other element sizes: the
  *                            zstd planes); 3x faster to encode, 0.6 %
- *                            larger on real KV
+ *                            larger on real KV; at "level" 2 or more the
+ *                            rANS coder also lets a row refer to an
+ *                            earlier row it repeats in part (1.56x on
+ *                            real KV, a third slower)
  *                            (docs/frame_format.md, docs/performance.md)
  *        {"type": "crc32c"}  appends a CRC-32C of the bytes (4 bytes)
  *        {"type": "xxh3"}    appends an XXH3-64 of the bytes (8 bytes)

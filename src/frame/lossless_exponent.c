@@ -7,15 +7,35 @@
  *   mantissa) | u8 groups G (1-4) | when G > 1, the group of each channel,
  *   2 bits each, channel c in bits 2(c mod 4) of byte c / 4 (ceil(period /
  *   4) bytes, unused bits 0) | G frequency tables (rans.h) | the rANS stream
- *   of the k exponents, to the end of the record.
+ *   of the k exponents, to the end of the record; or (payload version 3)
+ *   u8 2, row references: a row (period elements) may name an earlier row
+ *   of the block; each of its elements equal to the one above it in that
+ *   row is one set flag and nothing else, the others store their sign and
+ *   mantissa byte and code their exponent as the difference to the
+ *   exponent above (mod 256) under a table of its own:
+ *   u32 u | the u sign and mantissa bytes of the elements not repeated |
+ *   u8 G | the group map as above | a bit per row (row r in bit r mod 8 of
+ *   byte r / 8, ceil(rows / 8) bytes, unused bits 0): it has a reference |
+ *   u16 distance (1 to r) of each row with one, in row order | G group
+ *   tables, the difference table | u8 flag coding C (0 raw, 1 rANS) | when
+ *   C = 1 the flag table | u32 F | F bytes: the flags of the rows with a
+ *   reference, 8 a byte (element order, bit 0 first, the last byte padded
+ *   with 0), raw (F their count) or their rANS stream | the rANS stream of
+ *   the u exponent symbols
+ *   (a row without a reference: its exponents under the groups' tables; a
+ *   row with one: the differences), to the end of the record.
  * The sign and mantissa bytes come first so that the encoder writes them in
  * place while it splits the elements.
  *
- * Why channel groups and nothing richer: on the real KV cache
- * (docs/performance.md) the exponent costs 2.62 bits per element order-0
- * with the tables, 2.51 with 4 channel groups (map and tables included),
- * 2.55 with the previous token's exponent as context and 2.51 with both;
- * sign and mantissa are 7.97 bits of 8, so they stay raw. */
+ * Why channel groups and row references (docs/performance.md measures
+ * each): on the real KV cache the exponent costs 2.62 bits per element
+ * order-0 with the tables, 2.51 with 4 channel groups (map and tables
+ * included), 2.55 with the previous token's exponent as context and 2.51
+ * with both. What is left is repeats across tokens (what zstd -19 finds):
+ * 3.4 % of the elements equal the element above them in an earlier row the
+ * encoder can find cheaply (by hashing 32 sampled channels), and in such a
+ * row the other elements' exponents equal the ones above 79 % of the time
+ * (1.17 bits against 2.53). Sign and mantissa are 7.97 bits of 8: raw. */
 #include "frame/lossless_exponent.h"
 
 #include <stdatomic.h>
@@ -31,13 +51,27 @@
 
 #define LLX_RAW 0
 #define LLX_CODED 1
+#define LLX_REFS 2
 #define LLX_GROUPS 4 /* the most the encoder tries (and the map's 2 bits hold) */
+#define LLX_DIFF_CTX LLX_GROUPS /* the encoder's context of the differences */
+#define LLX_SAMPLES 32          /* channels hashed per row to find a reference */
+#define LLX_HASH_BITS 12
+#define LLX_MAX_DISTANCE 65535u /* a reference's u16 */
 
 struct kvs_llx_scratch {
     size_t max_k;
     uint8_t *exp; /* the block's exponents */
     uint8_t *ctx; /* each element's group */
     uint8_t *stream;
+    uint8_t *sym;     /* row references: the exponent symbols of the stream */
+    uint8_t *sym_ctx; /* ... and their contexts */
+    uint8_t *sm;      /* ... the sign and mantissa bytes not repeated */
+    uint8_t *flags;   /* ... the repeat flags, 8 a byte */
+    uint8_t *flag_stream;
+    uint32_t *ref;    /* ... each row's distance to its reference, 0 none */
+    uint32_t *mark;   /* ... the encoder: row q is candidate mark[q] & 63 of row
+                       * (mark[q] >> 6) - 1 */
+    uint32_t hash[1u << LLX_HASH_BITS]; /* sampled (channel, value) -> row + 1 */
     uint32_t sum[KVS_LLX_MAX_PERIOD];
     uint16_t sum16[KVS_LLX_MAX_PERIOD];
     uint16_t mean[KVS_LLX_MAX_PERIOD];     /* x 256 */
@@ -53,14 +87,23 @@ static void scratch_free(kvs_llx_scratch *w)
     free(w->exp);
     free(w->ctx);
     free(w->stream);
+    free(w->sym);
+    free(w->sym_ctx);
+    free(w->sm);
+    free(w->flags);
+    free(w->flag_stream);
+    free(w->ref);
+    free(w->mark);
     free(w);
 }
 
 /* One scratch of KVS_LLX_KEPT_K elements kept for the next call, as the
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
- * faulted in) cost a third of coding a block. A call takes the kept one or
- * makes its own, and keeps it afterwards if the slot is free; the kept one
- * is reachable from here until the process ends. */
+ * faulted in) cost a third of coding a block (the row references' arrays,
+ * about 490 KiB more, are only touched when encoding at level 2 and when
+ * decoding records of kind 2). A call takes the kept one or makes its own,
+ * and keeps it afterwards if the slot is free; the kept one is reachable
+ * from here until the process ends. */
 #define KVS_LLX_KEPT_K 65536u
 static _Atomic(kvs_llx_scratch *) scratch_kept;
 
@@ -71,13 +114,22 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
         if (w) return w;
         max_k = KVS_LLX_KEPT_K;
     }
-    kvs_llx_scratch *w = malloc(sizeof *w);
+    kvs_llx_scratch *w = calloc(1, sizeof *w);
     if (w == NULL) return NULL;
     w->max_k = max_k;
     w->exp = malloc(max_k);
     w->ctx = malloc(max_k);
     w->stream = malloc(kvs_rans_bound(max_k));
-    if (w->exp == NULL || w->ctx == NULL || w->stream == NULL) {
+    w->sym = malloc(max_k);
+    w->sym_ctx = malloc(max_k);
+    w->sm = malloc(max_k);
+    w->flags = malloc(max_k / 8 + 1);
+    w->flag_stream = malloc(kvs_rans_bound(max_k / 8 + 1));
+    w->ref = malloc((max_k / 2 + 1) * sizeof w->ref[0]); /* rows of period >= 2 */
+    w->mark = malloc((max_k / 2 + 2) * sizeof w->mark[0]);
+    if (w->exp == NULL || w->ctx == NULL || w->stream == NULL || w->sym == NULL ||
+        w->sym_ctx == NULL || w->sm == NULL || w->flags == NULL || w->flag_stream == NULL ||
+        w->ref == NULL || w->mark == NULL) {
         scratch_free(w);
         return NULL;
     }
@@ -211,48 +263,157 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         w->group[w->order[0][r]] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
 }
 
-void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                          uint32_t period, uint8_t *rec, size_t *used)
+static inline void put32le(uint8_t *p, uint32_t v)
 {
-    uint32_t phase = (uint32_t)(first % period);
-    size_t map_bytes = (period + 3) / 4;
-    split_fields(src, k, w->exp, rec + 1);
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
 
-    /* Four histograms per group, summed after: exponents cluster on a few
-     * values, and one counter per value would chain its increments. */
-    uint32_t h4[4][LLX_GROUPS][256], h[LLX_GROUPS][256];
-    memset(h4, 0, sizeof h4);
-    int use_map = period > 1;
-    const uint8_t *exp = w->exp, *ctx = w->ctx;
+static inline uint32_t get32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline unsigned get16(const uint8_t *p)
+{
+    return (unsigned)p[0] | (unsigned)p[1] << 8;
+}
+
+/* How many of the n u16 at a equal those at b (n <= KVS_LLX_MAX_PERIOD). */
+static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    size_t i = 0, m = 0;
+#ifdef __SSE2__
+    /* eight 16-bit counts (each at most n / 8 <= 512), summed at the end:
+     * the x86-64 baseline has no popcount instruction */
+    __m128i acc = _mm_setzero_si128();
+    for (; i + 8 <= n; i += 8) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(a + 2 * i));
+        __m128i y = _mm_loadu_si128((const __m128i *)(b + 2 * i));
+        acc = _mm_sub_epi16(acc, _mm_cmpeq_epi16(x, y));
+    }
+    uint16_t lane[8];
+    _mm_storeu_si128((__m128i *)lane, acc);
+    for (int l = 0; l < 8; l++) m += lane[l];
+#endif
+    for (; i < n; i++) m += get16(a + 2 * i) == get16(b + 2 * i);
+    return m;
+}
+
+/* The set bits of p[0..n). */
+static size_t bits_set(const uint8_t *p, size_t n)
+{
+    size_t m = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        v = v - (v >> 1 & 0x5555555555555555u);
+        v = (v & 0x3333333333333333u) + (v >> 2 & 0x3333333333333333u);
+        v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0Fu;
+        m += (size_t)((v * 0x0101010101010101u) >> 56);
+    }
+    for (; i < n; i++)
+        for (unsigned v = p[i]; v; v &= v - 1) m++;
+    return m;
+}
+
+/* The rows of a block that starts at a row: w->ref[r] = the distance to the
+ * earlier row with the most elements equal to row r's, when at least
+ * max(2, period / 64) are, else 0 (a row with a few repeats still codes
+ * its exponents as differences: 1.17 bits against 2.53). The candidates: the row before, and the
+ * last rows that had the same value in at least two of LLX_SAMPLES sampled
+ * channels (a hash of channel and value; a collision only costs a count).
+ * One sampled value in common is mostly chance (a channel's values repeat
+ * at random every few hundred rows), and counting every such candidate
+ * was a fifth of the encoder. Returns the rows with a reference; 0 when
+ * the first quarter of the rows (of at least 64) found fewer than one in
+ * 16: such a block does not pay for its flags (kind 1 wins), and looking
+ * further would cost as much as coding it. */
+static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period)
+{
+    size_t rows = (k + period - 1) / period, nref = 0;
+    uint32_t ns = period < LLX_SAMPLES ? period : LLX_SAMPLES, at_c[LLX_SAMPLES];
+    for (uint32_t j = 0; j < ns; j++) at_c[j] = (uint32_t)((uint64_t)j * period / ns);
+    size_t need = period / 64 > 2 ? period / 64 : 2;
+    uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
+    memset(w->hash, 0, sizeof w->hash);
+    memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
+    for (size_t r = 0; r < rows; r++) {
+        if (r == rows / 4 && rows >= 64 && nref * 16 < r) return 0;
+        const uint8_t *row = src + 2 * r * period;
+        size_t len = r + 1 < rows ? period : k - r * period;
+        uint32_t cand[LLX_SAMPLES + 1], votes[LLX_SAMPLES + 1], slot[LLX_SAMPLES];
+        uint32_t stamp = (uint32_t)(r + 1) << 6, nc = 0;
+        if (r) cand[nc] = (uint32_t)(r - 1), votes[nc] = 2, w->mark[r - 1] = stamp | nc++;
+        /* without branches on the data: a hit is a coin toss */
+        for (uint32_t j = 0; j < ns; j++) {
+            uint32_t c = at_c[j] < len ? at_c[j] : 0;
+            uint32_t key = get16(row + 2 * c) | j << 16;
+            slot[j] = (key * 0x9E3779B1u) >> (32 - LLX_HASH_BITS);
+            uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
+            uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
+            cand[nc] = q;
+            votes[nc] = 0;
+            m = fresh ? stamp | nc : m;
+            *mk = m;
+            nc += fresh;
+            votes[m & 63]++;
+        }
+        size_t best = 0, best_d = 0;
+        for (uint32_t q = 0; q < nc; q++) {
+            if (votes[q] < 2 || cand[q] >= r) continue;
+            size_t m = count_equal(row, src + 2 * (size_t)cand[q] * period, len);
+            if (m > best) best = m, best_d = r - cand[q];
+        }
+        w->ref[r] = best >= need && best_d <= LLX_MAX_DISTANCE ? (uint32_t)best_d : 0;
+        nref += w->ref[r] != 0;
+        for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
+    }
+    return nref;
+}
+
+/* Add the n exponents' counts to h4, by group (ctx NULL: all group 0):
+ * four histograms, summed after (hist_sum), because exponents cluster on a
+ * few values and one counter per value would chain its increments. */
+static void hist_add(const uint8_t *restrict exp, const uint8_t *restrict ctx, size_t n,
+                     uint32_t h4[4][LLX_GROUPS][256])
+{
     size_t i = 0;
     uint32_t *h0 = h4[0][0], *h1 = h4[1][0], *h2 = h4[2][0], *h3 = h4[3][0];
-    if (use_map) {
-        rank_channels(w, k, period, phase);
-        fill_ctx(w->group, period, phase, k, w->ctx);
-        for (; i + 4 <= k; i += 4) {
+    if (ctx) {
+        for (; i + 4 <= n; i += 4) {
             h0[(unsigned)ctx[i] << 8 | exp[i]]++;
             h1[(unsigned)ctx[i + 1] << 8 | exp[i + 1]]++;
             h2[(unsigned)ctx[i + 2] << 8 | exp[i + 2]]++;
             h3[(unsigned)ctx[i + 3] << 8 | exp[i + 3]]++;
         }
-        for (; i < k; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
-    } else {
-        for (; i + 4 <= k; i += 4) {
-            h0[exp[i]]++;
-            h1[exp[i + 1]]++;
-            h2[exp[i + 2]]++;
-            h3[exp[i + 3]]++;
-        }
-        for (; i < k; i++) h0[exp[i]]++;
+        for (; i < n; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
+        return;
     }
+    for (; i + 4 <= n; i += 4) {
+        h0[exp[i]]++;
+        h1[exp[i + 1]]++;
+        h2[exp[i + 2]]++;
+        h3[exp[i + 3]]++;
+    }
+    for (; i < n; i++) h0[exp[i]]++;
+}
+
+static void hist_sum(uint32_t h4[4][LLX_GROUPS][256], uint32_t h[LLX_GROUPS][256])
+{
     for (int g = 0; g < LLX_GROUPS; g++)
-        for (int s = 0; s < 256; s++) h[g][s] = h4[0][g][s] + h4[1][g][s] + h4[2][g][s] + h4[3][g][s];
-    /* The cost of 1, 2 and 4 groups (2: the ranking's halves), tables and
-     * map included; each table set kept for the choice. */
-    kvs_rans_freqs t[3][LLX_GROUPS];
+        for (int s = 0; s < 256; s++)
+            h[g][s] = h4[0][g][s] + h4[1][g][s] + h4[2][g][s] + h4[3][g][s];
+}
+
+/* The cost of 1, 2 and 4 groups of the histograms h (2: the ranking's
+ * halves), tables and map included, in bits; t[g] the tables of 2^g groups,
+ * *choice the cheapest g. */
+static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map_bytes,
+                            kvs_rans_freqs t[3][LLX_GROUPS], int *choice)
+{
     uint8_t form[KVS_RANS_FREQS_MAX];
     double best = 0;
-    int choice = 0;
+    *choice = 0;
     for (int g = 0; g < (use_map ? 3 : 1); g++) {
         unsigned ng = 1u << g, per = LLX_GROUPS / ng;
         double bits = ng > 1 ? 8.0 * (double)map_bytes : 0;
@@ -265,13 +426,180 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             kvs_rans_normalize(m, &t[g][j]);
             bits += kvs_rans_cost_bits(m, &t[g][j]) + 8.0 * (double)kvs_rans_freqs_write(&t[g][j], form);
         }
-        if (g == 0 || bits < best) best = bits, choice = g;
+        if (g == 0 || bits < best) best = bits, *choice = g;
+    }
+    return best;
+}
+
+/* A table's coded cost of h and its bytes, in bits. */
+static double table_bits(const uint32_t h[256], kvs_rans_freqs *t)
+{
+    uint8_t form[KVS_RANS_FREQS_MAX];
+    kvs_rans_normalize(h, t);
+    return kvs_rans_cost_bits(h, t) + 8.0 * (double)kvs_rans_freqs_write(t, form);
+}
+
+static void write_map(const kvs_llx_scratch *w, uint32_t period, unsigned per, uint8_t *map)
+{
+    memset(map, 0, (period + 3) / 4);
+    for (uint32_t c = 0; c < period; c++)
+        map[c / 4] |= (uint8_t)((w->group[c] / per) << (2 * (c % 4)));
+}
+
+/* The block as a kind 2 record (row references found; w->ctx each
+ * element's group; h the exponents' histograms per group of the rows
+ * without a reference; k1 kind 1's estimate), when its estimate is below k1
+ * and it comes out smaller than raw: returns its bytes, else 0. rec + 1
+ * holds the sign and mantissa bytes (kind 1's), read before rec is
+ * written. */
+static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
+                          size_t nref, uint32_t h[LLX_GROUPS][256], double k1, uint8_t *rec)
+{
+    size_t rows = (k + period - 1) / period, u = 0, nfl = 0;
+    uint32_t hd[256], hf[256];
+    memset(hd, 0, sizeof hd);
+    memset(hf, 0, sizeof hf);
+    const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
+    uint8_t *fl = w->flags;
+    memset(fl, 0, k / 8 + 1);
+    for (size_t r = 0; r < rows; r++) {
+        size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
+        if (w->ref[r] == 0) { /* the exponents under the groups, as kind 1 */
+            memcpy(w->sym + u, exp + i0, len);
+            memcpy(w->sym_ctx + u, ctx + i0, len);
+            memcpy(w->sm + u, sm_all + i0, len);
+            u += len;
+            continue;
+        }
+        /* without branches: whether an element repeats is a coin toss */
+        size_t d = (size_t)w->ref[r] * period;
+        for (size_t c = 0; c < len; c++, nfl++) {
+            size_t i = i0 + c;
+            unsigned eq = get16(src + 2 * i) == get16(src + 2 * (i - d));
+            uint8_t diff = (uint8_t)(exp[i] - exp[i - d]);
+            hd[diff] += !eq;
+            fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | eq << (nfl & 7));
+            w->sym[u] = diff;
+            w->sym_ctx[u] = LLX_DIFF_CTX;
+            w->sm[u] = sm_all[i];
+            u += !eq;
+        }
+    }
+    size_t nfb = (nfl + 7) / 8;
+    for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
+    size_t map_bytes = (period + 3) / 4;
+    kvs_rans_freqs t2[3][LLX_GROUPS], td, tf;
+    int c2;
+    /* the flags coded (their table and states) or raw, whichever is
+     * smaller: a small block's flag table costs more than it saves */
+    double flag_bits = table_bits(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;
+    int flags_coded = flag_bits < 8.0 * (double)nfb;
+    double k2 = choose_groups(h, 1, map_bytes, t2, &c2) + table_bits(hd, &td) +
+                (flags_coded ? flag_bits : 8.0 * (double)nfb) +
+                8.0 * (11 + 4 * KVS_RANS_LANES + (double)u + (double)(rows + 7) / 8 +
+                       2.0 * (double)nref);
+    if (k2 >= k1) return 0;
+    unsigned ng = 1u << c2, per = LLX_GROUPS / ng;
+    /* the encoder's five contexts: the four fine groups (each with its
+     * coarse group's table) and the differences; the decoder's are the G
+     * coarse groups and the differences (context G), the same codes */
+    kvs_rans_freqs tabs[LLX_GROUPS + 1];
+    for (unsigned q = 0; q < LLX_GROUPS; q++) tabs[q] = t2[c2][q / per];
+    tabs[LLX_DIFF_CTX] = td;
+    size_t m = 0, mf = 0;
+    kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + 1);
+    if (kvs_rans_encode(&w->enc, w->sym, w->sym_ctx, u, w->stream, kvs_rans_bound(u), &m) !=
+        KVS_OK)
+        return 0; /* cannot happen: every counted symbol has a code */
+    if (flags_coded) {
+        kvs_rans_enc_init(&w->enc, &tf, 1);
+        if (kvs_rans_encode(&w->enc, fl, NULL, nfb, w->flag_stream, kvs_rans_bound(nfb), &mf) !=
+            KVS_OK)
+            return 0;
+    } else {
+        memcpy(w->flag_stream, fl, nfb);
+        mf = nfb;
+    }
+    uint8_t form[KVS_RANS_FREQS_MAX];
+    size_t tables = kvs_rans_freqs_write(&td, form) + 1 +
+                    (flags_coded ? kvs_rans_freqs_write(&tf, form) : 0);
+    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&t2[c2][j], form);
+    size_t total = 1 + 4 + u + 1 + (ng > 1 ? map_bytes : 0) + (rows + 7) / 8 + 2 * nref + tables +
+                   4 + mf + m;
+    if (total >= 1 + 2 * k) return 0;
+    uint8_t *p = rec;
+    *p++ = LLX_REFS;
+    put32le(p, (uint32_t)u), p += 4;
+    memcpy(p, w->sm, u), p += u;
+    *p++ = (uint8_t)ng;
+    if (ng > 1) write_map(w, period, per, p), p += map_bytes;
+    memset(p, 0, (rows + 7) / 8);
+    for (size_t r = 0; r < rows; r++)
+        if (w->ref[r]) p[r / 8] |= (uint8_t)(1u << (r % 8));
+    p += (rows + 7) / 8;
+    for (size_t r = 0; r < rows; r++)
+        if (w->ref[r]) *p++ = (uint8_t)w->ref[r], *p++ = (uint8_t)(w->ref[r] >> 8);
+    for (unsigned j = 0; j < ng; j++) p += kvs_rans_freqs_write(&t2[c2][j], p);
+    p += kvs_rans_freqs_write(&td, p);
+    *p++ = (uint8_t)flags_coded;
+    if (flags_coded) p += kvs_rans_freqs_write(&tf, p);
+    put32le(p, (uint32_t)mf), p += 4;
+    memcpy(p, w->flag_stream, mf), p += mf;
+    memcpy(p, w->stream, m), p += m;
+    return (size_t)(p - rec);
+}
+
+int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
+                         uint32_t period, int refs, uint8_t *rec, size_t *used)
+{
+    uint32_t phase = (uint32_t)(first % period);
+    size_t map_bytes = (period + 3) / 4;
+    split_fields(src, k, w->exp, rec + 1);
+
+    int use_map = period > 1;
+    if (use_map) {
+        rank_channels(w, k, period, phase);
+        fill_ctx(w->group, period, phase, k, w->ctx);
+    }
+    /* Row references need whole rows from the block's start. */
+    size_t nref = refs && use_map && phase == 0 && k >= 2 * (size_t)period
+                      ? find_refs(w, src, k, period)
+                      : 0;
+    /* The exponents' histograms per group: of the rows without a
+     * reference (h), and of those with one (hr) when there are any; kind 1
+     * counts them all. */
+    uint32_t h4[4][LLX_GROUPS][256], h[LLX_GROUPS][256], hall[LLX_GROUPS][256];
+    memset(h4, 0, sizeof h4);
+    if (nref == 0) {
+        hist_add(w->exp, use_map ? w->ctx : NULL, k, h4);
+        hist_sum(h4, h);
+        memcpy(hall, h, sizeof h);
+    } else {
+        uint32_t hr4[4][LLX_GROUPS][256], hr[LLX_GROUPS][256];
+        memset(hr4, 0, sizeof hr4);
+        for (size_t i0 = 0; i0 < k; i0 += period) {
+            size_t len = k - i0 < period ? k - i0 : period;
+            hist_add(w->exp + i0, w->ctx + i0, len, w->ref[i0 / period] ? hr4 : h4);
+        }
+        hist_sum(h4, h);
+        hist_sum(hr4, hr);
+        for (int g = 0; g < LLX_GROUPS; g++)
+            for (int s = 0; s < 256; s++) hall[g][s] = h[g][s] + hr[g][s];
+    }
+    kvs_rans_freqs t[3][LLX_GROUPS];
+    uint8_t form[KVS_RANS_FREQS_MAX];
+    int choice = 0;
+    double best = choose_groups(hall, use_map, map_bytes, t, &choice);
+    /* kind, G and the states besides the estimate (map and tables in it) */
+    double k1 = 8.0 * (2 + 4 * KVS_RANS_LANES + (double)k) + best;
+    size_t n = nref ? encode_refs(w, src, k, period, nref, h, k1, rec) : 0;
+    if (n) {
+        *used = n;
+        return 1;
     }
     unsigned ng = 1u << choice, per = LLX_GROUPS / ng;
     size_t raw = 1 + 2 * k;
-    /* kind, G and the states besides the estimate (map and tables in it) */
-    if (8.0 * (2 + 4 * KVS_RANS_LANES + (double)k) + best >= 8.0 * (double)raw) goto store_raw;
-
+    if (k1 >= 8.0 * (double)raw) goto store_raw;
     /* The tables per fine group (the map's 4 groups fold into ng). */
     kvs_rans_freqs fine[LLX_GROUPS];
     for (unsigned q = 0; q < LLX_GROUPS; q++) fine[q] = t[choice][q / per];
@@ -287,25 +615,215 @@ void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     if (total >= raw) goto store_raw;
     rec[0] = LLX_CODED;
     rec[1 + k] = (uint8_t)ng;
-    if (ng > 1) {
-        uint8_t *map = rec + 2 + k;
-        memset(map, 0, map_bytes);
-        for (uint32_t c = 0; c < period; c++)
-            map[c / 4] |= (uint8_t)((w->group[c] / per) << (2 * (c % 4)));
-    }
+    if (ng > 1) write_map(w, period, per, rec + 2 + k);
     uint8_t *tp = rec + head;
     for (unsigned j = 0; j < ng; j++) tp += kvs_rans_freqs_write(&t[choice][j], tp);
     memcpy(tp, w->stream, m);
     *used = total;
-    return;
+    return 0;
 store_raw:
     rec[0] = LLX_RAW;
     memcpy(rec + 1, src, 2 * k);
     *used = raw;
+    return 0;
+}
+/* The group count and map at rec[*at..len) into w->group; *ng the count. */
+static int read_groups(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t *at,
+                       uint32_t period, unsigned long long b, unsigned *ng)
+{
+    if (len - *at < 1)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: group count missing", b);
+    *ng = rec[(*at)++];
+    if (*ng < 1 || *ng > LLX_GROUPS)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %u channel groups (1 to %u)", b,
+                             *ng, LLX_GROUPS);
+    if (*ng == 1) return KVS_OK;
+    size_t map_bytes = (period + 3) / 4;
+    if (len - *at < map_bytes)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: group map of %zu bytes, %zu left",
+                             b, map_bytes, len - *at);
+    for (uint32_t c = 0; c < 4 * map_bytes; c++) {
+        unsigned g = rec[*at + c / 4] >> (2 * (c % 4)) & 3;
+        if (c < period && g >= *ng)
+            return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: channel %u in group %u of %u",
+                                 b, c, g, *ng);
+        if (c >= period && g)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: group map bits past channel %u set", b,
+                                 period - 1);
+        if (c < period) w->group[c] = (uint8_t)g;
+    }
+    *at += map_bytes;
+    return KVS_OK;
+}
+
+/* n tables at rec[*at..len) into t. */
+static int read_tables(const uint8_t *rec, size_t len, size_t *at, unsigned n, const char *what,
+                       kvs_rans_freqs *t)
+{
+    for (unsigned j = 0; j < n; j++) {
+        size_t u = 0;
+        int rc = kvs_rans_freqs_read(rec + *at, len - *at, what, &t[j], &u);
+        if (rc) return rc;
+        *at += u;
+    }
+    return KVS_OK;
+}
+
+/* The set flags among bits [bit, bit + n) of fl. */
+static size_t flags_set(const uint8_t *fl, size_t bit, size_t n)
+{
+    size_t m = 0;
+    for (; n && (bit & 7); bit++, n--) m += fl[bit >> 3] >> (bit & 7) & 1;
+    m += bits_set(fl + (bit >> 3), n / 8);
+    for (bit += n / 8 * 8, n %= 8; n; bit++, n--) m += fl[bit >> 3] >> (bit & 7) & 1;
+    return m;
+}
+
+/* A kind 2 record (row references), past its kind byte. */
+static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                       uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
+{
+    if (period < 2 || first % period != 0)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: row references in a block that does not "
+                             "start a row (channel period %u, first element %llu)",
+                             b, period, (unsigned long long)first);
+    if (len < 5)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record of %zu bytes", b, len);
+    size_t u = get32le(rec + 1), at = 5;
+    if (u > k || len - at < u)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: %zu sign and mantissa bytes of %zu elements, "
+                             "%zu bytes left",
+                             b, u, k, len - at);
+    const uint8_t *sm = rec + at;
+    at += u;
+    unsigned ng;
+    int rc = read_groups(w, rec, len, &at, period, b, &ng);
+    if (rc) return rc;
+    size_t rows = (k + period - 1) / period, bitmap = (rows + 7) / 8;
+    if (len - at < bitmap)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: row reference bits of %zu bytes, %zu left", b,
+                             bitmap, len - at);
+    const uint8_t *bits = rec + at;
+    at += bitmap;
+    if ((bits[0] & 1) || (rows % 8 && bits[bitmap - 1] >> (rows % 8)))
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: row reference bit of row 0 or past row %zu set",
+                             b, rows - 1);
+    size_t nfl = 0; /* elements in rows with a reference */
+    for (size_t r = 0; r < rows; r++) {
+        w->ref[r] = 0;
+        if (!(bits[r / 8] >> (r % 8) & 1)) continue;
+        if (len - at < 2)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: row %zu's reference distance truncated", b,
+                                 r);
+        uint32_t d = get16(rec + at);
+        at += 2;
+        if (d < 1 || d > r)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: row %zu refers %u rows back (1 to %zu)", b,
+                                 r, d, r);
+        w->ref[r] = d;
+        nfl += r + 1 < rows ? period : k - r * period;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "lossless: block %llu", b);
+    kvs_rans_freqs t[LLX_GROUPS + 1], tf;
+    rc = read_tables(rec, len, &at, ng + 1, what, t);
+    if (rc) return rc;
+    if (len - at < 1)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag coding missing", b);
+    unsigned coded = rec[at++];
+    if (coded > 1)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag coding %u (0 raw, 1 rANS)",
+                             b, coded);
+    if (coded) rc = read_tables(rec, len, &at, 1, what, &tf);
+    if (rc) return rc;
+    if (len - at < 4)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag stream length truncated",
+                             b);
+    size_t mf = get32le(rec + at), nfb = (nfl + 7) / 8;
+    at += 4;
+    if (mf > len - at)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: flag stream of %zu bytes, %zu left", b, mf,
+                             len - at);
+    if (coded) {
+        kvs_rans_dec_init(&w->dec, &tf, 1);
+        rc = kvs_rans_decode(&w->dec, rec + at, mf, NULL, w->flags, nfb, what);
+        if (rc) return rc;
+    } else if (mf != nfb) {
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: %zu raw flag bytes, expected %zu", b, mf, nfb);
+    } else {
+        memcpy(w->flags, rec + at, nfb);
+    }
+    at += mf;
+    size_t repeated = 0;
+    repeated = bits_set(w->flags, nfb);
+    if (nfl % 8 && w->flags[nfb - 1] >> (nfl % 8))
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag bits past element %zu set",
+                             b, nfl - 1);
+    if (k - repeated != u)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: %zu elements not repeated, %zu sign and "
+                             "mantissa bytes",
+                             b, k - repeated, u);
+    /* the contexts of the u symbols: a row without a reference its
+     * channels' groups, a row with one the differences' (ng) for each
+     * element not repeated */
+    size_t s = 0, fbit = 0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t i0 = r * period, n = r + 1 < rows ? period : k - i0;
+        if (w->ref[r] == 0) {
+            if (ng > 1) memcpy(w->sym_ctx + s, w->group, n);
+            else memset(w->sym_ctx + s, 0, n);
+            s += n;
+            continue;
+        }
+        size_t miss = n - flags_set(w->flags, fbit, n);
+        memset(w->sym_ctx + s, (int)ng, miss);
+        s += miss;
+        fbit += n;
+    }
+    kvs_rans_dec_init(&w->dec, t, ng + 1);
+    rc = kvs_rans_decode(&w->dec, rec + at, len - at, w->sym_ctx, w->sym, u, what);
+    if (rc) return rc;
+    if (u < k) w->sym[u] = 0; /* read (and not used) after the last symbol */
+    /* the elements, row by row: a row above is always decoded already */
+    s = 0;
+    fbit = 0;
+    for (size_t r = 0; r < rows; r++) {
+        size_t i0 = r * period, n = r + 1 < rows ? period : k - i0;
+        uint8_t *out = dst + 2 * i0;
+        if (w->ref[r] == 0) {
+            join_fields(w->sym + s, sm + s, n, out);
+            s += n;
+            continue;
+        }
+        const uint8_t *above = out - 2 * (size_t)w->ref[r] * period;
+        const uint8_t *restrict fl = w->flags, *restrict sym = w->sym;
+        /* without branches; sym[s] and sm[s] with s == u are still
+         * inside their buffers (u < k, and the group count follows sm) */
+        for (size_t c = 0; c < n; c++, fbit++) {
+            unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get16(above + 2 * c);
+            unsigned e = (sym[s] + (a >> 7)) & 0xFF;
+            unsigned v = (unsigned)(sm[s] & 0x80) << 8 | e << 7 | (sm[s] & 0x7Fu);
+            v = rep ? a : v;
+            out[2 * c] = (uint8_t)v;
+            out[2 * c + 1] = (uint8_t)(v >> 8);
+            s += !rep;
+        }
+    }
+    return KVS_OK;
 }
 
 int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, uint64_t block, uint8_t *dst)
+                         uint64_t first, uint32_t period, int refs, uint64_t block, uint8_t *dst)
 {
     unsigned long long b = (unsigned long long)block;
     if (len < 1)
@@ -318,9 +836,15 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
         memcpy(dst, rec + 1, 2 * k);
         return KVS_OK;
     }
+    if (rec[0] == LLX_REFS && refs) return decode_refs(w, rec, len, k, first, period, b, dst);
     if (rec[0] != LLX_CODED)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record kind %u (0 raw, 1 rANS)",
-                             b, rec[0]);
+        return refs ? kvs_set_error(KVS_ECORRUPT,
+                                    "lossless: block %llu: record kind %u (0 raw, 1 rANS, 2 rANS "
+                                    "with row references)",
+                                    b, rec[0])
+                    : kvs_set_error(KVS_ECORRUPT,
+                                    "lossless: block %llu: record kind %u (0 raw, 1 rANS)", b,
+                                    rec[0]);
     if (len - 1 < k + 1)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: block %llu: %zu sign and mantissa bytes and the group "
@@ -328,42 +852,17 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
                              b, k, len - 1);
     const uint8_t *sm = rec + 1;
     size_t at = 1 + k;
-    unsigned ng = rec[at++];
-    if (ng < 1 || ng > LLX_GROUPS)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %u channel groups (1 to %u)", b,
-                             ng, LLX_GROUPS);
-    if (ng > 1) {
-        size_t map_bytes = (period + 3) / 4;
-        if (len - at < map_bytes)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: block %llu: group map of %zu bytes, %zu left", b,
-                                 map_bytes, len - at);
-        for (uint32_t c = 0; c < 4 * map_bytes; c++) {
-            unsigned g = rec[at + c / 4] >> (2 * (c % 4)) & 3;
-            if (c < period && g >= ng)
-                return kvs_set_error(KVS_ECORRUPT,
-                                     "lossless: block %llu: channel %u in group %u of %u", b, c,
-                                     g, ng);
-            if (c >= period && g)
-                return kvs_set_error(KVS_ECORRUPT,
-                                     "lossless: block %llu: group map bits past channel %u set",
-                                     b, period - 1);
-            if (c < period) w->group[c] = (uint8_t)g;
-        }
-        at += map_bytes;
-    }
+    unsigned ng;
+    int rc = read_groups(w, rec, len, &at, period, b, &ng);
+    if (rc) return rc;
     kvs_rans_freqs t[LLX_GROUPS];
     char what[64];
     snprintf(what, sizeof what, "lossless: block %llu", b);
-    for (unsigned j = 0; j < ng; j++) {
-        size_t u = 0;
-        int rc = kvs_rans_freqs_read(rec + at, len - at, what, &t[j], &u);
-        if (rc) return rc;
-        at += u;
-    }
+    rc = read_tables(rec, len, &at, ng, what, t);
+    if (rc) return rc;
     if (ng > 1) fill_ctx(w->group, period, (uint32_t)(first % period), k, w->ctx);
     kvs_rans_dec_init(&w->dec, t, ng);
-    int rc = kvs_rans_decode(&w->dec, rec + at, len - at, ng > 1 ? w->ctx : NULL, w->exp, k, what);
+    rc = kvs_rans_decode(&w->dec, rec + at, len - at, ng > 1 ? w->ctx : NULL, w->exp, k, what);
     if (rc) return rc;
     join_fields(w->exp, sm, k, dst);
     return KVS_OK;

@@ -10,6 +10,9 @@
  * channels by their mean exponent, cuts the ranking into 1, 2 or 4 groups
  * (whichever its cost estimate, tables and group map included, finds
  * smallest), and codes each group's exponents with that group's table.
+ * Where the block starts a row, a row may instead refer to an earlier row
+ * it repeats in part (payload version 3): its repeated elements cost a
+ * flag, its other exponents are coded as differences to the ones above.
  * For float16 the same bits are the 5 exponent bits and the top 3 mantissa
  * bits: still exact, only less well modelled. */
 #ifndef KVSERDE_FRAME_LOSSLESS_EXPONENT_H
@@ -33,13 +36,16 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k);
 void kvs_llx_scratch_give(kvs_llx_scratch *w);
 
 /* Code the k elements at src (2k bytes, little-endian u16) into rec
- * (KVS_LLX_RECORD_MAX(k) bytes); *used = the record's bytes. k <= max_k. */
-void kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                          uint32_t period, uint8_t *rec, size_t *used);
+ * (KVS_LLX_RECORD_MAX(k) bytes); *used = the record's bytes. k <= max_k.
+ * refs: look for row references too. Returns 1 when the record uses them
+ * (a kind only payload version 3 holds), else 0. */
+int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
+                         uint32_t period, int refs, uint8_t *rec, size_t *used);
 
 /* Decode record rec[0..len) of block `block` (for messages) into the 2k
- * bytes at dst, or refuse it (KVS_ECORRUPT, a message naming the block). */
+ * bytes at dst, or refuse it (KVS_ECORRUPT, a message naming the block).
+ * refs: the payload's version holds records with row references (3). */
 int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, uint64_t block, uint8_t *dst);
+                         uint64_t first, uint32_t period, int refs, uint64_t block, uint8_t *dst);
 
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

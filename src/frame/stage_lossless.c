@@ -27,12 +27,16 @@
  * with an 8-byte longer header, u32 channel period P (1 to 4096) and u32 0
  * after n, and each block one record of lossless_exponent.c (the bfloat16
  * exponent through rANS with a table per channel group, sign and mantissa
- * raw; or the block raw): at most n + 24 + 5 x nblocks bytes. Other element
- * sizes get version 1 under either coder. A reader decodes both versions
- * whatever its own configuration says.
+ * raw; or the block raw): at most n + 24 + 5 x nblocks bytes. Version 3:
+ * version 2 whose records may also be of kind 2, rows that refer to an
+ * earlier row they repeat in part; the encoder writes it only when some
+ * block uses that kind, so a version 2 reader reads everything else. Other
+ * element sizes get version 1 under either coder. A reader decodes every
+ * version whatever its own configuration says.
  *
  * Parameters (2 bytes): i8 zstd level (-7 to 19, encoder only, recorded for
- * inspect), u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
+ * inspect; the rANS coder looks for row references from LL_REFS_LEVEL),
+ * u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
  *
  * Why zstd: Debian's libzstd is maintained, fuzzed and fast, its literal
  * Huffman coder does the order-0 work on the exponent plane, and its match
@@ -58,6 +62,11 @@
 
 #define LL_VERSION 1    /* byte planes through zstd */
 #define LL_VERSION_RANS 2 /* the exponent through rANS (lossless_exponent.c) */
+#define LL_VERSION_REFS 3 /* version 2 with records of row references */
+/* The rANS coder looks for row references from this level: they gain 2.9 %
+ * on the real KV cache (1.519x -> 1.563x) and cost about a third of its
+ * speed (docs/performance.md), so the default level keeps the fast coder. */
+#define LL_REFS_LEVEL 2
 #define LL_HEADER_RANS 24u
 #define LL_CODER_ZSTD 0
 #define LL_CODER_RANS 1
@@ -214,6 +223,7 @@ typedef struct enc_job {
     uint8_t *out;       /* block b is written at slot b: out + base + b * slot */
     size_t base, slot;  /* slot = block_max(E): a block never needs more */
     uint32_t *stored;   /* bytes block b used */
+    uint8_t *refs;      /* version 2: block b's record has row references */
     uint64_t nelems;
     unsigned s;
     int level;
@@ -301,8 +311,9 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
         uint64_t e0 = b * LL_BLOCK_ELEMS;
         size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
         size_t used = 0;
-        kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period,
-                             j->out + j->base + (size_t)b * j->slot, &used);
+        j->refs[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period,
+                                                   j->level >= LL_REFS_LEVEL,
+                                                   j->out + j->base + (size_t)b * j->slot, &used);
         j->stored[b] = (uint32_t)used;
     }
     kvs_llx_scratch_give(w);
@@ -313,7 +324,7 @@ static int enc_range(void *vctx, uint64_t begin, uint64_t end)
 {
     const enc_job *j = vctx;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
-    if (j->version == LL_VERSION_RANS) return enc_range_rans(j, b0, b1);
+    if (j->version != LL_VERSION) return enc_range_rans(j, b0, b1);
     ZSTD_CCtx *cc = cctx_take();
     size_t need = (size_t)j->s * LL_BLOCK_ELEMS;
     uint8_t *planes = j->s > 1 ? buf_take(need) : NULL;
@@ -384,13 +395,22 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
         return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %zu", cap,
                              ll_bound(self, n));
     uint32_t *stored = malloc(nblocks ? (size_t)nblocks * sizeof *stored : 1);
-    if (stored == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
-    enc_job job = {in, out, base, slot, stored, nelems, s, st->level, version, period};
+    uint8_t *refs = calloc(nblocks ? (size_t)nblocks : 1, 1);
+    if (stored == NULL || refs == NULL) {
+        free(stored);
+        free(refs);
+        return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
+    }
+    enc_job job = {in, out, base, slot, stored, refs, nelems, s, st->level, version, period};
     int rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
     if (rc) {
         free(stored);
+        free(refs);
         return rc;
     }
+    for (uint64_t b = 0; b < nblocks; b++)
+        if (refs[b]) version = LL_VERSION_REFS;
+    free(refs);
     /* Close the gaps: block b moves down to its final offset (never up). */
     size_t at = base;
     for (uint64_t b = 0; b < nblocks; b++) {
@@ -407,7 +427,7 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
     out[2] = out[3] = 0;
     put32(out + 4, LL_BLOCK_ELEMS);
     put64(out + 8, n);
-    if (version == LL_VERSION_RANS) {
+    if (version != LL_VERSION) {
         put32(out + 16, period);
         put32(out + 20, 0);
     }
@@ -432,9 +452,9 @@ static int read_head(const uint8_t *in, size_t len, ll_head *h)
     if (len < LL_HEADER)
         return kvs_set_error(KVS_ECORRUPT, "lossless: %zu bytes, shorter than the %u-byte header",
                              len, LL_HEADER);
-    if (in[0] != LL_VERSION && in[0] != LL_VERSION_RANS)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u or %u", in[0],
-                             LL_VERSION, LL_VERSION_RANS);
+    if (in[0] != LL_VERSION && in[0] != LL_VERSION_RANS && in[0] != LL_VERSION_REFS)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u, %u or %u", in[0],
+                             LL_VERSION, LL_VERSION_RANS, LL_VERSION_REFS);
     h->version = in[0];
     h->s = in[1];
     if ((h->s != 1 && h->s != 2 && h->s != 4) || in[2] || in[3])
@@ -443,18 +463,18 @@ static int read_head(const uint8_t *in, size_t len, ll_head *h)
                              in[1], in[2], in[3]);
     size_t header = LL_HEADER;
     h->period = 1;
-    if (h->version == LL_VERSION_RANS) {
+    if (h->version != LL_VERSION) {
         header = LL_HEADER_RANS;
         if (len < LL_HEADER_RANS)
             return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: %zu bytes, shorter than the %u-byte version 2 header",
-                                 len, LL_HEADER_RANS);
+                                 "lossless: %zu bytes, shorter than the %u-byte version %d header",
+                                 len, LL_HEADER_RANS, h->version);
         h->period = get32(in + 16);
         if (h->s != 2 || h->period == 0 || h->period > KVS_LLX_MAX_PERIOD || get32(in + 20))
             return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: version 2 with element size %u (2), channel period "
+                                 "lossless: version %d with element size %u (2), channel period "
                                  "%u (1 to %u), reserved %u (0)",
-                                 h->s, h->period, KVS_LLX_MAX_PERIOD, get32(in + 20));
+                                 h->version, h->s, h->period, KVS_LLX_MAX_PERIOD, get32(in + 20));
     }
     h->E = get32(in + 4);
     if (h->E == 0 || (uint64_t)h->E * h->s > LL_MAX_BLOCK_BYTES)
@@ -564,8 +584,8 @@ static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
     for (uint64_t b = b0; b < b1 && rc == KVS_OK; b++) {
         uint64_t e0 = b * h->E;
         size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
-        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period, b,
-                                  j->out + e0 * 2);
+        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period,
+                                  h->version == LL_VERSION_REFS, b, j->out + e0 * 2);
     }
     kvs_llx_scratch_give(w);
     return rc;
@@ -576,7 +596,7 @@ static int dec_range(void *vctx, uint64_t begin, uint64_t end)
     const dec_job *j = vctx;
     const ll_head *h = j->h;
     uint64_t b0 = begin / KVS_SPLIT_ALIGN, b1 = end / KVS_SPLIT_ALIGN;
-    if (h->version == LL_VERSION_RANS) return dec_range_rans(j, b0, b1);
+    if (h->version != LL_VERSION) return dec_range_rans(j, b0, b1);
     ZSTD_DCtx *dc = dctx_take();
     size_t need = (size_t)h->s * h->E;
     uint8_t *planes = h->s > 1 ? buf_take(need) : NULL;
