@@ -125,7 +125,8 @@ static int ll_create(const json_t *config, kvs_stage **out)
             json_integer_value(lv) > LL_LEVEL_MAX || json_integer_value(lv) == 0)
             return kvs_set_error(KVS_EINVAL,
                                  "lossless: \"level\" must be an integer from %d to %d other "
-                                 "than 0 (zstd's level; default %d), got %s",
+                                 "than 0 (zstd's level; for the rans coder 2 and up add row "
+                                 "references; default %d), got %s",
                                  LL_LEVEL_MIN, LL_LEVEL_MAX, LL_DEFAULT_LEVEL,
                                  json_is_integer(lv) ? "an out-of-range integer"
                                                      : kvs_json_type_name(lv));
