@@ -816,15 +816,19 @@ static void test_scaled_cast_exhaustive(void)
  * fp8_value(code) * scale in binary32, rounded to the destination dtype, for
  * every code, several scales, every destination dtype, bit for bit (NaNs
  * included). The payload is 5 x 256 codes, so whole blocks and a tail are
- * both exercised. Scale 1.0 reads exactly as the fp8 serde's decoder. */
+ * both exercised, and then 5 x 1024 + 3, a run that reads through the lookup
+ * table (kv_split.c, TABLE_MIN_RUN). Scale 1.0 reads exactly as the fp8
+ * serde's decoder. */
 static void test_scaled_read_exhaustive(void)
 {
     static const float scales[] = {1.0f / 112, 3.7e-5f, 1000.0f, 0x1p-110f, 1.0f, 6.02e23f};
-    enum { N = 5 * 256 };
+    static const int sizes[2] = {5 * 256, 5 * 1024 + 3};
     int bad = 0;
+    for (int sz = 0; sz < 2; sz++)
     for (int f = 0; f < 2; f++)
     for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
     for (int od = 0; od < 3; od++) {
+        const int N = sizes[sz];
         kvs_kv_split_store st = f ? KVS_KV_SPLIT_STORE_FLOAT8_E5M2 : KVS_KV_SPLIT_STORE_FLOAT8_E4M3FN;
         kvs_dtype fp8 = store_dtype(st, KVS_DTYPE_FLOAT32);
         kvs_multi_serializer *s;
@@ -850,8 +854,8 @@ static void test_scaled_read_exhaustive(void)
         if (scales[si] == 1.0f)
             CHECK_OK(kvs_fp8_decode(b + 80, fp8, want->data, wide[od], N));
         if (memcmp(vo->data, want->data, vo->used_size) != 0 && !bad++)
-            fprintf(stderr, "scaled read %s scale %g into %s differs\n", kvs_dtype_name(fp8),
-                    (double)scales[si], kvs_dtype_name(wide[od]));
+            fprintf(stderr, "scaled read of %d %s codes, scale %g, into %s differs\n", N,
+                    kvs_dtype_name(fp8), (double)scales[si], kvs_dtype_name(wide[od]));
         kvs_memobj_free(v);
         kvs_memobj_free(vo);
         kvs_memobj_free(want);

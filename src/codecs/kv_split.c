@@ -923,10 +923,13 @@ int kvs_kv_split_inspect(const void *blob, size_t len, kvs_kv_split_info *out)
  * Deserialize
  * ------------------------------------------------------------------ */
 
-/* A float16 lookup table for one scale: each of the 256 codes decoded,
- * times the scale, rounded to float16 (float16 rounding does not
- * vectorize, but a code has only 256 possible values). */
-static int f16_table(kvs_dtype stored, float scale, uint16_t table[256])
+/* A lookup table for one scale: each of the 256 codes decoded, times the
+ * scale, rounded to dt (float16, bfloat16 or float32: 256 entries of its
+ * size), by the same operations as the block path of read_run, so the same
+ * bytes. A run of a few thousand elements and more then costs one load and
+ * one store each instead of a decode, a multiply and a rounding (float16
+ * rounding does not even vectorize). */
+static int scaled_table(kvs_dtype stored, float scale, kvs_dtype dt, uint8_t *table)
 {
     static const uint8_t codes[256] = {
 #define ROW(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7
@@ -938,14 +941,25 @@ static int f16_table(kvs_dtype stored, float scale, uint16_t table[256])
     float vals[256];
     int rc = kvs_fp8_decode(codes, stored, vals, KVS_DTYPE_FLOAT32, 256);
     if (rc) return rc;
-    for (int i = 0; i < 256; i++) vals[i] *= scale;
-    store_f32((uint8_t *)table, KVS_DTYPE_FLOAT16, 256, vals);
+    if (dt == KVS_DTYPE_FLOAT16) {
+        for (int i = 0; i < 256; i++) vals[i] *= scale;
+        store_f32(table, KVS_DTYPE_FLOAT16, 256, vals);
+    } else {
+        store_scaled(table, dt, 256, vals, scale);
+    }
     return KVS_OK;
 }
 
-/* Fill m elements at dst (dtype dt) from m stored elements at in. */
+/* Scaled fp8 runs of at least this many elements go through a table
+ * (scaled_table): building one costs about as much as converting 256
+ * elements the block way. float16 always does (its block way is slower). */
+#define TABLE_MIN_RUN 2048
+
+/* Fill m elements at dst (dtype dt) from m stored elements at in. table /
+ * table_scale: the caller's lookup table of scaled_table (256 entries of
+ * up to 4 bytes) and the scale it was built for (0: none yet). */
 static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, uint8_t *dst,
-                    kvs_dtype dt, uint16_t table[256], float *table_scale)
+                    kvs_dtype dt, uint8_t table[256 * 4], float *table_scale)
 {
     size_t osize = kvs_dtype_size(dt);
     if (!is_fp8(stored)) {
@@ -967,7 +981,7 @@ static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, 
     }
     if (scale == 1.0f) /* the plain cast: exactly the fp8 serde's values */
         return kvs_fp8_decode(in, stored, dst, dt, m);
-    if (dt != KVS_DTYPE_FLOAT16) {
+    if (dt != KVS_DTYPE_FLOAT16 && m < TABLE_MIN_RUN) {
         /* Decode a block with the SIMD kernels, then scale and round. */
         float tmp[BLOCK];
         for (size_t done = 0; done < m;) {
@@ -980,11 +994,14 @@ static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, 
         return KVS_OK;
     }
     if (*table_scale != scale) { /* built once per distinct scale in a row */
-        int rc = f16_table(stored, scale, table);
+        int rc = scaled_table(stored, scale, dt, table);
         if (rc) return rc;
         *table_scale = scale;
     }
-    for (size_t i = 0; i < m; i++) memcpy(dst + 2 * i, &table[in[i]], 2);
+    if (osize == 2)
+        for (size_t i = 0; i < m; i++) memcpy(dst + 2 * i, table + 2 * in[i], 2);
+    else
+        for (size_t i = 0; i < m; i++) memcpy(dst + 4 * i, table + 4 * (size_t)in[i], 4);
     return KVS_OK;
 }
 
@@ -995,7 +1012,7 @@ static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *b, uint
     size_t osize = kvs_dtype_size(dt), isize = kvs_dtype_size(si->stored_dtype);
     const uint8_t *in = b + si->offset;
     if (si->scope != KVS_KV_SPLIT_SCALE_PER_TENSOR) in += SCALE_BLOCK + 4 * si->nscales;
-    uint16_t table[256];
+    uint8_t table[256 * 4];
     float table_scale = 0; /* no table yet (0 is never a scale) */
     for (uint64_t i = 0; i < si->numel;) {
         uint64_t s, off;
