@@ -411,6 +411,80 @@ static void test_lengths_and_offsets(void)
 #define LONG_N ((size_t)(1u << 20) + 4099)
 #define LONG_NT_MIN ((size_t)1 << 20)
 
+/* lut16 (fp8_kernels.h, kv_split's scaled reads): value(c) = hi[c & 0x7F]
+ * << 8 | lo[c & 0x7F] | (c & 0x80) << 8 for every code, at every length up
+ * to MAXLEN and every alignment of either side, nothing written outside
+ * dst; by each variant's kernel, and by kvs_fp8_lut16 with every variant
+ * (the scalar fallback where the variant has none); and through the
+ * streaming-store path of a long array. */
+static void test_lut16(void)
+{
+    _Alignas(64) uint8_t lo[128], hi[128];
+    for (int c = 0; c < 128; c++) {
+        lo[c] = (uint8_t)rng32();
+        hi[c] = (uint8_t)(rng32() & 0x7F);
+    }
+    uint8_t codes[8 + MAXLEN];
+    for (size_t i = 0; i < sizeof codes; i++) codes[i] = (uint8_t)(i * 37 + 11);
+    uint16_t want[MAXLEN];
+    unsigned char *got = xmalloc(GUARD + 16 + 2 * MAXLEN + GUARD);
+    size_t bad = 0, guard_bad = 0, cases = 0;
+    const char *const *names = kvs_fp8_isa_names();
+    for (size_t v = 0; names[v]; v++) {
+        if (!kvs_fp8_isa_available(names[v])) continue;
+        REQUIRE_OK(kvs_fp8_set_isa(names[v]));
+        const kvs_fp8_kernels *k;
+        REQUIRE_OK(kvs_fp8_kernels_get(&k));
+        CHECK_EQ_INT(k->lut16 != NULL, strncmp(names[v], "avx512", 6) == 0);
+        for (int direct = 0; direct < 2; direct++) {
+            if (direct && k->lut16 == NULL) continue;
+            for (size_t n = 0; n <= MAXLEN; n++)
+                for (int so = 0; so < 8; so++) {
+                    const int doff = (so * 5 + (int)n) & 15;
+                    for (size_t i = 0; i < n; i++) {
+                        unsigned c = codes[so + i];
+                        want[i] = (uint16_t)(hi[c & 0x7F] << 8 | lo[c & 0x7F] | (c & 0x80) << 8);
+                    }
+                    memset(got, 0xEE, GUARD + 16 + 2 * MAXLEN + GUARD);
+                    unsigned char *d = got + GUARD + doff;
+                    if (direct)
+                        k->lut16(codes + so, d, n, lo, hi);
+                    else
+                        CHECK_OK(kvs_fp8_lut16(codes + so, d, n, lo, hi));
+                    cases++;
+                    if (memcmp(d, want, 2 * n) != 0 && bad++ < 5)
+                        fprintf(stderr, "  %s lut16 (%s) n=%zu src+%d dst+%d differs\n",
+                                names[v], direct ? "kernel" : "kvs_fp8_lut16", n, so, doff);
+                    for (size_t g = 0; g < GUARD + (size_t)doff; g++) guard_bad += got[g] != 0xEE;
+                    for (size_t g = 0; g < GUARD; g++) guard_bad += d[2 * n + g] != 0xEE;
+                }
+        }
+        /* long, streaming: every code many times */
+        const size_t n = LONG_N;
+        uint8_t *src = xmalloc(n);
+        uint16_t *out = xmalloc(2 * n + 2);
+        for (size_t i = 0; i < n; i++) src[i] = (uint8_t)rng32();
+        kvs_fp8_set_nt_min_bytes(LONG_NT_MIN);
+        CHECK_OK(kvs_fp8_lut16(src, (uint8_t *)out + 2, n, lo, hi));
+        kvs_fp8_set_nt_min_bytes(KVS_FP8_NT_DEFAULT_MIN_BYTES);
+        size_t long_bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            unsigned c = src[i];
+            uint16_t w = (uint16_t)(hi[c & 0x7F] << 8 | lo[c & 0x7F] | (c & 0x80) << 8), g;
+            memcpy(&g, (uint8_t *)out + 2 + 2 * i, 2);
+            long_bad += g != w;
+        }
+        CHECK_EQ_U64(long_bad, 0);
+        free(src);
+        free(out);
+    }
+    kvs_fp8_set_isa("auto");
+    CHECK(cases > 0);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(guard_bad, 0);
+    free(got);
+}
+
 /* encode_copy (fp8_kernels.h: the pipeline's streamed fused encode): dst
  * and copy both get exactly the scalar encoder's bytes, at every length up
  * to MAXLEN, every alignment of either, nothing written outside them; and
@@ -650,6 +724,7 @@ int main(void)
     RUN(test_float32_inputs);
     RUN(test_lengths_and_offsets);
     RUN(test_encode_copy);
+    RUN(test_lut16);
     RUN(test_long_arrays);
     RUN(test_default_threshold);
     RUN(test_nt_edges);

@@ -300,4 +300,4 @@ KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int 
 /* ---- the table: the 12 kernels as encode_array / decode_array with
  * constant arguments (fp8_kernels.h) ---------------------------------------- */
 
-KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx2, "avx2")
+KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx2, "avx2", NULL)

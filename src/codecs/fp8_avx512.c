@@ -580,22 +580,25 @@ static const uint8_t kvs_dec_idx32[4][64] __attribute__((aligned(64))) = {
 #undef Q
 };
 
-/* 64 codes -> low and high result bytes. wide: F32 uses the bf16 tables. */
-KVS_AI void dec_bytes(__m512i codes, int wide, int fmt, __m512i *lo, __m512i *hi)
+/* 64 codes -> low and high result bytes through 128-entry tables tl, th
+ * (64-byte aligned) of the magnitude, the code's sign OR-ed into bit 7 of
+ * the high byte. */
+KVS_AI void dec_bytes(__m512i codes, const uint8_t *tl, const uint8_t *th, __m512i *lo,
+                      __m512i *hi)
 {
-    const int t = wide == KVS_WIDE_F16 ? 2 : 0;
-    const uint8_t *tl = kvs_fp8_dec_tables[fmt][t], *th = kvs_fp8_dec_tables[fmt][t + 1];
     *lo = _mm512_permutex2var_epi8(load_table(tl), codes, load_table(tl + 64));
     const __m512i h = _mm512_permutex2var_epi8(load_table(th), codes, load_table(th + 64));
     *hi = _mm512_ternarylogic_epi32(h, codes, _mm512_set1_epi8((char)0x80), TL_A_OR_B_AND_C);
 }
 
-/* k codes (1..64) at src -> dst, masked. */
-KVS_AI void dec_partial(const uint8_t *src, void *dst, size_t k, int wide, int fmt)
+/* k codes (1..64) at src -> dst, masked. wide: the result layout (F32:
+ * bytes 2 and 3 of each float, the rest 0; else 16-bit results). */
+KVS_AI void dec_partial(const uint8_t *src, void *dst, size_t k, int wide, const uint8_t *tl,
+                        const uint8_t *th)
 {
     const __mmask64 m = mask_first(k);
     __m512i lo, hi;
-    dec_bytes(_mm512_maskz_loadu_epi8(m, src), wide, fmt, &lo, &hi);
+    dec_bytes(_mm512_maskz_loadu_epi8(m, src), tl, th, &lo, &hi);
     if (wide == KVS_WIDE_F32) {
         uint32_t *d = (uint32_t *)dst;
         for (int q = 0; q < 4; q++) {
@@ -612,10 +615,11 @@ KVS_AI void dec_partial(const uint8_t *src, void *dst, size_t k, int wide, int f
     }
 }
 
-KVS_AI void dec_full(const uint8_t *src, void *dst, int wide, int fmt, int nt)
+KVS_AI void dec_full(const uint8_t *src, void *dst, int wide, const uint8_t *tl,
+                     const uint8_t *th, int nt)
 {
     __m512i lo, hi;
-    dec_bytes(_mm512_loadu_si512(src), wide, fmt, &lo, &hi);
+    dec_bytes(_mm512_loadu_si512(src), tl, th, &lo, &hi);
     __m512i *d = (__m512i *)dst;
     const int nv = wide == KVS_WIDE_F32 ? 4 : 2;
     for (int q = 0; q < nv; q++) {
@@ -630,7 +634,9 @@ KVS_AI void dec_full(const uint8_t *src, void *dst, int wide, int fmt, int nt)
     }
 }
 
-KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int fmt)
+/* n codes -> dst through the tables (dec_bytes), with the store policy. */
+KVS_AI void table_array(const uint8_t *src, void *dst, size_t n, int wide, const uint8_t *tl,
+                        const uint8_t *th)
 {
     const size_t esize = wide == KVS_WIDE_F32 ? 4 : 2;
     unsigned char *d = (unsigned char *)dst;
@@ -639,25 +645,39 @@ KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int 
         size_t head = (size_t)(-(uintptr_t)d & 63) / esize;
         if (head > n) head = n; /* only with a small threshold (tests) */
         if (head) {
-            dec_partial(src, d, head, wide, fmt);
+            dec_partial(src, d, head, wide, tl, th);
             i = head;
         }
         for (; i + 64 <= n; i += 64)
-            dec_full(src + i, d + i * esize, wide, fmt, 1);
+            dec_full(src + i, d + i * esize, wide, tl, th, 1);
         _mm_sfence();
     } else {
         for (; i + 64 <= n; i += 64)
-            dec_full(src + i, d + i * esize, wide, fmt, 0);
+            dec_full(src + i, d + i * esize, wide, tl, th, 0);
     }
     if (i < n)
-        dec_partial(src + i, d + i * esize, n - i, wide, fmt);
+        dec_partial(src + i, d + i * esize, n - i, wide, tl, th);
+}
+
+/* wide F32 uses the bf16 tables (every fp8 value is a bfloat16). */
+KVS_AI void decode_array(const uint8_t *src, void *dst, size_t n, int wide, int fmt)
+{
+    const int t = wide == KVS_WIDE_F16 ? 2 : 0;
+    table_array(src, dst, n, wide, kvs_fp8_dec_tables[fmt][t], kvs_fp8_dec_tables[fmt][t + 1]);
+}
+
+/* The variant's lut16 (fp8_kernels.h). */
+static void lut16_array(const uint8_t *src, void *dst, size_t n, const uint8_t *lo,
+                        const uint8_t *hi)
+{
+    table_array(src, dst, n, KVS_WIDE_BF16, lo, hi);
 }
 
 /* ---- the table: the 12 kernels as encode_array / decode_array with
  * constant arguments (fp8_kernels.h) ---------------------------------------- */
 
 #ifdef __AVX512FP16__
-KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx512fp16, "avx512fp16")
+KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx512fp16, "avx512fp16", lut16_array)
 #else
-KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx512, "avx512")
+KVS_FP8_DEFINE_VARIANT(kvs_fp8_kernels_avx512, "avx512", lut16_array)
 #endif

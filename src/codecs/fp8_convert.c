@@ -61,6 +61,24 @@ int kvs_fp8_encode_copy(const void *src, kvs_dtype src_dtype, uint8_t *dst, uint
     return encode(src, src_dtype, dst, copy, fp8_dtype, saturate, n);
 }
 
+int kvs_fp8_lut16(const uint8_t *src, void *dst, size_t n, const uint8_t *lo, const uint8_t *hi)
+{
+    const kvs_fp8_kernels *k;
+    int rc = kvs_fp8_kernels_get(&k);
+    if (rc) return rc;
+    if (k->lut16) {
+        k->lut16(src, dst, n, lo, hi);
+        return KVS_OK;
+    }
+    uint8_t *d = dst;
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = src[i] & 0x7F;
+        uint16_t v = (uint16_t)(hi[c] << 8 | lo[c] | (src[i] & 0x80) << 8);
+        memcpy(d + 2 * i, &v, 2);
+    }
+    return KVS_OK;
+}
+
 int kvs_fp8_decode(const uint8_t *src, kvs_dtype fp8_dtype, void *dst,
                    kvs_dtype dst_dtype, size_t n)
 {

@@ -28,11 +28,20 @@ typedef void (*kvs_fp8_decode_fn)(const uint8_t *src, void *dst, size_t n);
 typedef void (*kvs_fp8_encode_copy_fn)(const void *src, uint8_t *dst, uint8_t *copy, size_t n,
                                        int saturate);
 
+/* n byte codes -> n 16-bit values through a table of 128: value(c) =
+ * hi[c & 0x7F] << 8 | lo[c & 0x7F], with the code's bit 7 OR-ed into bit 15
+ * (a table of a sign-symmetric function of an fp8 code, like the decoders'
+ * own). lo and hi 64-byte aligned; any n, any alignment of src and dst;
+ * the store policy below. kv_split's scaled reads use it. */
+typedef void (*kvs_fp8_lut16_fn)(const uint8_t *src, void *dst, size_t n, const uint8_t *lo,
+                                 const uint8_t *hi);
+
 typedef struct kvs_fp8_kernels {
     const char *isa; /* "scalar", "avx2", "avx512", "avx512fp16" */
     kvs_fp8_encode_fn encode[KVS_FP8_NFMT][KVS_NWIDE];
     kvs_fp8_decode_fn decode[KVS_FP8_NFMT][KVS_NWIDE];
     kvs_fp8_encode_copy_fn encode_copy[KVS_FP8_NFMT][KVS_NWIDE]; /* NULL: none (scalar) */
+    kvs_fp8_lut16_fn lut16; /* NULL: none (scalar, avx2) */
 } kvs_fp8_kernels;
 
 /* The variants. The scalar one always exists; the others return NULL when
@@ -75,6 +84,11 @@ void kvs_fp8_set_nt_min_bytes(size_t bytes);
 int kvs_fp8_encode_copy(const void *src, kvs_dtype src_dtype, uint8_t *dst, uint8_t *copy,
                         kvs_dtype fp8_dtype, int saturate, size_t n);
 
+/* The active variant's lut16 (above), or the same values element by element
+ * where it has none. Fails only when the kernels cannot run
+ * (kvs_fp8_kernels_get). */
+int kvs_fp8_lut16(const uint8_t *src, void *dst, size_t n, const uint8_t *lo, const uint8_t *hi);
+
 /* Map dtypes to table indexes; -1 if not an fp8 / wide dtype. */
 int kvs_fp8_fmt_index(kvs_dtype dtype);
 
@@ -108,7 +122,7 @@ float kvs_fp8_e5m2_to_f32(uint8_t code);
  *     encode_array(const void *src, uint8_t *dst, uint8_t *copy, size_t n,
  *                  int wide, int fmt, int saturate)   (copy NULL: encode)
  *     decode_array(const uint8_t *src, void *dst, size_t n, int wide, int fmt)
- * KVS_FP8_DEFINE_VARIANT(accessor, "isa") then defines its 18 table entries
+ * KVS_FP8_DEFINE_VARIANT(accessor, "isa", lut16 or NULL) then defines its 18 table entries
  * (each with constant wide / fmt / saturate, so the compiler folds every
  * branch on them), its table, and `const kvs_fp8_kernels *accessor(void)`. */
 #define KVS_FP8_ENCODER_(name, wide, fmt)                                        \
@@ -132,7 +146,7 @@ float kvs_fp8_e5m2_to_f32(uint8_t code);
     {                                                                            \
         decode_array(src, dst, n, wide, fmt);                                    \
     }
-#define KVS_FP8_DEFINE_VARIANT(accessor, isa_name)                               \
+#define KVS_FP8_DEFINE_VARIANT(accessor, isa_name, lut16_fn)                     \
     KVS_FP8_ENCODER_(e4m3fn_from_f32, KVS_WIDE_F32, KVS_FP8_FMT_E4M3FN)          \
     KVS_FP8_ENCODER_(e4m3fn_from_f16, KVS_WIDE_F16, KVS_FP8_FMT_E4M3FN)          \
     KVS_FP8_ENCODER_(e4m3fn_from_bf16, KVS_WIDE_BF16, KVS_FP8_FMT_E4M3FN)        \
@@ -165,6 +179,7 @@ float kvs_fp8_e5m2_to_f32(uint8_t code);
                         {[KVS_WIDE_F32] = e5m2_from_f32_copy,                    \
                          [KVS_WIDE_F16] = e5m2_from_f16_copy,                    \
                          [KVS_WIDE_BF16] = e5m2_from_bf16_copy}},                \
+        .lut16 = lut16_fn,                                                       \
     };                                                                           \
     const kvs_fp8_kernels *accessor(void) { return &variant_table_; }
 

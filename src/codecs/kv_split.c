@@ -18,6 +18,7 @@
 
 #include "codecs/clones.h"
 #include "codecs/half.h"
+#include "codecs/fp8_kernels.h"
 #include "codecs/kv_split.h"
 #include "kvserde/error.h"
 #include "kvserde/fp8.h"
@@ -923,13 +924,25 @@ int kvs_kv_split_inspect(const void *blob, size_t len, kvs_kv_split_info *out)
  * Deserialize
  * ------------------------------------------------------------------ */
 
-/* A lookup table for one scale: each of the 256 codes decoded, times the
- * scale, rounded to dt (float16, bfloat16 or float32: 256 entries of its
- * size), by the same operations as the block path of read_run, so the same
- * bytes. A run of a few thousand elements and more then costs one load and
- * one store each instead of a decode, a multiply and a rounding (float16
- * rounding does not even vectorize). */
-static int scaled_table(kvs_dtype stored, float scale, kvs_dtype dt, uint8_t *table)
+/* A lookup table for one scale (read_run): each of the 256 codes decoded,
+ * times the scale, rounded to dt (float16, bfloat16 or float32: 256
+ * entries of its size), by the same operations as the block path of
+ * read_run, so the same bytes. A run of a few thousand elements and more
+ * then costs one lookup each instead of a decode, a multiply and a rounding
+ * (float16 rounding does not even vectorize). For a 16-bit dt whose table
+ * is sign-symmetric (entry c | 0x80 = entry c with bit 15 set: always, as
+ * fp8 decoding, scaling and rounding to nearest even are, but checked), lo
+ * and hi are its 128 magnitudes' bytes for the kernels' vectorized lookup
+ * (kvs_fp8_lut16). */
+typedef struct scaled_lut {
+    float scale; /* the scale it was built for; 0: none yet (0 is never a scale) */
+    int sym16;
+    uint8_t table[256 * 4];
+    _Alignas(64) uint8_t lo[128];
+    _Alignas(64) uint8_t hi[128];
+} scaled_lut;
+
+static int scaled_lut_build(kvs_dtype stored, float scale, kvs_dtype dt, scaled_lut *t)
 {
     static const uint8_t codes[256] = {
 #define ROW(x) x, x + 1, x + 2, x + 3, x + 4, x + 5, x + 6, x + 7
@@ -943,23 +956,30 @@ static int scaled_table(kvs_dtype stored, float scale, kvs_dtype dt, uint8_t *ta
     if (rc) return rc;
     if (dt == KVS_DTYPE_FLOAT16) {
         for (int i = 0; i < 256; i++) vals[i] *= scale;
-        store_f32(table, KVS_DTYPE_FLOAT16, 256, vals);
+        store_f32(t->table, KVS_DTYPE_FLOAT16, 256, vals);
     } else {
-        store_scaled(table, dt, 256, vals, scale);
+        store_scaled(t->table, dt, 256, vals, scale);
+    }
+    t->scale = scale;
+    t->sym16 = dt != KVS_DTYPE_FLOAT32;
+    for (int c = 0; c < 128 && t->sym16; c++) {
+        t->lo[c] = t->table[2 * c];
+        t->hi[c] = t->table[2 * c + 1];
+        t->sym16 = t->table[2 * (c + 128)] == t->lo[c] &&
+                   t->table[2 * (c + 128) + 1] == (t->hi[c] | 0x80);
     }
     return KVS_OK;
 }
 
-/* Scaled fp8 runs of at least this many elements go through a table
- * (scaled_table): building one costs about as much as converting 256
+/* Scaled fp8 runs of at least this many elements go through the table
+ * (scaled_lut): building one costs about as much as converting 256
  * elements the block way. float16 always does (its block way is slower). */
 #define TABLE_MIN_RUN 2048
 
-/* Fill m elements at dst (dtype dt) from m stored elements at in. table /
- * table_scale: the caller's lookup table of scaled_table (256 entries of
- * up to 4 bytes) and the scale it was built for (0: none yet). */
+/* Fill m elements at dst (dtype dt) from m stored elements at in; lut: the
+ * caller's table, rebuilt here when the scale changes. */
 static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, uint8_t *dst,
-                    kvs_dtype dt, uint8_t table[256 * 4], float *table_scale)
+                    kvs_dtype dt, scaled_lut *lut)
 {
     size_t osize = kvs_dtype_size(dt);
     if (!is_fp8(stored)) {
@@ -993,11 +1013,12 @@ static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, 
         }
         return KVS_OK;
     }
-    if (*table_scale != scale) { /* built once per distinct scale in a row */
-        int rc = scaled_table(stored, scale, dt, table);
+    if (lut->scale != scale) { /* built once per distinct scale in a row */
+        int rc = scaled_lut_build(stored, scale, dt, lut);
         if (rc) return rc;
-        *table_scale = scale;
     }
+    if (lut->sym16) return kvs_fp8_lut16(in, dst, m, lut->lo, lut->hi);
+    const uint8_t *table = lut->table;
     if (osize == 2)
         for (size_t i = 0; i < m; i++) memcpy(dst + 2 * i, table + 2 * in[i], 2);
     else
@@ -1012,8 +1033,8 @@ static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *b, uint
     size_t osize = kvs_dtype_size(dt), isize = kvs_dtype_size(si->stored_dtype);
     const uint8_t *in = b + si->offset;
     if (si->scope != KVS_KV_SPLIT_SCALE_PER_TENSOR) in += SCALE_BLOCK + 4 * si->nscales;
-    uint8_t table[256 * 4];
-    float table_scale = 0; /* no table yet (0 is never a scale) */
+    scaled_lut lut;
+    lut.scale = 0;
     for (uint64_t i = 0; i < si->numel;) {
         uint64_t s, off;
         size_t m = piece_at(si->numel, si->cols, si->rows_per_scale, si->cols_per_scale,
@@ -1021,8 +1042,7 @@ static int read_payload(const kvs_kv_split_slot_info *si, const uint8_t *b, uint
         float scale = si->nscales
                           ? kvs_f32_from_bits(get_le32(b + si->scales_offset + 4 * s))
                           : si->scale;
-        int rc = read_run(si->stored_dtype, in + i * isize, m, scale, dst + off, dt, table,
-                          &table_scale);
+        int rc = read_run(si->stored_dtype, in + i * isize, m, scale, dst + off, dt, &lut);
         if (rc) return rc;
         i += m;
     }
