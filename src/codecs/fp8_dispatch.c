@@ -65,6 +65,7 @@ const char *const *kvs_fp8_isa_names(void)
     return isa_names;
 }
 
+#if KVS_HAVE_X86
 /* What this CPU runs, read once: CPUID is a trap to the hypervisor on a
  * VM (microseconds each), and kvs_fp8_isa_available() may be called in a
  * loop. */
@@ -75,19 +76,18 @@ static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static void read_cpu(void)
 {
-#if KVS_HAVE_X86
     cpu.avx2 = cpu_has_avx2();
     cpu.avx512 = cpu_has_avx512();
     cpu.avx512fp16 = cpu_has_avx512fp16();
-#endif
 }
+#endif
 
 /* The variant named, if compiled in and supported here; else NULL. */
 static const kvs_fp8_kernels *variant(const char *name)
 {
     if (strcmp(name, "scalar") == 0) return kvs_fp8_kernels_scalar();
-    pthread_once(&cpu_once, read_cpu);
 #if KVS_HAVE_X86
+    pthread_once(&cpu_once, read_cpu);
     if (strcmp(name, "avx2") == 0) return cpu.avx2 ? kvs_fp8_kernels_avx2() : NULL;
     if (strcmp(name, "avx512") == 0) return cpu.avx512 ? kvs_fp8_kernels_avx512() : NULL;
     if (strcmp(name, "avx512fp16") == 0)
