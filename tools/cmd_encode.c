@@ -59,6 +59,13 @@ typedef struct encode_ctx {
     void *aligned;          /* an aligned copy of a misaligned source */
 } encode_ctx;
 
+/* The tensors encode reads: float32, float16 or bfloat16 (*dt set). */
+static int is_float_tensor(const kvs_st_tensor *t, kvs_dtype *dt)
+{
+    return kvs_st_dtype_to_kvs(t->dtype, dt) == 0 &&
+           (*dt == KVS_DTYPE_FLOAT32 || *dt == KVS_DTYPE_FLOAT16 || *dt == KVS_DTYPE_BFLOAT16);
+}
+
 /* The bytes of tensor t for the kernels: its own, or (a file written
  * without alignment: the kernels want aligned elements) an aligned copy in
  * ctx->aligned, valid until the next call. */
@@ -426,8 +433,7 @@ int kvs_cmd_encode(int argc, char **argv)
                     selected[k], in_path);
             goto out;
         }
-        if (kvs_st_dtype_to_kvs(t->dtype, &dt) != 0 ||
-            (dt != KVS_DTYPE_FLOAT32 && dt != KVS_DTYPE_FLOAT16 && dt != KVS_DTYPE_BFLOAT16)) {
+        if (!is_float_tensor(t, &dt)) {
             fprintf(stderr,
                     "kvserde encode: --tensor '%s': the tensor is %s; only float32, float16 "
                     "and bfloat16 tensors are encoded\n",
@@ -462,9 +468,7 @@ int kvs_cmd_encode(int argc, char **argv)
         const kvs_st_tensor *t = &in.tensors[i];
         kvs_dtype dt;
         /* every float tensor, or those --tensor names; the others are kept */
-        int encode = kvs_st_dtype_to_kvs(t->dtype, &dt) == 0 &&
-                     (dt == KVS_DTYPE_FLOAT32 || dt == KVS_DTYPE_FLOAT16 ||
-                      dt == KVS_DTYPE_BFLOAT16);
+        int encode = is_float_tensor(t, &dt);
         int chosen = nselected == 0;
         for (size_t k = 0; k < nselected && !chosen; k++)
             chosen = strcmp(t->name, selected[k]) == 0;

@@ -1018,11 +1018,9 @@ static int read_run(kvs_dtype stored, const uint8_t *in, size_t m, float scale, 
         if (rc) return rc;
     }
     if (lut->sym16) return kvs_fp8_lut16(in, dst, m, lut->lo, lut->hi);
-    const uint8_t *table = lut->table;
-    if (osize == 2)
-        for (size_t i = 0; i < m; i++) memcpy(dst + 2 * i, table + 2 * in[i], 2);
-    else
-        for (size_t i = 0; i < m; i++) memcpy(dst + 4 * i, table + 4 * (size_t)in[i], 4);
+    /* float32 (a 16-bit table is always sign-symmetric: this loop serves
+     * one only if that ever stopped holding) */
+    for (size_t i = 0; i < m; i++) memcpy(dst + osize * i, lut->table + osize * in[i], osize);
     return KVS_OK;
 }
 
