@@ -702,6 +702,41 @@ static void lossless_refs_seeds(void)
     kvs_serde_pair_destroy(&p);
 }
 
+/* fuzz_lossless, coded signs: a version 4 payload (the rANS coder at
+ * level 3 on [64, 16] bfloat16 whose channels keep their sign from row to
+ * row but for one in four) and the same data to encode at level 3 with 256
+ * channels. */
+static void lossless_signs_seeds(void)
+{
+    kvs_serde_pair p;
+    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
+                                "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":3},"
+                                "{\"type\":\"crc32c\"}]}",
+                                &p),
+          "lossless rans level 3 pipeline");
+    kvs_layout l = {0};
+    const int64_t dims[2] = {64, 16};
+    check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
+    kvs_memobj *src;
+    check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+    uint16_t *v = src->data;
+    uint32_t x = 54321;
+    for (size_t k = 0; k < 64 * 16; k++) {
+        x = x * 1103515245u + 12345u;
+        unsigned sign = k < 16 || k % 4 == 3 ? x >> 31 : (unsigned)(v[k - 16] >> 15);
+        if ((x >> 16) % 64 == 0) sign ^= 1;
+        v[k] = (uint16_t)(sign << 15 | (0x3C00 + (x >> 22)));
+    }
+    put_lossless_payload(&p, src, 2, "bf16-signs-payload", 4);
+    buf out;
+    out.n = 0;
+    b_u8(&out, 2 | 4 | 16 | 32 | 2u << 6);
+    b_mem(&out, src->data, src->capacity);
+    put("lossless", "bf16-signs-data", out.b, out.n);
+    kvs_memobj_free(src);
+    kvs_serde_pair_destroy(&p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -720,6 +755,7 @@ int main(int argc, char **argv)
     roundtrip_seeds();
     lossless_seeds();
     lossless_refs_seeds();
+    lossless_signs_seeds();
     int_seeds();
     transform_seeds();
     rans_seeds();
