@@ -789,6 +789,7 @@ static void test_rans_signs_roundtrips(void)
                                         {5, 4096}, {64, 256},  {257, 256}, {300, 3000},
                                         {513, 128}, {1027, 64}};
     kvs_stage *st2 = rans_stage_at(2), *st3 = rans_stage_at(3);
+    int packed = 0; /* kind 3 records whose mantissas were checked */
     for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
         for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
             kvs_layout l = {0};
@@ -815,6 +816,23 @@ static void test_rans_signs_roundtrips(void)
                 CHECK(e3[0] == 4);
                 CHECK(m3 < m2);
             }
+            /* a kind 3 record in block 0: its mantissas are element i's
+             * bits 0-6 in bits 7i..7i+6 (docs/frame_format.md) */
+            size_t rec0 = 24 + 4 * blocks;
+            if (e3[0] == 4 && e3[rec0] == 3) {
+                size_t k0 = n / 2 < BLOCK ? n / 2 : BLOCK, bad = 0;
+                const uint8_t *mb = e3 + rec0 + 1;
+                for (size_t i = 0; i < k0; i++) {
+                    unsigned got = 0;
+                    for (unsigned t = 0; t < 7; t++) {
+                        size_t bit = 7 * i + t;
+                        got |= (unsigned)(mb[bit / 8] >> (bit % 8) & 1) << t;
+                    }
+                    bad += got != (((const uint8_t *)o->data)[2 * i] & 0x7Fu);
+                }
+                CHECK(bad == 0);
+                packed++;
+            }
             /* random bits and random signs: level 3 is level 2 */
             if (f == RANDOM || f == SMOOTH || f == ROWS_COPIED)
                 CHECK(m2 == m3 && memcmp(e2, e3, m2) == 0);
@@ -822,6 +840,7 @@ static void test_rans_signs_roundtrips(void)
             free(e3);
             kvs_memobj_free(o);
         }
+    CHECK(packed >= 4);
     kvs_stage_lossless_type.destroy(st2);
     kvs_stage_lossless_type.destroy(st3);
 }

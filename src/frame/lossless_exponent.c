@@ -295,6 +295,29 @@ static inline uint32_t get32le(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* 8 bytes little-endian: one load or store where the host is (x86-64,
+ * aarch64), which GCC does not make of the byte loop at -O2. */
+static inline uint64_t get64le(const uint8_t *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
+    return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
+#endif
+}
+
+static inline void put64le(uint8_t *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 8);
+#else
+    put32le(p, (uint32_t)v);
+    put32le(p + 4, (uint32_t)(v >> 32));
+#endif
+}
+
 static inline unsigned get16(const uint8_t *p)
 {
     return (unsigned)p[0] | (unsigned)p[1] << 8;
@@ -583,14 +606,21 @@ static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
         unsigned t = (unsigned)(r % LLX_SIGN_ROWS);
-        uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period;
-        const uint8_t *restrict row = sm + i0;
-        if (r == 0) {
-            for (size_t c = 0; c < n; c++) q[c] = (uint8_t)(q[c] | (row[c] >> 7) << t);
-            continue;
+        uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period, bit = (uint8_t)(1u << t);
+        const uint8_t *restrict row = sm + i0, *restrict up = r ? row - period : NULL;
+        size_t c = 0;
+#ifdef __SSE2__
+        /* the sign bit by a signed byte compare (SSE2 has no byte shift) */
+        const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit);
+        for (; c + 16 <= n; c += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(row + c));
+            if (up) x = _mm_xor_si128(x, _mm_loadu_si128((const __m128i *)(up + c)));
+            __m128i *qc = (__m128i *)(q + c);
+            _mm_storeu_si128(qc, _mm_or_si128(_mm_loadu_si128(qc),
+                                              _mm_and_si128(_mm_cmplt_epi8(x, zero), vb)));
         }
-        const uint8_t *restrict up = row - period;
-        for (size_t c = 0; c < n; c++) q[c] = (uint8_t)(q[c] | ((row[c] ^ up[c]) >> 7) << t);
+#endif
+        for (; c < n; c++) q[c] = (uint8_t)(q[c] | ((row[c] ^ (up ? up[c] : 0)) & 0x80 ? bit : 0));
     }
     return groups * period;
 }
@@ -602,12 +632,14 @@ static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t
 static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
                         kvs_rans_freqs ts[LLX_SIGN_CLASSES])
 {
-    static const uint8_t pop4[16] = {0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4};
-    const uint8_t *nib = w->exp + k;
-    uint32_t *flips = w->flips;
+    const uint8_t *restrict nib = w->exp + k;
+    uint32_t *restrict flips = w->flips;
     memset(flips, 0, period * sizeof flips[0]);
     for (size_t j = 0; j < n; j += period)
-        for (uint32_t c = 0; c < period; c++) flips[c] += pop4[nib[j + c]];
+        for (uint32_t c = 0; c < period; c++) {
+            unsigned x = nib[j + c];
+            flips[c] += (x & 1) + (x >> 1 & 1) + (x >> 2 & 1) + (x >> 3);
+        }
     uint64_t rows = (k + period - 1) / period;
     for (uint32_t c = 0; c < period; c++) {
         uint64_t f = flips[c];
@@ -627,13 +659,22 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
 }
 
 /* The mantissas (bits 0-6) of sm[0..k), 7 bits each, element i in bits
- * 7i..7i+6 of out (ceil(7k / 8) bytes); returns the bytes. out may be sm:
- * each 8 elements are read before their 7 bytes are written, below the
- * next 8. */
+ * 7i..7i+6 of out (ceil(7k / 8) bytes, and out must hold one more when k
+ * >= 8); returns the bytes. out may be sm: each 8 elements are read before
+ * their bytes are written, below the next 8. */
 static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < k; i += 8) {
+    size_t o = 0, i = 0;
+    /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
+     * bits of u32s -> 56 bits */
+    for (; i + 8 <= k; i += 8, o += 7) {
+        uint64_t x = get64le(sm + i) & 0x7F7F7F7F7F7F7F7Fu;
+        x = (x & 0x007F007F007F007Fu) | (x & 0x7F007F007F007F00u) >> 1;
+        x = (x & 0x00003FFF00003FFFu) | (x & 0x3FFF00003FFF0000u) >> 2;
+        x = (x & 0x000000000FFFFFFFu) | (x & 0x0FFFFFFF00000000u) >> 4;
+        put64le(out + o, x); /* its 8th byte (0) is the next group's first */
+    }
+    for (; i < k; i += 8) {
         size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
         uint64_t v = 0;
         for (size_t j = 0; j < n; j++) v |= (uint64_t)(sm[i + j] & 0x7F) << (7 * j);
@@ -975,11 +1016,22 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
 }
 
 /* pack_mantissas' inverse: the k mantissas at in into sm (bit 7 0), or
- * KVS_ECORRUPT when a bit past the last one is set. */
+ * KVS_ECORRUPT when a bit past the last one is set. Reads up to one byte
+ * past them. */
 static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned long long b)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < k; i += 8) {
+    size_t o = 0, i = 0;
+    /* pack_mantissas' steps backwards */
+    for (; i + 8 <= k; i += 8, o += 7) {
+        /* the 8th byte read is the record's next (its group count at
+         * least): the caller checked that it is there */
+        uint64_t x = get64le(in + o) & 0x00FFFFFFFFFFFFFFu;
+        x = (x & 0x000000000FFFFFFFu) | (x & 0x00FFFFFFF0000000u) << 4;
+        x = (x & 0x00003FFF00003FFFu) | (x & 0x0FFFC0000FFFC000u) << 2;
+        x = (x & 0x007F007F007F007Fu) | (x & 0x3F803F803F803F80u) << 1;
+        put64le(sm + i, x);
+    }
+    for (; i < k; i += 8) {
         size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
         uint64_t v = 0;
         for (size_t j = 0; j < nb; j++) v |= (uint64_t)in[o + j] << (8 * j);
@@ -1032,8 +1084,8 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     uint8_t *ctx = w->ctx, *nib = w->exp + k;
     if (ng > 1) fill_ctx(w->group, period, 0, k, ctx);
     else memset(ctx, 0, k);
-    for (size_t j = 0; j < nn; j += period)
-        for (uint32_t c = 0; c < period; c++) ctx[k + j + c] = (uint8_t)(ng + w->sclass[c]);
+    for (uint32_t c = 0; c < period; c++) ctx[k + c] = (uint8_t)(ng + w->sclass[c]);
+    for (size_t j = period; j < nn; j += period) memcpy(ctx + k + j, ctx + k, period);
     kvs_rans_dec_init(&w->dec, t, ng + LLX_SIGN_CLASSES);
     rc = kvs_rans_decode(&w->dec, rec + at, len - at, ctx, w->exp, k + nn, what);
     if (rc) return rc;
@@ -1049,16 +1101,26 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     }
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
-        unsigned t4 = (unsigned)(r % LLX_SIGN_ROWS);
+        uint8_t bit = (uint8_t)(1u << (r % LLX_SIGN_ROWS));
         const uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period;
         uint8_t *restrict sm = w->sm + i0;
-        if (r == 0) {
-            for (size_t c = 0; c < n; c++) sm[c] = (uint8_t)(sm[c] | (q[c] >> t4 & 1) << 7);
-            continue;
+        const uint8_t *restrict up = r ? sm - period : NULL;
+        size_t c = 0;
+#ifdef __SSE2__
+        /* the flip as a byte compare (SSE2 has no byte shift) */
+        const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),
+                      m80 = _mm_set1_epi8((char)0x80);
+        for (; c + 16 <= n; c += 16) {
+            __m128i kept = _mm_cmpeq_epi8(_mm_and_si128(_mm_loadu_si128((const __m128i *)(q + c)), vb),
+                                          zero);
+            __m128i s = _mm_andnot_si128(kept, m80);
+            if (up) s = _mm_xor_si128(s, _mm_and_si128(_mm_loadu_si128((const __m128i *)(up + c)), m80));
+            __m128i *sc = (__m128i *)(sm + c);
+            _mm_storeu_si128(sc, _mm_or_si128(_mm_loadu_si128(sc), s));
         }
-        const uint8_t *restrict up = sm - period;
-        for (size_t c = 0; c < n; c++)
-            sm[c] = (uint8_t)(sm[c] | (((q[c] >> t4 & 1) << 7) ^ (up[c] & 0x80)));
+#endif
+        for (; c < n; c++)
+            sm[c] = (uint8_t)(sm[c] | ((q[c] & bit ? 0x80 : 0) ^ (up ? up[c] & 0x80 : 0)));
     }
     join_fields(w->exp, w->sm, k, dst);
     return KVS_OK;
