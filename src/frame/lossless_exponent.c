@@ -60,6 +60,7 @@
 #endif
 
 #include "codecs/rans.h"
+#include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 
 #define LLX_RAW 0
@@ -164,6 +165,48 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
     if (w && (w->max_k != KVS_LLX_KEPT_K ||
               !atomic_compare_exchange_strong(&scratch_kept, &none, w)))
         scratch_free(w);
+}
+
+/* ---- which rebuild of rows with references -------------------------- */
+
+static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 VBMI2 */
+
+static int simd_available(void)
+{
+#if KVS_HAVE_X86
+    /* what lossless_rows_avx512vbmi2.c is compiled for (CMakeLists.txt) */
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi2");
+#else
+    return 0;
+#endif
+}
+
+#if KVS_HAVE_X86
+/* Chosen once (CPUID traps on a VM); KVSERDE_ISA=scalar or avx2 turns it
+ * off, as it does the rANS and fp8 kernels. */
+static int use_simd(void)
+{
+    int st = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    if (st < 0) {
+        const char *isa = getenv("KVSERDE_ISA");
+        int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
+        st = !forced_off && simd_available();
+        atomic_store_explicit(&simd_state, st, memory_order_relaxed);
+    }
+    return st;
+}
+#endif
+
+int kvs_llx_set_simd(int on)
+{
+    int st = on && simd_available();
+    atomic_store_explicit(&simd_state, st, memory_order_relaxed);
+    return st;
 }
 
 /* src (k u16) -> exponents and sign+mantissa bytes. */
@@ -1000,9 +1043,18 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         }
         const uint8_t *above = out - 2 * (size_t)w->ref[r] * period;
         const uint8_t *restrict fl = w->flags, *restrict sym = w->sym;
+        size_t c = 0;
+#if KVS_HAVE_X86
+        if (use_simd()) {
+            size_t used = 0;
+            c = kvs_llx_row_refs_avx512vbmi2(above, fl, nfb, fbit, sym + s, sm + s, n, out, &used);
+            s += used;
+            fbit += c;
+        }
+#endif
         /* without branches; sym[s] and sm[s] with s == u are still
          * inside their buffers (u < k, and the group count follows sm) */
-        for (size_t c = 0; c < n; c++, fbit++) {
+        for (; c < n; c++, fbit++) {
             unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get16(above + 2 * c);
             unsigned e = (sym[s] + (a >> 7)) & 0xFF;
             unsigned v = (unsigned)(sm[s] & 0x80) << 8 | e << 7 | (sm[s] & 0x7Fu);
