@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "frame/lossless_exponent.h"
+#include "codecs/rans_kernels.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
@@ -658,19 +658,20 @@ static void refs_roundtrips(void)
     kvs_stage_lossless_type.destroy(st2);
 }
 
-/* Both rebuilds of rows with references: the scalar loop and, where the
- * CPU has it, AVX-512 VBMI2 (each round trip is exact, so they agree). */
+/* Both rebuilds of rows with references: the scalar loop (with the rANS
+ * coder's scalar kernels) and, where the CPU has it, AVX-512 VBMI2 (with
+ * the AVX-512 kernels); each round trip is exact, so they agree. */
 static void test_rans_refs_roundtrips(void)
 {
     for (int simd = 0; simd < 2; simd++) {
-        if (kvs_llx_set_simd(simd) != simd) {
-            printf("test_rans_refs_roundtrips: no AVX-512 VBMI2 here: the scalar rebuild only\n");
+        if (kvs_rans_set_simd(simd) != simd) {
+            printf("test_rans_refs_roundtrips: no AVX-512 here: the scalar rebuild only\n");
             continue;
         }
         refs_roundtrips();
         split_across_workers(RANS2_LL);
     }
-    kvs_llx_set_simd(1);
+    kvs_rans_set_simd(1);
 }
 
 /* A version 3 payload of one block of 8 elements, channel period 4, its

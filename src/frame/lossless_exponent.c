@@ -60,6 +60,7 @@
 #endif
 
 #include "codecs/rans.h"
+#include "codecs/rans_kernels.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 
@@ -167,47 +168,23 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
         scratch_free(w);
 }
 
-/* ---- which rebuild of rows with references -------------------------- */
-
-static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 VBMI2 */
-
-static int simd_available(void)
-{
 #if KVS_HAVE_X86
-    /* what lossless_rows_avx512vbmi2.c is compiled for (CMakeLists.txt) */
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("bmi2");
-#else
-    return 0;
-#endif
-}
-
-#if KVS_HAVE_X86
-/* Chosen once (CPUID traps on a VM); KVSERDE_ISA=scalar or avx2 turns it
- * off, as it does the rANS and fp8 kernels. */
-static int use_simd(void)
+/* The rebuild of rows with references: AVX-512 VBMI2 where the CPU has it
+ * and the rANS coder uses its AVX-512 kernels (the same set; KVSERDE_ISA and
+ * kvs_rans_set_simd choose for both). The CPU is read once: CPUID traps on
+ * a VM. */
+static int rows_simd(void)
 {
-    int st = atomic_load_explicit(&simd_state, memory_order_relaxed);
-    if (st < 0) {
-        const char *isa = getenv("KVSERDE_ISA");
-        int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
-        st = !forced_off && simd_available();
-        atomic_store_explicit(&simd_state, st, memory_order_relaxed);
+    static atomic_int vbmi2 = -1;
+    int v = atomic_load_explicit(&vbmi2, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi2") != 0;
+        atomic_store_explicit(&vbmi2, v, memory_order_relaxed);
     }
-    return st;
+    return v && kvs_rans_simd_in_use();
 }
 #endif
-
-int kvs_llx_set_simd(int on)
-{
-    int st = on && simd_available();
-    atomic_store_explicit(&simd_state, st, memory_order_relaxed);
-    return st;
-}
 
 /* src (k u16) -> exponents and sign+mantissa bytes. */
 static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm)
@@ -916,15 +893,23 @@ static size_t flags_set(const uint8_t *fl, size_t bit, size_t n)
     return m;
 }
 
+/* Whether the block holds whole rows from its start (kinds 2 and 3 need
+ * them); if not, the error names what the record holds. */
+static int starts_row(uint32_t period, uint64_t first, unsigned long long b, const char *what)
+{
+    if (period >= 2 && first % period == 0) return 1;
+    kvs_set_error(KVS_ECORRUPT,
+                  "lossless: block %llu: %s in a block that does not start a row (channel period "
+                  "%u, first element %llu)",
+                  b, what, period, (unsigned long long)first);
+    return 0;
+}
+
 /* A kind 2 record (row references), past its kind byte. */
 static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
                        uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
 {
-    if (period < 2 || first % period != 0)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: block %llu: row references in a block that does not "
-                             "start a row (channel period %u, first element %llu)",
-                             b, period, (unsigned long long)first);
+    if (!starts_row(period, first, b, "row references")) return KVS_ECORRUPT;
     if (len < 5)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record of %zu bytes", b, len);
     size_t u = get32le(rec + 1), at = 5;
@@ -1045,7 +1030,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         const uint8_t *restrict fl = w->flags, *restrict sym = w->sym;
         size_t c = 0;
 #if KVS_HAVE_X86
-        if (use_simd()) {
+        if (rows_simd()) {
             size_t used = 0;
             c = kvs_llx_row_refs_avx512vbmi2(above, fl, nfb, fbit, sym + s, sm + s, n, out, &used);
             s += used;
@@ -1101,11 +1086,7 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
 static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
                         uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
 {
-    if (period < 2 || first % period != 0)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: block %llu: coded signs in a block that does not start a "
-                             "row (channel period %u, first element %llu)",
-                             b, period, (unsigned long long)first);
+    if (!starts_row(period, first, b, "coded signs")) return KVS_ECORRUPT;
     size_t mb = (7 * k + 7) / 8;
     if (len - 1 < mb + 1)
         return kvs_set_error(KVS_ECORRUPT,

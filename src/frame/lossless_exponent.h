@@ -62,9 +62,4 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
                          uint64_t first, uint32_t period, unsigned tools, uint64_t block,
                          uint8_t *dst);
 
-/* Tests: rebuild rows with references with AVX-512 VBMI2 (on != 0, where
- * the CPU has it) or the scalar loop from now on; returns whether the SIMD
- * one is in use. */
-int kvs_llx_set_simd(int on);
-
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */
