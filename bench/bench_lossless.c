@@ -42,7 +42,8 @@
 #include "kvserde/kvserde.h"
 
 #define MAXL 16
-enum { Z1R, Z3R, L4R, Z1P, Z3P, Z19P, L4P, H0HL, H0ES, STG, STG19, STGR, STGR2, STGR3, F8H0, F8Z1, F8STG, NCOL };
+enum { Z1R, Z3R, L4R, Z1P, Z3P, Z19P, L4P, H0HL, H0ES, STG, STG19, STGR, STGR2, STGR3,
+       F8H0, F8Z1, F8STG, NCOL };
 static const char *const colname[NCOL] = {"zstd-1",   "zstd-3",   "lz4",      "zstd-1p",
                                           "zstd-3p",  "zstd-19p", "lz4p",     "H0 hi/lo",
                                           "H0 e/sm",  "stage",    "stage-19", "stage-r",

@@ -283,13 +283,13 @@ static void test_config_refused(void)
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"level\":20}]}",
          "pipeline: stage 1: lossless: \"level\" must be an integer from -7 to 19 other than 0 "
-         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded signs; default 1), got an "
-         "out-of-range integer"},
+         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded "
+         "signs; default 1), got an out-of-range integer"},
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"level\":\"max\"}]}",
          "pipeline: stage 1: lossless: \"level\" must be an integer from -7 to 19 other than 0 "
-         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded signs; default 1), got "
-         "string"},
+         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded "
+         "signs; default 1), got string"},
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"coder\":\"lz4\"}]}",
          "pipeline: stage 1: lossless: \"coder\" must be \"zstd\" (default) or \"rans\", got "

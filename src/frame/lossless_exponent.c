@@ -122,7 +122,8 @@ static void scratch_free(kvs_llx_scratch *w)
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
  * about 490 KiB more, are only touched when encoding at level 2 and when
- * decoding records of kind 2; kind 3 decodes its mantissas into sm). A call takes the kept one or makes its own,
+ * decoding records of kind 2; kind 3 decodes its mantissas into sm). A
+ * call takes the kept one or makes its own,
  * and keeps it afterwards if the slot is free; the kept one is reachable
  * from here until the process ends. */
 #define KVS_LLX_KEPT_K 65536u
@@ -139,7 +140,7 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
     if (w == NULL) return NULL;
     w->max_k = max_k;
     /* kind 3 codes up to max_k / 4 + KVS_LLX_MAX_PERIOD nibbles after the
-     * exponents (sign_symbols) */
+     * exponents (sign_nibbles) */
     size_t max_sym = max_k + max_k / 4 + KVS_LLX_MAX_PERIOD;
     w->exp = malloc(max_sym);
     w->ctx = malloc(max_sym);
@@ -663,7 +664,8 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
     uint64_t rows = (k + period - 1) / period;
     for (uint32_t c = 0; c < period; c++) {
         uint64_t f = flips[c];
-        w->sclass[c] = (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
+        w->sclass[c] =
+            (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
     }
     uint32_t h[LLX_SIGN_CLASSES][256];
     memset(h, 0, sizeof h);
@@ -790,7 +792,8 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
     kvs_rans_freqs ts[LLX_SIGN_CLASSES];
     if ((tools & KVS_LLX_SIGNS) && use_map && phase == 0) {
         nn = sign_nibbles(rec + 1, k, period, w->exp + k);
-        k3 = k1 - 8.0 * (double)k + 8.0 * (double)((7 * k + 7) / 8) + sign_plan(w, k, period, nn, ts);
+        k3 = k1 - 8.0 * (double)k + 8.0 * (double)((7 * k + 7) / 8) +
+             sign_plan(w, k, period, nn, ts);
     }
     size_t n = nref ? encode_refs(w, src, k, period, nref, h, k3 < k1 ? k3 : k1, rec) : 0;
     if (n) {
@@ -1110,7 +1113,8 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
         for (unsigned v = 16; v < 256; v++)
             if (t[ng + q].f[v])
                 return kvs_set_error(KVS_ECORRUPT,
-                                     "lossless: block %llu: sign table %u codes symbol %u (0 to 15)",
+                                     "lossless: block %llu: sign table %u codes symbol %u "
+                                     "(0 to 15)",
                                      b, q, v);
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     size_t nn = groups * period;
@@ -1144,10 +1148,13 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
         const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),
                       m80 = _mm_set1_epi8((char)0x80);
         for (; c + 16 <= n; c += 16) {
-            __m128i kept = _mm_cmpeq_epi8(_mm_and_si128(_mm_loadu_si128((const __m128i *)(q + c)), vb),
-                                          zero);
+            __m128i qv = _mm_loadu_si128((const __m128i *)(q + c));
+            __m128i kept = _mm_cmpeq_epi8(_mm_and_si128(qv, vb), zero);
             __m128i s = _mm_andnot_si128(kept, m80);
-            if (up) s = _mm_xor_si128(s, _mm_and_si128(_mm_loadu_si128((const __m128i *)(up + c)), m80));
+            if (up) {
+                __m128i above = _mm_loadu_si128((const __m128i *)(up + c));
+                s = _mm_xor_si128(s, _mm_and_si128(above, m80));
+            }
             __m128i *sc = (__m128i *)(sm + c);
             _mm_storeu_si128(sc, _mm_or_si128(_mm_loadu_si128(sc), s));
         }
@@ -1179,8 +1186,9 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
     if (rec[0] == LLX_SIGNS && (tools & KVS_LLX_SIGNS))
         return decode_signs(w, rec, len, k, first, period, b, dst);
     if (rec[0] != LLX_CODED)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record kind %u (0 raw, 1 rANS%s%s)",
-                             b, rec[0], tools & KVS_LLX_REFS ? ", 2 rANS with row references" : "",
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: record kind %u (0 raw, 1 rANS%s%s)", b, rec[0],
+                             tools & KVS_LLX_REFS ? ", 2 rANS with row references" : "",
                              tools & KVS_LLX_SIGNS ? ", 3 rANS with coded signs" : "");
     if (len - 1 < k + 1)
         return kvs_set_error(KVS_ECORRUPT,

@@ -33,9 +33,9 @@ size_t kvs_llx_row_refs_avx512vbmi2(const uint8_t *above, const uint8_t *fl, siz
         __m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_expandloadu_epi8(keep, sm + s));
         __m512i a = _mm512_loadu_si512(above + 2 * c);
         __m512i ex = _mm512_and_si512(_mm512_add_epi16(e, _mm512_srli_epi16(a, 7)), lo8);
-        __m512i v = _mm512_or_si512(
-            _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(b, m80), 8), _mm512_slli_epi16(ex, 7)),
-            _mm512_and_si512(b, m7f));
+        __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, m80), 8);
+        __m512i v = _mm512_or_si512(_mm512_or_si512(sign, _mm512_slli_epi16(ex, 7)),
+                                    _mm512_and_si512(b, m7f));
         _mm512_storeu_si512(out + 2 * c, _mm512_mask_blend_epi16(rep, v, a));
         s += (size_t)__builtin_popcount((unsigned)keep);
     }
