@@ -16,11 +16,13 @@
  *                                         byte planes, and of an exponent plane
  *                                         and a sign+mantissa plane (no table
  *                                         cost counted)
- *   stage, stage-19, stage-r, stage-r2    the pipeline [bytes, lossless] at
- *                                         level 1 and 19, and with the rANS
- *                                         coder ("coder": "rans") at level 1
- *                                         and 2 (row references), frame
- *                                         header and CRC included
+ *   stage, stage-19, stage-r, stage-r2, stage-r3   the pipeline [bytes,
+ *                                         lossless] at level 1 and 19, and
+ *                                         with the rANS coder ("coder":
+ *                                         "rans") at level 1, 2 (row
+ *                                         references) and 3 (and coded
+ *                                         signs), frame header and CRC
+ *                                         included
  * and for fp8 e4m3 codes (the plain fp8 serde's bytes): H0, zstd-1 and the
  * pipeline [fp8, lossless], as ratios of the fp8 bytes. GB/s (raw side, one
  * thread, encode / decode) for the stage and the baselines on the whole
@@ -40,11 +42,12 @@
 #include "kvserde/kvserde.h"
 
 #define MAXL 16
-enum { Z1R, Z3R, L4R, Z1P, Z3P, Z19P, L4P, H0HL, H0ES, STG, STG19, STGR, STGR2, F8H0, F8Z1, F8STG, NCOL };
+enum { Z1R, Z3R, L4R, Z1P, Z3P, Z19P, L4P, H0HL, H0ES, STG, STG19, STGR, STGR2, STGR3,
+       F8H0, F8Z1, F8STG, NCOL };
 static const char *const colname[NCOL] = {"zstd-1",   "zstd-3",   "lz4",      "zstd-1p",
                                           "zstd-3p",  "zstd-19p", "lz4p",     "H0 hi/lo",
                                           "H0 e/sm",  "stage",    "stage-19", "stage-r",
-                                          "stage-r2",
+                                          "stage-r2", "stage-r3",
                                           "f8 H0",    "f8 zstd1", "f8 stage"};
 /* stored bytes per column; raw bytes (bf16 or fp8) per slice kind and layer */
 static double stored[2][MAXL][NCOL], rawb[2][MAXL];
@@ -153,6 +156,7 @@ static void slice(int kvi, int layer, const uint8_t *s, int T, int H, kvs_serde_
     st[STG19] += serde_size(&ps[1], &l, s, nb, STG19, tmp, cap, back);
     st[STGR] += serde_size(&ps[4], &l, s, nb, STGR, tmp, cap, back);
     st[STGR2] += serde_size(&ps[5], &l, s, nb, STGR2, tmp, cap, back);
+    st[STGR3] += serde_size(&ps[6], &l, s, nb, STGR3, tmp, cap, back);
     /* fp8 codes: the plain fp8 serde's bytes */
     kvs_memobj in, co;
     kvs_layout cl;
@@ -214,7 +218,7 @@ int main(int argc, char **argv)
         printf("bench_lossless: skipped: no kvdata directory (give DIR or set KVS_KVDATA_DIR)\n");
         return 0;
     }
-    kvs_serde_pair ps[6] = {
+    kvs_serde_pair ps[7] = {
         pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\"}]}"),
         pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
              "\"level\":19}]}"),
@@ -224,6 +228,8 @@ int main(int argc, char **argv)
              "\"coder\":\"rans\"}]}"),
         pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
              "\"coder\":\"rans\",\"level\":2}]}"),
+        pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
+             "\"coder\":\"rans\",\"level\":3}]}"),
     };
     size_t cap = 4 << 20;
     uint8_t *tmp = malloc(cap), *back = malloc(cap);
@@ -295,7 +301,7 @@ int main(int argc, char **argv)
         else /* [fp8, lossless]: encode only (its decode is the fp8 serde's, lossy) */
             printf("  %-9s encode %7.3f  decode       -\n", colname[c], r / t_enc[c] / 1e9);
     }
-    for (int i = 0; i < 6; i++) kvs_serde_pair_destroy(&ps[i]);
+    for (int i = 0; i < 7; i++) kvs_serde_pair_destroy(&ps[i]);
     free(tmp);
     free(back);
     return 0;

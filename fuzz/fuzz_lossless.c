@@ -7,7 +7,8 @@
  *   bit 2     encode mode: the data is the typed stage's output; encode it
  *             (level from bits 3-4: 1, -7, 3, 19 only for data <= 4 KiB;
  *             bit 5: the rANS coder instead, at level 1 when bits 3-4
- *             are 0, else level 2 (row references); the channel count
+ *             are 0, level 2 (row references) when 1, else level 3
+ *             (and coded signs); the channel count
  *             from bits 6-7: 1, 3, 256, 4096), then decode that
  *   else      decode mode: the data is a stage payload
  * Properties:
@@ -28,7 +29,7 @@
 
 #define MAX_OUT ((size_t)4 << 20)
 
-static kvs_stage *g_stage[6]; /* levels 1, -7, 3, 19; the rANS coder at 1 and 2 */
+static kvs_stage *g_stage[7]; /* levels 1, -7, 3, 19; the rANS coder at 1, 2 and 3 */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -40,7 +41,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
         json_decref(cfg);
     }
-    for (int i = 4; i < 6; i++) {
+    for (int i = 4; i < 7; i++) {
         json_t *cfg = json_pack("{s:s,s:s,s:i}", "type", "lossless", "coder", "rans", "level",
                                 i - 3);
         if (cfg == NULL || kvs_stage_lossless_type.create(cfg, &g_stage[i]) != KVS_OK) abort();
@@ -95,8 +96,8 @@ static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned
     uint8_t *enc = encode(st, in, n, elem, channels, &m);
     unsigned s = elem == 1 || elem == 2 || elem == 4 ? elem : 1;
     size_t blocks = (n / s + 65535) / 65536;
-    if (enc[0] == 2)
-        FZ_ASSERT(m <= n + 24 + 5 * blocks, "%zu bytes grew to %zu (version 2)", n, m);
+    if (enc[0] >= 2)
+        FZ_ASSERT(m <= n + 24 + 5 * blocks, "%zu bytes grew to %zu (version %u)", n, m, enc[0]);
     else
         FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
     uint8_t *back;
@@ -128,13 +129,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         static const uint64_t channels[4] = {1, 3, 256, 4096};
         int li = (opt >> 3) & 3;
         if (li == 3 && n > 4096) li = 0;
-        if (opt & 32) li = (opt >> 3 & 3) ? 5 : 4;
+        if (opt & 32) li = 4 + ((opt >> 3 & 3) < 2 ? (opt >> 3 & 3) : 2);
         roundtrip(g_stage[li], in, n, elem, channels[opt >> 6]);
     } else {
         uint8_t *out;
         size_t m;
         if (decode(in, n, elem, &out, &m) == KVS_OK) {
-            roundtrip(g_stage[in[0] == 2 ? 4 : in[0] == 3 ? 5 : 0], out, m, elem, 256);
+            roundtrip(g_stage[in[0] >= 2 && in[0] <= 4 ? in[0] + 2 : 0], out, m, elem, 256);
             free(out);
         }
     }

@@ -667,23 +667,9 @@ static void rans_seeds(void)
     }
 }
 
-/* fuzz_lossless, row references: a version 3 payload (the rANS coder at
- * level 2 on [64, 16] bfloat16 whose rows copy earlier rows in part) and
- * the same data to encode at level 2 with 256 channels. */
-static void lossless_refs_seeds(void)
+/* [64, 16] bfloat16 whose rows copy earlier rows in part. */
+static void fill_rows_copied(uint16_t *v)
 {
-    kvs_serde_pair p;
-    check(kvs_serde_create_pair("{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"
-                                "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":2},"
-                                "{\"type\":\"crc32c\"}]}",
-                                &p),
-          "lossless rans level 2 pipeline");
-    kvs_layout l = {0};
-    const int64_t dims[2] = {64, 16};
-    check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
-    kvs_memobj *src;
-    check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
-    uint16_t *v = src->data;
     uint32_t x = 12345;
     size_t from = 0;
     for (size_t k = 0; k < 64 * 16; k++) {
@@ -692,12 +678,49 @@ static void lossless_refs_seeds(void)
         if (k % 16 == 0) from = r ? (x >> 8) % r : 0;
         v[k] = r && (x >> 31) ? v[from * 16 + k % 16] : (uint16_t)(0x3C00 + (x >> 22));
     }
-    put_lossless_payload(&p, src, 2, "bf16-rows-refs-payload", 3);
+}
+
+/* [64, 16] bfloat16 whose channels keep their sign from row to row but
+ * for one in four. */
+static void fill_signs_kept(uint16_t *v)
+{
+    uint32_t x = 54321;
+    for (size_t k = 0; k < 64 * 16; k++) {
+        x = x * 1103515245u + 12345u;
+        unsigned sign = k < 16 || k % 4 == 3 ? x >> 31 : (unsigned)(v[k - 16] >> 15);
+        if ((x >> 16) % 64 == 0) sign ^= 1;
+        v[k] = (uint16_t)(sign << 15 | (0x3C00 + (x >> 22)));
+    }
+}
+
+/* fuzz_lossless, the rANS coder at `level` on [64, 16] bfloat16 made by
+ * fill: its payload (which must be `version`) as NAME-payload, and the
+ * same data to encode at that level with 256 channels (opt bits 3-4
+ * level_bits) as NAME-data. */
+static void lossless_rans_seeds(int level, unsigned level_bits, void (*fill)(uint16_t *),
+                                const char *name, unsigned version)
+{
+    char cfg[256], pname[64];
+    snprintf(cfg, sizeof cfg,
+             "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
+             "\"coder\":\"rans\",\"level\":%d},{\"type\":\"crc32c\"}]}",
+             level);
+    kvs_serde_pair p;
+    check(kvs_serde_create_pair(cfg, &p), "lossless rans pipeline");
+    kvs_layout l = {0};
+    const int64_t dims[2] = {64, 16};
+    check(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16), "layout");
+    kvs_memobj *src;
+    check(kvs_memobj_alloc(&l, KVS_FMT_BINARY, &src), "alloc");
+    fill(src->data);
+    snprintf(pname, sizeof pname, "%s-payload", name);
+    put_lossless_payload(&p, src, 2, pname, version);
     buf out;
     out.n = 0;
-    b_u8(&out, 2 | 4 | 8 | 32 | 2u << 6);
+    b_u8(&out, 2 | 4 | level_bits << 3 | 32 | 2u << 6);
     b_mem(&out, src->data, src->capacity);
-    put("lossless", "bf16-rows-refs-data", out.b, out.n);
+    snprintf(pname, sizeof pname, "%s-data", name);
+    put("lossless", pname, out.b, out.n);
     kvs_memobj_free(src);
     kvs_serde_pair_destroy(&p);
 }
@@ -719,7 +742,8 @@ int main(int argc, char **argv)
     frame_seeds();
     roundtrip_seeds();
     lossless_seeds();
-    lossless_refs_seeds();
+    lossless_rans_seeds(2, 1, fill_rows_copied, "bf16-rows-refs", 3); /* row references */
+    lossless_rans_seeds(3, 2, fill_signs_kept, "bf16-signs", 4);      /* coded signs */
     int_seeds();
     transform_seeds();
     rans_seeds();

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codecs/rans_kernels.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
@@ -36,6 +37,9 @@
 #define RANS2_LL                                                                          \
     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","        \
     "\"coder\":\"rans\",\"level\":2}]}"
+#define RANS3_LL                                                                          \
+    "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","        \
+    "\"coder\":\"rans\",\"level\":3}]}"
 #define BLOCK 65536u
 
 static kvs_memobj *new_obj(const kvs_layout *l)
@@ -170,6 +174,25 @@ static void fill_rows(kvs_memobj *o, uint64_t c, uint64_t seed)
     }
 }
 
+enum { SIGNS_KEPT = ROWS_COPIED + 1 };
+
+/* SMOOTH, then the sign of each element of rows of c bfloat16 as K after
+ * RoPE has them: three channels in four keep their sign from row to row,
+ * flipping it once in 64 rows, the fourth has random signs. */
+static void fill_signs(kvs_memobj *o, uint64_t c, uint64_t seed)
+{
+    fill(o, SMOOTH, seed);
+    uint16_t *v = o->data;
+    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++) {
+        unsigned sign = i < c ? (unsigned)lcg(&s) & 1 : (unsigned)(v[i - c] >> 15);
+        if (i % c % 4 == 3) sign = (unsigned)lcg(&s) & 1;
+        else if (lcg(&s) % 64 == 0) sign ^= 1;
+        v[i] = (uint16_t)((v[i] & 0x7FFF) | sign << 15);
+    }
+}
+
 /* ---------------------------------------------------------------------
  * Round trips
  * ------------------------------------------------------------------ */
@@ -260,13 +283,13 @@ static void test_config_refused(void)
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"level\":20}]}",
          "pipeline: stage 1: lossless: \"level\" must be an integer from -7 to 19 other than 0 "
-         "(zstd's level; for the rans coder 2 and up add row references; default 1), got an "
-         "out-of-range integer"},
+         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded "
+         "signs; default 1), got an out-of-range integer"},
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"level\":\"max\"}]}",
          "pipeline: stage 1: lossless: \"level\" must be an integer from -7 to 19 other than 0 "
-         "(zstd's level; for the rans coder 2 and up add row references; default 1), got "
-         "string"},
+         "(zstd's level; for the rans coder 2 and up add row references, 3 and up coded "
+         "signs; default 1), got string"},
         {"{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\","
          "\"coder\":\"lz4\"}]}",
          "pipeline: stage 1: lossless: \"coder\" must be \"zstd\" (default) or \"rans\", got "
@@ -353,8 +376,9 @@ static void test_stage_refusals(void)
 }
 
 /* Through the frame: every damaged byte of the payload is refused. */
-/* rows: [513, 256] whose rows copy earlier rows in part (the rANS coder's
- * row references at level 2), else 2 blocks and 3 elements, flat. */
+/* rows: [513, 256] whose rows copy earlier rows in part (1: the rANS
+ * coder's row references at level 2) or keep their signs (2: its coded
+ * signs at level 3), else 2 blocks and 3 elements, flat. */
 static void frame_damage(const char *json, int rows)
 {
     kvs_layout l = flat(2 * BLOCK + 3, KVS_DTYPE_BFLOAT16);
@@ -364,7 +388,8 @@ static void frame_damage(const char *json, int rows)
         REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
     }
     kvs_memobj *o = new_obj(&l);
-    if (rows) fill_rows(o, 256, 3);
+    if (rows == 1) fill_rows(o, 256, 3);
+    else if (rows == 2) fill_signs(o, 256, 3);
     else fill(o, SMOOTH, 3);
     kvs_serde_pair p = kvs_test_serde_pair(json);
     size_t len;
@@ -393,6 +418,7 @@ static void test_frame_damage(void)
     frame_damage(BYTES_LL, 0);
     frame_damage(RANS_LL, 0);
     frame_damage(RANS2_LL, 1);
+    frame_damage(RANS3_LL, 2);
 }
 
 /* ---------------------------------------------------------------------
@@ -582,13 +608,18 @@ static void test_rans_payload(void)
  * Row references (level 2, payload version 3)
  * ------------------------------------------------------------------ */
 
-static void test_rans_refs_roundtrips(void)
+static void split_across_workers(const char *json);
+
+static void refs_roundtrips(void)
 {
     /* [rows, channels]: one element, odd sizes, a period that does not
      * divide the block (later blocks start inside a row: no references
      * there), several blocks */
-    static const int64_t shapes[][2] = {{1, 1},   {2, 2},    {3, 7},    {2, 4096},
-                                        {64, 256}, {256, 256}, {300, 3000}, {513, 128}};
+    /* (rows of 45 and 100: flag bits that do not start a byte, and a
+     * row's SIMD rebuild that leaves a tail) */
+    static const int64_t shapes[][2] = {{1, 1},    {2, 2},     {3, 7},      {2, 4096},
+                                        {64, 256}, {256, 256}, {300, 3000}, {513, 128},
+                                        {200, 45}, {150, 100}};
     kvs_stage *st1 = rans_stage_at(1), *st2 = rans_stage_at(2);
     for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
         for (int f = ALL_EQUAL; f <= ROWS_COPIED; f++) {
@@ -625,6 +656,22 @@ static void test_rans_refs_roundtrips(void)
         }
     kvs_stage_lossless_type.destroy(st1);
     kvs_stage_lossless_type.destroy(st2);
+}
+
+/* Both rebuilds of rows with references: the scalar loop (with the rANS
+ * coder's scalar kernels) and, where the CPU has it, AVX-512 VBMI2 (with
+ * the AVX-512 kernels); each round trip is exact, so they agree. */
+static void test_rans_refs_roundtrips(void)
+{
+    for (int simd = 0; simd < 2; simd++) {
+        if (kvs_rans_set_simd(simd) != simd) {
+            printf("test_rans_refs_roundtrips: no AVX-512 here: the scalar rebuild only\n");
+            continue;
+        }
+        refs_roundtrips();
+        split_across_workers(RANS2_LL);
+    }
+    kvs_rans_set_simd(1);
 }
 
 /* A version 3 payload of one block of 8 elements, channel period 4, its
@@ -674,9 +721,9 @@ static void test_rans_refs_payload(void)
     p[0] = 2;
     CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
               "lossless: block 0: record kind 2 (0 raw, 1 rANS)");
-    p[0] = 4;
+    p[0] = 5;
     CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
-              "lossless: version 4, expected 1, 2 or 3");
+              "lossless: version 5, expected 1 to 4");
     p[0] = 3;
     p[28] = 3;
     CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
@@ -752,6 +799,153 @@ static void test_rans_refs_payload(void)
 }
 
 /* ---------------------------------------------------------------------
+ * Coded signs (level 3, payload version 4)
+ * ------------------------------------------------------------------ */
+
+static void test_rans_signs_roundtrips(void)
+{
+    /* [rows, channels]: one element, one row, odd sizes and rows past a
+     * multiple of 4, a period that does not divide the block (later blocks
+     * start inside a row: no coded signs there), several blocks */
+    static const int64_t shapes[][2] = {{1, 1},    {1, 5},     {2, 2},     {3, 7},
+                                        {5, 4096}, {64, 256},  {257, 256}, {300, 3000},
+                                        {513, 128}, {1027, 64}};
+    kvs_stage *st2 = rans_stage_at(2), *st3 = rans_stage_at(3);
+    int packed = 0; /* kind 3 records whose mantissas were checked */
+    for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
+        for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
+            kvs_layout l = {0};
+            REQUIRE(kvs_layout_add_group(&l, 2, shapes[z], KVS_DTYPE_BFLOAT16) == KVS_OK);
+            kvs_memobj *o = new_obj(&l);
+            uint64_t c = (uint64_t)shapes[z][1];
+            if (f == ROWS_COPIED) fill_rows(o, c, 7 + z);
+            else if (f == SIGNS_KEPT) fill_signs(o, c, 5 + z);
+            else fill(o, (enum fill)f, 13 * z + (uint64_t)f);
+            int ok = roundtrip(RANS3_LL, o, NULL);
+            if (!ok)
+                fprintf(stderr, "rans level 3: [%lld, %lld], fill %d\n", (long long)shapes[z][0],
+                        (long long)shapes[z][1], f);
+            CHECK(ok);
+            /* the stage alone: the version, and never above version 2's bound */
+            size_t n = (size_t)kvs_layout_nbytes(&l), blocks = (n / 2 + BLOCK - 1) / BLOCK;
+            uint8_t *e2 = NULL, *e3 = NULL;
+            size_t m2 = rans_encode(st2, o->data, n, c, &e2);
+            size_t m3 = rans_encode(st3, o->data, n, c, &e3);
+            CHECK(m3 <= n + 24 + 5 * blocks);
+            CHECK(e3[0] >= 2 && e3[0] <= 4);
+            /* signs kept: coded, and fewer bytes than level 2 */
+            if (f == SIGNS_KEPT && shapes[z][0] >= 64) {
+                CHECK(e3[0] == 4);
+                CHECK(m3 < m2);
+            }
+            /* a kind 3 record in block 0: its mantissas are element i's
+             * bits 0-6 in bits 7i..7i+6 (docs/frame_format.md) */
+            size_t rec0 = 24 + 4 * blocks;
+            if (e3[0] == 4 && e3[rec0] == 3) {
+                size_t k0 = n / 2 < BLOCK ? n / 2 : BLOCK, bad = 0;
+                const uint8_t *mb = e3 + rec0 + 1;
+                for (size_t i = 0; i < k0; i++) {
+                    unsigned got = 0;
+                    for (unsigned t = 0; t < 7; t++) {
+                        size_t bit = 7 * i + t;
+                        got |= (unsigned)(mb[bit / 8] >> (bit % 8) & 1) << t;
+                    }
+                    bad += got != (((const uint8_t *)o->data)[2 * i] & 0x7Fu);
+                }
+                CHECK(bad == 0);
+                packed++;
+            }
+            /* random bits and random signs: level 3 is level 2 */
+            if (f == RANDOM || f == SMOOTH || f == ROWS_COPIED)
+                CHECK(m2 == m3 && memcmp(e2, e3, m2) == 0);
+            free(e2);
+            free(e3);
+            kvs_memobj_free(o);
+        }
+    CHECK(packed >= 4);
+    kvs_stage_lossless_type.destroy(st2);
+    kvs_stage_lossless_type.destroy(st3);
+}
+
+/* A version 4 payload of one block of 7 elements, channel period 4 (rows
+ * of 4 and 3), its record kind 3 built by hand: the mantissas 0x11 x (i +
+ * 1) packed 7 bits each, one group (exponent 127 only), channel c in sign
+ * class c, the class tables {0}, {3}, {2}, {1} (each channel's flips: 0,
+ * 1 and 2 in both rows, 1 and 3 in row 0 only: c3 has no row 1), one-symbol
+ * tables, so the stream is its 32 states at 2^15. Returns its bytes. */
+static size_t signs_payload(uint8_t *p)
+{
+    static const uint8_t head[24] = {4, 2, 0, 0, 0, 0, 1, 0, 14, 0, 0, 0,
+                                     0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0};
+    static const uint8_t rec[1 + 7 + 2 + 4 * 5] = {
+        3,    0x11, 0xD1, 0x8C, 0x58, 0x35, 0xDF, 0x01, /* kind, mantissas */
+        1,    0xE4,                                     /* one group, classes */
+        127,  127,  0x84, 0,                            /* the group's table */
+        0,    0,    0x84, 0,    3, 3, 0x84, 0, 2, 2, 0x84, 0, 1, 1, 0x84, 0};
+    memcpy(p, head, 24);
+    uint8_t *q = p + 28;
+    memcpy(q, rec, sizeof rec), q += sizeof rec;
+    for (int l = 0; l < 32; l++) *q++ = 0, *q++ = 0x80, *q++ = 0, *q++ = 0;
+    put_u32(p + 24, (uint32_t)(q - p - 28));
+    return (size_t)(q - p);
+}
+
+static void test_rans_signs_payload(void)
+{
+    uint8_t p[512], back[14];
+    size_t got = 0, m = signs_payload(p);
+    /* signs: row 0 + - + -, row 1 + + - */
+    static const uint16_t want[7] = {0x3F91, 0xBFA2, 0x3FB3, 0xBFC4, 0x3FD5, 0x3FE6, 0xBFF7};
+    uint8_t wb[14];
+    for (int j = 0; j < 7; j++)
+        wb[2 * j] = (uint8_t)want[j], wb[2 * j + 1] = (uint8_t)(want[j] >> 8);
+    CHECK(stage_decode(p, m, 2, back, sizeof back, &got) == KVS_OK && got == 14);
+    CHECK(memcmp(back, wb, 14) == 0);
+    /* every truncation refused */
+    for (size_t k = 0; k < m; k++) CHECK(stage_decode(p, k, 2, back, sizeof back, &got) != KVS_OK);
+    /* the messages */
+    p[28] = 4;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: record kind 4 (0 raw, 1 rANS, 2 rANS with row references, 3 "
+              "rANS with coded signs)");
+    p[28] = 3;
+    p[16] = 1; /* channel period 1 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: coded signs in a block that does not start a row (channel "
+              "period 1, first element 0)");
+    p[16] = 4;
+    p[35] |= 0x80; /* bit 55: past the 49 bits of 7 mantissas */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: mantissa bits past element 6 set");
+    p[35] &= 0x7F;
+    p[54] = p[55] = 3; /* class 3 codes flips in rows 0 and 1: c3 has no row 1 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: sign flip bits past element 6 set");
+    p[54] = p[55] = 16;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: sign table 3 codes symbol 16 (0 to 15)");
+    p[54] = p[55] = 1;
+    p[36] = 0;
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 0 channel groups (1 to 4)");
+    p[36] = 1;
+    p[40] = 0x83; /* the group table sums to 768 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: frequencies sum to 768, expected 1024");
+    p[40] = 0x84;
+    p[m - 127] = 0; /* state 0 below 2^15 */
+    CHECK_ERR(stage_decode(p, m, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: rANS state 0 is 0, outside [32768, 2147483648)");
+    p[m - 127] = 0x80;
+    put_u32(p + 24, 8); /* the record cut after its mantissas */
+    CHECK_ERR(stage_decode(p, 28 + 8, 2, back, sizeof back, &got), KVS_ECORRUPT,
+              "lossless: block 0: 7 mantissa bytes and the group count, 7 bytes left");
+    put_u32(p + 24, (uint32_t)(m - 28));
+    CHECK(stage_decode(p, m, 2, back, sizeof back, &got) == KVS_OK);
+    CHECK(memcmp(back, wb, 14) == 0);
+}
+
+/* ---------------------------------------------------------------------
  * The real KV cache
  * ------------------------------------------------------------------ */
 
@@ -822,7 +1016,8 @@ static void test_kvdata(void)
     REQUIRE(d != NULL);
     struct dirent *ent;
     int files = 0;
-    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0, stored_r = 0, stored_r2 = 0;
+    double raw = 0, stored_b = 0, raw8 = 0, stored8 = 0, stored_r = 0, stored_r2 = 0,
+           stored_r3 = 0;
     while ((ent = readdir(d)) != NULL) {
         size_t nl = strlen(ent->d_name);
         if (nl < 12 || strcmp(ent->d_name + nl - 12, ".safetensors") != 0) continue;
@@ -852,6 +1047,12 @@ static void test_kvdata(void)
         CHECK(ok);
         CHECK(s4 < s3); /* this model's rows repeat in part */
         stored_r2 += (double)s4;
+        size_t s5;
+        ok = roundtrip(RANS3_LL, o, &s5);
+        if (!ok) fprintf(stderr, "%s: not bit-exact through rANS level 3\n", ent->d_name);
+        CHECK(ok);
+        CHECK(s5 < s4); /* K after RoPE keeps signs per channel */
+        stored_r3 += (double)s5;
         CHECK(fp8_same(o));
         kvs_serde_pair p = kvs_test_serde_pair(FP8_LL);
         size_t len;
@@ -869,9 +1070,10 @@ static void test_kvdata(void)
     }
     closedir(d);
     printf("test_kvdata: %d files bit-exact; bytes + lossless %.4fx (the rANS coder %.4fx, at "
-           "level 2 %.4fx), fp8 + lossless %.4fx over the fp8 bytes (all layers, frame headers "
-           "included)\n",
-           files, raw / stored_b, raw / stored_r, raw / stored_r2, raw8 / stored8);
+           "level 2 %.4fx, at level 3 %.4fx), fp8 + lossless %.4fx over the fp8 bytes (all "
+           "layers, frame headers included)\n",
+           files, raw / stored_b, raw / stored_r, raw / stored_r2, raw / stored_r3,
+           raw8 / stored8);
     CHECK(raw / stored_r > 1.3);
     CHECK(files >= 1);
     CHECK(raw / stored_b > 1.3);
@@ -927,6 +1129,7 @@ static void test_split_across_workers(void)
     split_across_workers(BYTES_LL);
     split_across_workers(RANS_LL);
     split_across_workers(RANS2_LL);
+    split_across_workers(RANS3_LL);
 }
 
 int main(void)
@@ -941,6 +1144,8 @@ int main(void)
     RUN(test_rans_payload);
     RUN(test_rans_refs_roundtrips);
     RUN(test_rans_refs_payload);
+    RUN(test_rans_signs_roundtrips);
+    RUN(test_rans_signs_payload);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

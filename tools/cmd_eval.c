@@ -33,6 +33,10 @@ const kvs_eval_preset kvs_eval_presets[] = {
      "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":\"rans\","
      "\"level\":2}]}",
      "lossless-rans and rows that repeat earlier rows in part (level 2)"},
+    {"lossless-signs",
+     "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},{\"type\":\"lossless\",\"coder\":\"rans\","
+     "\"level\":3}]}",
+     "lossless-rows, or signs coded as flips per class of channels (level 3)"},
     {"fp8", "{\"type\":\"fp8\"}", "the plain fp8 serde, e4m3, saturating"},
     {"fp8-pipeline", "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"fp8\"}]}",
      "fp8 codes in a frame"},

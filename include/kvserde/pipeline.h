@@ -74,7 +74,10 @@
  *                            larger on real KV; at "level" 2 or more the
  *                            rANS coder also lets a row refer to an
  *                            earlier row it repeats in part (1.56x on
- *                            real KV, a third slower)
+ *                            real KV, a third slower); at 3 or more it
+ *                            may code the signs instead, as flips of the
+ *                            sign above per class of channels, mantissas
+ *                            packed (1.58x on real KV, slower again)
  *                            (docs/frame_format.md, docs/performance.md)
  *        {"type": "crc32c"}  appends a CRC-32C of the bytes (4 bytes)
  *        {"type": "xxh3"}    appends an XXH3-64 of the bytes (8 bytes)

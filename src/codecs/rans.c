@@ -247,6 +247,15 @@ static int use_simd(void)
 }
 #endif
 
+int kvs_rans_simd_in_use(void)
+{
+#if KVS_HAVE_X86
+    return use_simd();
+#else
+    return 0;
+#endif
+}
+
 int kvs_rans_set_simd(int on)
 {
     int s = on && simd_available();

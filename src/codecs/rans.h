@@ -36,7 +36,9 @@
 #define KVS_RANS_SCALE_BITS 10 /* 1024 slots: 0.003 bits per exponent over 4096 */
 #define KVS_RANS_TOTAL (1u << KVS_RANS_SCALE_BITS)
 #define KVS_RANS_LANES 32
-#define KVS_RANS_MAX_CTX 5 /* the lossless stage: 4 channel groups and the row residuals */
+/* The lossless stage: 4 channel groups, and the row residuals (kind 2) or
+ * 4 sign classes (kind 3). */
+#define KVS_RANS_MAX_CTX 8
 #define KVS_RANS_FREQS_MAX (2 + 2 * 256)
 
 /* A normalised distribution: f[s] symbols s in KVS_RANS_TOTAL, summing to
@@ -47,7 +49,7 @@ typedef struct kvs_rans_freqs {
 
 /* The encoder's per-symbol constants, per context (index ctx * 256 + s):
  * the reciprocal of the frequency f, and bias (bits 0-12) | f (bits 13-25,
- * 0 = no code) | reciprocal shift (bits 26-29). 10 KiB for five contexts. */
+ * 0 = no code) | reciprocal shift (bits 26-29). 16 KiB for eight contexts. */
 typedef struct kvs_rans_enc_tables {
     uint32_t rcp[KVS_RANS_MAX_CTX * 256];
     uint32_t info[KVS_RANS_MAX_CTX * 256];
@@ -56,7 +58,7 @@ typedef struct kvs_rans_enc_tables {
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
  * slot's symbol (bits 24-31), its frequency - 1 (bits 12-23) and the slot's
- * offset from the symbol's first slot (bits 0-11). 20 KiB for five
+ * offset from the symbol's first slot (bits 0-11). 32 KiB for eight
  * contexts: they stay in L1, and a block fills 4 KiB per context it uses. */
 typedef struct kvs_rans_dec_tables {
     uint32_t slot[KVS_RANS_MAX_CTX * KVS_RANS_TOTAL];

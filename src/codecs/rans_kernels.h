@@ -34,4 +34,8 @@ size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, con
  * scalar ones from now on; returns whether AVX-512 is in use. */
 int kvs_rans_set_simd(int on);
 
+/* Whether the AVX-512 kernels are in use (the CPU, KVSERDE_ISA,
+ * kvs_rans_set_simd): the lossless stage's row rebuild follows it. */
+int kvs_rans_simd_in_use(void);
+
 #endif /* KVSERDE_CODECS_RANS_KERNELS_H */

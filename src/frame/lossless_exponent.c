@@ -23,7 +23,16 @@
  *   with 0), raw (F their count) or their rANS stream | the rANS stream of
  *   the u exponent symbols
  *   (a row without a reference: its exponents under the groups' tables; a
- *   row with one: the differences), to the end of the record.
+ *   row with one: the differences), to the end of the record; or (payload
+ *   version 4) u8 3, the signs coded: the k mantissas, 7 bits each, element
+ *   i in bits 7i..7i+6 of the little-endian bit string (ceil(7k / 8) bytes,
+ *   unused bits 0) | u8 G | the group map as above | the sign class of
+ *   each channel (0-3), 2 bits each as the group map (ceil(period / 4)
+ *   bytes) | G group tables | 4 sign tables (symbols 0-15) | the rANS
+ *   stream of the k exponents (the groups' tables) and then, for each
+ *   group j of 4 rows and each channel c, a nibble under the table of c's
+ *   class: bit t the sign of element (4j + t, c) XOR the sign above it
+ *   (row 4j + t - 1; row 0: XOR 0), 0 past the block's end.
  * The sign and mantissa bytes come first so that the encoder writes them in
  * place while it splits the elements.
  *
@@ -35,7 +44,11 @@
  * 3.4 % of the elements equal the element above them in an earlier row the
  * encoder can find cheaply (by hashing 32 sampled channels), and in such a
  * row the other elements' exponents equal the ones above 79 % of the time
- * (1.17 bits against 2.53). Sign and mantissa are 7.97 bits of 8: raw. */
+ * (1.17 bits against 2.53). Sign and mantissa are 7.97 bits of 8 taken
+ * one element at a time, but K after RoPE has channels that rotate slowly
+ * and keep their sign for many tokens: a sign as a flip of the one above,
+ * coded per class of channels four rows at a time, costs 0.71-0.76 bits in
+ * K2-K5 (1 raw). */
 #include "frame/lossless_exponent.h"
 
 #include <stdatomic.h>
@@ -47,21 +60,27 @@
 #endif
 
 #include "codecs/rans.h"
+#include "codecs/rans_kernels.h"
+#include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 
 #define LLX_RAW 0
 #define LLX_CODED 1
 #define LLX_REFS 2
+#define LLX_SIGNS 3
 #define LLX_GROUPS 4 /* the most the encoder tries (and the map's 2 bits hold) */
 #define LLX_DIFF_CTX LLX_GROUPS /* the encoder's context of the differences */
 #define LLX_SAMPLES 32          /* channels hashed per row to find a reference */
 #define LLX_HASH_BITS 12
 #define LLX_MAX_DISTANCE 65535u /* a reference's u16 */
+#define LLX_SIGN_CLASSES 4      /* kind 3: the map's 2 bits */
+#define LLX_SIGN_CTX LLX_GROUPS /* the encoder's first sign context */
+#define LLX_SIGN_ROWS 4         /* rows of a channel in one sign symbol */
 
 struct kvs_llx_scratch {
     size_t max_k;
-    uint8_t *exp; /* the block's exponents */
-    uint8_t *ctx; /* each element's group */
+    uint8_t *exp; /* the block's exponents (kind 3: then the sign nibbles) */
+    uint8_t *ctx; /* each element's group (kind 3: then the nibbles' contexts) */
     uint8_t *stream;
     uint8_t *sym;     /* row references: the exponent symbols of the stream */
     uint8_t *sym_ctx; /* ... and their contexts */
@@ -77,6 +96,8 @@ struct kvs_llx_scratch {
     uint16_t mean[KVS_LLX_MAX_PERIOD];     /* x 256 */
     uint16_t order[2][KVS_LLX_MAX_PERIOD]; /* channels by mean */
     uint8_t group[KVS_LLX_MAX_PERIOD];
+    uint8_t sclass[KVS_LLX_MAX_PERIOD];  /* kind 3: each channel's sign class */
+    uint32_t flips[KVS_LLX_MAX_PERIOD];  /* ... the encoder: its sign flips */
     kvs_rans_enc_tables enc;
     kvs_rans_dec_tables dec;
 };
@@ -101,7 +122,8 @@ static void scratch_free(kvs_llx_scratch *w)
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
  * about 490 KiB more, are only touched when encoding at level 2 and when
- * decoding records of kind 2). A call takes the kept one or makes its own,
+ * decoding records of kind 2; kind 3 decodes its mantissas into sm). A
+ * call takes the kept one or makes its own,
  * and keeps it afterwards if the slot is free; the kept one is reachable
  * from here until the process ends. */
 #define KVS_LLX_KEPT_K 65536u
@@ -117,9 +139,12 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
     kvs_llx_scratch *w = calloc(1, sizeof *w);
     if (w == NULL) return NULL;
     w->max_k = max_k;
-    w->exp = malloc(max_k);
-    w->ctx = malloc(max_k);
-    w->stream = malloc(kvs_rans_bound(max_k));
+    /* kind 3 codes up to max_k / 4 + KVS_LLX_MAX_PERIOD nibbles after the
+     * exponents (sign_nibbles) */
+    size_t max_sym = max_k + max_k / 4 + KVS_LLX_MAX_PERIOD;
+    w->exp = malloc(max_sym);
+    w->ctx = malloc(max_sym);
+    w->stream = malloc(kvs_rans_bound(max_sym));
     w->sym = malloc(max_k);
     w->sym_ctx = malloc(max_k);
     w->sm = malloc(max_k);
@@ -143,6 +168,24 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
               !atomic_compare_exchange_strong(&scratch_kept, &none, w)))
         scratch_free(w);
 }
+
+#if KVS_HAVE_X86
+/* The rebuild of rows with references: AVX-512 VBMI2 where the CPU has it
+ * and the rANS coder uses its AVX-512 kernels (the same set; KVSERDE_ISA and
+ * kvs_rans_set_simd choose for both). The CPU is read once: CPUID traps on
+ * a VM. */
+static int rows_simd(void)
+{
+    static atomic_int vbmi2 = -1;
+    int v = atomic_load_explicit(&vbmi2, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi2") != 0;
+        atomic_store_explicit(&vbmi2, v, memory_order_relaxed);
+    }
+    return v && kvs_rans_simd_in_use();
+}
+#endif
 
 /* src (k u16) -> exponents and sign+mantissa bytes. */
 static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm)
@@ -271,6 +314,29 @@ static inline void put32le(uint8_t *p, uint32_t v)
 static inline uint32_t get32le(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* 8 bytes little-endian: one load or store where the host is (x86-64,
+ * aarch64), which GCC does not make of the byte loop at -O2. */
+static inline uint64_t get64le(const uint8_t *p)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
+    return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
+#endif
+}
+
+static inline void put64le(uint8_t *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 8);
+#else
+    put32le(p, (uint32_t)v);
+    put32le(p + 4, (uint32_t)(v >> 32));
+#endif
 }
 
 static inline unsigned get16(const uint8_t *p)
@@ -439,11 +505,12 @@ static double table_bits(const uint32_t h[256], kvs_rans_freqs *t)
     return kvs_rans_cost_bits(h, t) + 8.0 * (double)kvs_rans_freqs_write(t, form);
 }
 
-static void write_map(const kvs_llx_scratch *w, uint32_t period, unsigned per, uint8_t *map)
+/* A 2-bit value per channel, v[c] / per (the group map, the sign classes). */
+static void write_map(const uint8_t *v, uint32_t period, unsigned per, uint8_t *map)
 {
     memset(map, 0, (period + 3) / 4);
     for (uint32_t c = 0; c < period; c++)
-        map[c / 4] |= (uint8_t)((w->group[c] / per) << (2 * (c % 4)));
+        map[c / 4] |= (uint8_t)((v[c] / per) << (2 * (c % 4)));
 }
 
 /* The block as a kind 2 record (row references found; w->ctx each
@@ -532,7 +599,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     put32le(p, (uint32_t)u), p += 4;
     memcpy(p, w->sm, u), p += u;
     *p++ = (uint8_t)ng;
-    if (ng > 1) write_map(w, period, per, p), p += map_bytes;
+    if (ng > 1) write_map(w->group, period, per, p), p += map_bytes;
     memset(p, 0, (rows + 7) / 8);
     for (size_t r = 0; r < rows; r++)
         if (w->ref[r]) p[r / 8] |= (uint8_t)(1u << (r % 8));
@@ -549,8 +616,134 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     return (size_t)(p - rec);
 }
 
-int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                         uint32_t period, int refs, uint8_t *rec, size_t *used)
+/* Kind 3's sign flips: the sign of element (r, c) XOR the sign of (r - 1,
+ * c) (row 0: XOR 0), LLX_SIGN_ROWS rows of a channel to a nibble (row
+ * 4j + t in bit t, a row past the block's end 0), into nib[j * period + c];
+ * returns their count. sm: the k sign and mantissa bytes (bit 7 the sign). */
+static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t *nib)
+{
+    size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
+    memset(nib, 0, groups * period);
+    for (size_t r = 0; r < rows; r++) {
+        size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
+        unsigned t = (unsigned)(r % LLX_SIGN_ROWS);
+        uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period, bit = (uint8_t)(1u << t);
+        const uint8_t *restrict row = sm + i0, *restrict up = r ? row - period : NULL;
+        size_t c = 0;
+#ifdef __SSE2__
+        /* the sign bit by a signed byte compare (SSE2 has no byte shift) */
+        const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit);
+        for (; c + 16 <= n; c += 16) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(row + c));
+            if (up) x = _mm_xor_si128(x, _mm_loadu_si128((const __m128i *)(up + c)));
+            __m128i *qc = (__m128i *)(q + c);
+            _mm_storeu_si128(qc, _mm_or_si128(_mm_loadu_si128(qc),
+                                              _mm_and_si128(_mm_cmplt_epi8(x, zero), vb)));
+        }
+#endif
+        for (; c < n; c++) q[c] = (uint8_t)(q[c] | ((row[c] ^ (up ? up[c] : 0)) & 0x80 ? bit : 0));
+    }
+    return groups * period;
+}
+
+/* Kind 3's sign classes (w->sclass, by how often a channel's sign flips:
+ * at most 1 row in 10, 1 in 4, 2 in 5, more), the contexts of the n
+ * nibbles at w->exp + k (after the exponents' in w->ctx) and their tables
+ * ts: returns their cost in bits, the class map and tables included. */
+static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
+                        kvs_rans_freqs ts[LLX_SIGN_CLASSES])
+{
+    const uint8_t *restrict nib = w->exp + k;
+    uint32_t *restrict flips = w->flips;
+    memset(flips, 0, period * sizeof flips[0]);
+    for (size_t j = 0; j < n; j += period)
+        for (uint32_t c = 0; c < period; c++) {
+            unsigned x = nib[j + c];
+            flips[c] += (x & 1) + (x >> 1 & 1) + (x >> 2 & 1) + (x >> 3);
+        }
+    uint64_t rows = (k + period - 1) / period;
+    for (uint32_t c = 0; c < period; c++) {
+        uint64_t f = flips[c];
+        w->sclass[c] =
+            (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
+    }
+    uint32_t h[LLX_SIGN_CLASSES][256];
+    memset(h, 0, sizeof h);
+    uint8_t *ctx = w->ctx + k;
+    for (size_t j = 0; j < n; j += period)
+        for (uint32_t c = 0; c < period; c++) {
+            ctx[j + c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
+            h[w->sclass[c]][nib[j + c]]++;
+        }
+    double bits = 8.0 * (double)((period + 3) / 4);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) bits += table_bits(h[q], &ts[q]);
+    return bits;
+}
+
+/* The mantissas (bits 0-6) of sm[0..k), 7 bits each, element i in bits
+ * 7i..7i+6 of out (ceil(7k / 8) bytes, and out must hold one more when k
+ * >= 8); returns the bytes. out may be sm: each 8 elements are read before
+ * their bytes are written, below the next 8. */
+static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
+{
+    size_t o = 0, i = 0;
+    /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
+     * bits of u32s -> 56 bits */
+    for (; i + 8 <= k; i += 8, o += 7) {
+        uint64_t x = get64le(sm + i) & 0x7F7F7F7F7F7F7F7Fu;
+        x = (x & 0x007F007F007F007Fu) | (x & 0x7F007F007F007F00u) >> 1;
+        x = (x & 0x00003FFF00003FFFu) | (x & 0x3FFF00003FFF0000u) >> 2;
+        x = (x & 0x000000000FFFFFFFu) | (x & 0x0FFFFFFF00000000u) >> 4;
+        put64le(out + o, x); /* its 8th byte (0) is the next group's first */
+    }
+    for (; i < k; i += 8) {
+        size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
+        uint64_t v = 0;
+        for (size_t j = 0; j < n; j++) v |= (uint64_t)(sm[i + j] & 0x7F) << (7 * j);
+        for (size_t j = 0; j < nb; j++) out[o + j] = (uint8_t)(v >> (8 * j));
+        o += nb;
+    }
+    return o;
+}
+
+/* The block as a kind 3 record (signs coded): w->exp holds the k exponents
+ * and then the n sign nibbles, w->ctx their contexts (the fine groups, then
+ * the sign classes'); rec + 1 the sign and mantissa bytes (kind 1's, packed
+ * in place); coarse the ng groups' tables, ts the sign tables. Returns its
+ * bytes, or 0 (rec untouched) when it would not be smaller than raw. */
+static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
+                           const kvs_rans_freqs *coarse, unsigned ng,
+                           const kvs_rans_freqs ts[LLX_SIGN_CLASSES], uint8_t *rec)
+{
+    unsigned per = LLX_GROUPS / ng;
+    kvs_rans_freqs tabs[LLX_GROUPS + LLX_SIGN_CLASSES];
+    for (unsigned q = 0; q < LLX_GROUPS; q++) tabs[q] = coarse[q / per];
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tabs[LLX_SIGN_CTX + q] = ts[q];
+    kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + LLX_SIGN_CLASSES);
+    size_t m = 0;
+    if (kvs_rans_encode(&w->enc, w->exp, w->ctx, k + n, w->stream, kvs_rans_bound(k + n), &m) !=
+        KVS_OK)
+        return 0; /* cannot happen: every counted symbol has a code */
+    uint8_t form[KVS_RANS_FREQS_MAX];
+    size_t map_bytes = (period + 3) / 4, tables = 0;
+    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&coarse[j], form);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tables += kvs_rans_freqs_write(&ts[q], form);
+    size_t total = 1 + (7 * k + 7) / 8 + 1 + (ng > 1 ? map_bytes : 0) + map_bytes + tables + m;
+    if (total >= 1 + 2 * k) return 0;
+    uint8_t *p = rec;
+    *p++ = LLX_SIGNS;
+    p += pack_mantissas(rec + 1, k, rec + 1);
+    *p++ = (uint8_t)ng;
+    if (ng > 1) write_map(w->group, period, per, p), p += map_bytes;
+    write_map(w->sclass, period, 1, p), p += map_bytes;
+    for (unsigned j = 0; j < ng; j++) p += kvs_rans_freqs_write(&coarse[j], p);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) p += kvs_rans_freqs_write(&ts[q], p);
+    memcpy(p, w->stream, m), p += m;
+    return (size_t)(p - rec);
+}
+
+unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
+                              uint32_t period, unsigned tools, uint8_t *rec, size_t *used)
 {
     uint32_t phase = (uint32_t)(first % period);
     size_t map_bytes = (period + 3) / 4;
@@ -562,7 +755,7 @@ int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint6
         fill_ctx(w->group, period, phase, k, w->ctx);
     }
     /* Row references need whole rows from the block's start. */
-    size_t nref = refs && use_map && phase == 0 && k >= 2 * (size_t)period
+    size_t nref = (tools & KVS_LLX_REFS) && use_map && phase == 0 && k >= 2 * (size_t)period
                       ? find_refs(w, src, k, period)
                       : 0;
     /* The exponents' histograms per group: of the rows without a
@@ -592,12 +785,27 @@ int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint6
     double best = choose_groups(hall, use_map, map_bytes, t, &choice);
     /* kind, G and the states besides the estimate (map and tables in it) */
     double k1 = 8.0 * (2 + 4 * KVS_RANS_LANES + (double)k) + best;
-    size_t n = nref ? encode_refs(w, src, k, period, nref, h, k1, rec) : 0;
+    /* Kind 3 (whole rows from the block's start): kind 1 with the
+     * mantissas packed and the signs' code instead of their bits. */
+    double k3 = k1;
+    size_t nn = 0;
+    kvs_rans_freqs ts[LLX_SIGN_CLASSES];
+    if ((tools & KVS_LLX_SIGNS) && use_map && phase == 0) {
+        nn = sign_nibbles(rec + 1, k, period, w->exp + k);
+        k3 = k1 - 8.0 * (double)k + 8.0 * (double)((7 * k + 7) / 8) +
+             sign_plan(w, k, period, nn, ts);
+    }
+    size_t n = nref ? encode_refs(w, src, k, period, nref, h, k3 < k1 ? k3 : k1, rec) : 0;
     if (n) {
         *used = n;
-        return 1;
+        return KVS_LLX_REFS;
     }
     unsigned ng = 1u << choice, per = LLX_GROUPS / ng;
+    n = k3 < k1 ? encode_signs(w, k, period, nn, t[choice], ng, ts, rec) : 0;
+    if (n) {
+        *used = n;
+        return KVS_LLX_SIGNS;
+    }
     size_t raw = 1 + 2 * k;
     if (k1 >= 8.0 * (double)raw) goto store_raw;
     /* The tables per fine group (the map's 4 groups fold into ng). */
@@ -615,7 +823,7 @@ int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint6
     if (total >= raw) goto store_raw;
     rec[0] = LLX_CODED;
     rec[1 + k] = (uint8_t)ng;
-    if (ng > 1) write_map(w, period, per, rec + 2 + k);
+    if (ng > 1) write_map(w->group, period, per, rec + 2 + k);
     uint8_t *tp = rec + head;
     for (unsigned j = 0; j < ng; j++) tp += kvs_rans_freqs_write(&t[choice][j], tp);
     memcpy(tp, w->stream, m);
@@ -627,6 +835,30 @@ store_raw:
     *used = raw;
     return 0;
 }
+/* A map of 2-bit values below n (write_map) at rec[*at..len) into v; what
+ * names it ("group", "sign class") in messages. */
+static int read_map(const uint8_t *rec, size_t len, size_t *at, uint32_t period, unsigned n,
+                    const char *what, unsigned long long b, uint8_t *v)
+{
+    size_t map_bytes = (period + 3) / 4;
+    if (len - *at < map_bytes)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %s map of %zu bytes, %zu left",
+                             b, what, map_bytes, len - *at);
+    for (uint32_t c = 0; c < 4 * map_bytes; c++) {
+        unsigned g = rec[*at + c / 4] >> (2 * (c % 4)) & 3;
+        if (c < period && g >= n)
+            return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: channel %u in %s %u of %u",
+                                 b, c, what, g, n);
+        if (c >= period && g)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: %s map bits past channel %u set", b, what,
+                                 period - 1);
+        if (c < period) v[c] = (uint8_t)g;
+    }
+    *at += map_bytes;
+    return KVS_OK;
+}
+
 /* The group count and map at rec[*at..len) into w->group; *ng the count. */
 static int read_groups(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t *at,
                        uint32_t period, unsigned long long b, unsigned *ng)
@@ -638,23 +870,7 @@ static int read_groups(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: %u channel groups (1 to %u)", b,
                              *ng, LLX_GROUPS);
     if (*ng == 1) return KVS_OK;
-    size_t map_bytes = (period + 3) / 4;
-    if (len - *at < map_bytes)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: group map of %zu bytes, %zu left",
-                             b, map_bytes, len - *at);
-    for (uint32_t c = 0; c < 4 * map_bytes; c++) {
-        unsigned g = rec[*at + c / 4] >> (2 * (c % 4)) & 3;
-        if (c < period && g >= *ng)
-            return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: channel %u in group %u of %u",
-                                 b, c, g, *ng);
-        if (c >= period && g)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: block %llu: group map bits past channel %u set", b,
-                                 period - 1);
-        if (c < period) w->group[c] = (uint8_t)g;
-    }
-    *at += map_bytes;
-    return KVS_OK;
+    return read_map(rec, len, at, period, *ng, "group", b, w->group);
 }
 
 /* n tables at rec[*at..len) into t. */
@@ -680,15 +896,23 @@ static size_t flags_set(const uint8_t *fl, size_t bit, size_t n)
     return m;
 }
 
+/* Whether the block holds whole rows from its start (kinds 2 and 3 need
+ * them); if not, the error names what the record holds. */
+static int starts_row(uint32_t period, uint64_t first, unsigned long long b, const char *what)
+{
+    if (period >= 2 && first % period == 0) return 1;
+    kvs_set_error(KVS_ECORRUPT,
+                  "lossless: block %llu: %s in a block that does not start a row (channel period "
+                  "%u, first element %llu)",
+                  b, what, period, (unsigned long long)first);
+    return 0;
+}
+
 /* A kind 2 record (row references), past its kind byte. */
 static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
                        uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
 {
-    if (period < 2 || first % period != 0)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: block %llu: row references in a block that does not "
-                             "start a row (channel period %u, first element %llu)",
-                             b, period, (unsigned long long)first);
+    if (!starts_row(period, first, b, "row references")) return KVS_ECORRUPT;
     if (len < 5)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record of %zu bytes", b, len);
     size_t u = get32le(rec + 1), at = 5;
@@ -807,9 +1031,18 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         }
         const uint8_t *above = out - 2 * (size_t)w->ref[r] * period;
         const uint8_t *restrict fl = w->flags, *restrict sym = w->sym;
+        size_t c = 0;
+#if KVS_HAVE_X86
+        if (rows_simd()) {
+            size_t used = 0;
+            c = kvs_llx_row_refs_avx512vbmi2(above, fl, nfb, fbit, sym + s, sm + s, n, out, &used);
+            s += used;
+            fbit += c;
+        }
+#endif
         /* without branches; sym[s] and sm[s] with s == u are still
          * inside their buffers (u < k, and the group count follows sm) */
-        for (size_t c = 0; c < n; c++, fbit++) {
+        for (; c < n; c++, fbit++) {
             unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get16(above + 2 * c);
             unsigned e = (sym[s] + (a >> 7)) & 0xFF;
             unsigned v = (unsigned)(sm[s] & 0x80) << 8 | e << 7 | (sm[s] & 0x7Fu);
@@ -822,8 +1055,120 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     return KVS_OK;
 }
 
+/* pack_mantissas' inverse: the k mantissas at in into sm (bit 7 0), or
+ * KVS_ECORRUPT when a bit past the last one is set. Reads up to one byte
+ * past them. */
+static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned long long b)
+{
+    size_t o = 0, i = 0;
+    /* pack_mantissas' steps backwards */
+    for (; i + 8 <= k; i += 8, o += 7) {
+        /* the 8th byte read is the record's next (its group count at
+         * least): the caller checked that it is there */
+        uint64_t x = get64le(in + o) & 0x00FFFFFFFFFFFFFFu;
+        x = (x & 0x000000000FFFFFFFu) | (x & 0x00FFFFFFF0000000u) << 4;
+        x = (x & 0x00003FFF00003FFFu) | (x & 0x0FFFC0000FFFC000u) << 2;
+        x = (x & 0x007F007F007F007Fu) | (x & 0x3F803F803F803F80u) << 1;
+        put64le(sm + i, x);
+    }
+    for (; i < k; i += 8) {
+        size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
+        uint64_t v = 0;
+        for (size_t j = 0; j < nb; j++) v |= (uint64_t)in[o + j] << (8 * j);
+        o += nb;
+        for (size_t j = 0; j < n; j++) sm[i + j] = (uint8_t)(v >> (7 * j) & 0x7F);
+        if (n < 8 && v >> (7 * n))
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: mantissa bits past element %zu set", b,
+                                 k - 1);
+    }
+    return KVS_OK;
+}
+
+/* A kind 3 record (signs coded), past its kind byte. */
+static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                        uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
+{
+    if (!starts_row(period, first, b, "coded signs")) return KVS_ECORRUPT;
+    size_t mb = (7 * k + 7) / 8;
+    if (len - 1 < mb + 1)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: %zu mantissa bytes and the group count, %zu "
+                             "bytes left",
+                             b, mb, len - 1);
+    int rc = unpack_mantissas(rec + 1, k, w->sm, b);
+    if (rc) return rc;
+    size_t at = 1 + mb;
+    unsigned ng;
+    rc = read_groups(w, rec, len, &at, period, b, &ng);
+    if (rc) return rc;
+    rc = read_map(rec, len, &at, period, LLX_SIGN_CLASSES, "sign class", b, w->sclass);
+    if (rc) return rc;
+    char what[64];
+    snprintf(what, sizeof what, "lossless: block %llu", b);
+    kvs_rans_freqs t[LLX_GROUPS + LLX_SIGN_CLASSES];
+    rc = read_tables(rec, len, &at, ng + LLX_SIGN_CLASSES, what, t);
+    if (rc) return rc;
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
+        for (unsigned v = 16; v < 256; v++)
+            if (t[ng + q].f[v])
+                return kvs_set_error(KVS_ECORRUPT,
+                                     "lossless: block %llu: sign table %u codes symbol %u "
+                                     "(0 to 15)",
+                                     b, q, v);
+    size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
+    size_t nn = groups * period;
+    uint8_t *ctx = w->ctx, *nib = w->exp + k;
+    if (ng > 1) fill_ctx(w->group, period, 0, k, ctx);
+    else memset(ctx, 0, k);
+    for (uint32_t c = 0; c < period; c++) ctx[k + c] = (uint8_t)(ng + w->sclass[c]);
+    for (size_t j = period; j < nn; j += period) memcpy(ctx + k + j, ctx + k, period);
+    kvs_rans_dec_init(&w->dec, t, ng + LLX_SIGN_CLASSES);
+    rc = kvs_rans_decode(&w->dec, rec + at, len - at, ctx, w->exp, k + nn, what);
+    if (rc) return rc;
+    /* the last nibbles' bits of rows past the end, and of the last row past
+     * its last element, are 0 */
+    size_t in_last = rows - 1 - (groups - 1) * LLX_SIGN_ROWS, last = k - (rows - 1) * period;
+    for (uint32_t c = 0; c < period; c++) {
+        size_t valid = in_last + (c < last);
+        if (nib[(groups - 1) * period + c] >> valid)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: sign flip bits past element %zu set", b,
+                                 k - 1);
+    }
+    for (size_t r = 0; r < rows; r++) {
+        size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
+        uint8_t bit = (uint8_t)(1u << (r % LLX_SIGN_ROWS));
+        const uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period;
+        uint8_t *restrict sm = w->sm + i0;
+        const uint8_t *restrict up = r ? sm - period : NULL;
+        size_t c = 0;
+#ifdef __SSE2__
+        /* the flip as a byte compare (SSE2 has no byte shift) */
+        const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),
+                      m80 = _mm_set1_epi8((char)0x80);
+        for (; c + 16 <= n; c += 16) {
+            __m128i qv = _mm_loadu_si128((const __m128i *)(q + c));
+            __m128i kept = _mm_cmpeq_epi8(_mm_and_si128(qv, vb), zero);
+            __m128i s = _mm_andnot_si128(kept, m80);
+            if (up) {
+                __m128i above = _mm_loadu_si128((const __m128i *)(up + c));
+                s = _mm_xor_si128(s, _mm_and_si128(above, m80));
+            }
+            __m128i *sc = (__m128i *)(sm + c);
+            _mm_storeu_si128(sc, _mm_or_si128(_mm_loadu_si128(sc), s));
+        }
+#endif
+        for (; c < n; c++)
+            sm[c] = (uint8_t)(sm[c] | ((q[c] & bit ? 0x80 : 0) ^ (up ? up[c] & 0x80 : 0)));
+    }
+    join_fields(w->exp, w->sm, k, dst);
+    return KVS_OK;
+}
+
 int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, int refs, uint64_t block, uint8_t *dst)
+                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
+                         uint8_t *dst)
 {
     unsigned long long b = (unsigned long long)block;
     if (len < 1)
@@ -836,15 +1181,15 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
         memcpy(dst, rec + 1, 2 * k);
         return KVS_OK;
     }
-    if (rec[0] == LLX_REFS && refs) return decode_refs(w, rec, len, k, first, period, b, dst);
+    if (rec[0] == LLX_REFS && (tools & KVS_LLX_REFS))
+        return decode_refs(w, rec, len, k, first, period, b, dst);
+    if (rec[0] == LLX_SIGNS && (tools & KVS_LLX_SIGNS))
+        return decode_signs(w, rec, len, k, first, period, b, dst);
     if (rec[0] != LLX_CODED)
-        return refs ? kvs_set_error(KVS_ECORRUPT,
-                                    "lossless: block %llu: record kind %u (0 raw, 1 rANS, 2 rANS "
-                                    "with row references)",
-                                    b, rec[0])
-                    : kvs_set_error(KVS_ECORRUPT,
-                                    "lossless: block %llu: record kind %u (0 raw, 1 rANS)", b,
-                                    rec[0]);
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: record kind %u (0 raw, 1 rANS%s%s)", b, rec[0],
+                             tools & KVS_LLX_REFS ? ", 2 rANS with row references" : "",
+                             tools & KVS_LLX_SIGNS ? ", 3 rANS with coded signs" : "");
     if (len - 1 < k + 1)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: block %llu: %zu sign and mantissa bytes and the group "

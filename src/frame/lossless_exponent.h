@@ -13,6 +13,11 @@
  * Where the block starts a row, a row may instead refer to an earlier row
  * it repeats in part (payload version 3): its repeated elements cost a
  * flag, its other exponents are coded as differences to the ones above.
+ * Or (payload version 4) the signs are coded too: a sign as a flip of the
+ * sign above it in its channel, four rows of a channel to a symbol, under
+ * a table per class of channels (by how often they flip), the mantissas
+ * packed 7 bits each (K after RoPE: slowly rotating channels keep their
+ * sign for many tokens).
  * For float16 the same bits are the 5 exponent bits and the top 3 mantissa
  * bits: still exact, only less well modelled. */
 #ifndef KVSERDE_FRAME_LOSSLESS_EXPONENT_H
@@ -35,17 +40,26 @@ typedef struct kvs_llx_scratch kvs_llx_scratch;
 kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k);
 void kvs_llx_scratch_give(kvs_llx_scratch *w);
 
+/* The record kinds beyond kind 1 an encoder may use, and a payload
+ * version holds (a bit set): version 3 row references (kind 2), version 4
+ * those and the signs coded per channel (kind 3). */
+#define KVS_LLX_REFS 1u
+#define KVS_LLX_SIGNS 2u
+
 /* Code the k elements at src (2k bytes, little-endian u16) into rec
  * (KVS_LLX_RECORD_MAX(k) bytes); *used = the record's bytes. k <= max_k.
- * refs: look for row references too. Returns 1 when the record uses them
- * (a kind only payload version 3 holds), else 0. */
-int kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                         uint32_t period, int refs, uint8_t *rec, size_t *used);
+ * tools: the kinds it may try (KVS_LLX_REFS, KVS_LLX_SIGNS). Returns the
+ * kind the record uses among those (KVS_LLX_REFS or KVS_LLX_SIGNS), 0 for
+ * kinds 0 and 1 (what payload version 2 holds). */
+unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
+                              uint32_t period, unsigned tools, uint8_t *rec, size_t *used);
 
 /* Decode record rec[0..len) of block `block` (for messages) into the 2k
  * bytes at dst, or refuse it (KVS_ECORRUPT, a message naming the block).
- * refs: the payload's version holds records with row references (3). */
+ * tools: the kinds beyond 1 the payload's version holds (0 for version 2,
+ * KVS_LLX_REFS for 3, KVS_LLX_REFS | KVS_LLX_SIGNS for 4). */
 int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, int refs, uint64_t block, uint8_t *dst);
+                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
+                         uint8_t *dst);
 
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

@@ -30,12 +30,15 @@
  * raw; or the block raw): at most n + 24 + 5 x nblocks bytes. Version 3:
  * version 2 whose records may also be of kind 2, rows that refer to an
  * earlier row they repeat in part; the encoder writes it only when some
- * block uses that kind, so a version 2 reader reads everything else. Other
+ * block uses that kind, so a version 2 reader reads everything else.
+ * Version 4: version 3 whose records may also be of kind 3, the signs
+ * coded per channel; written only when some block uses that kind. Other
  * element sizes get version 1 under either coder. A reader decodes every
  * version whatever its own configuration says.
  *
  * Parameters (2 bytes): i8 zstd level (-7 to 19, encoder only, recorded for
- * inspect; the rANS coder looks for row references from LL_REFS_LEVEL),
+ * inspect; the rANS coder looks for row references from LL_REFS_LEVEL and
+ * codes signs from LL_SIGNS_LEVEL),
  * u8 coder (0 zstd, 1 rans; encoder only, recorded for inspect).
  *
  * Why zstd: Debian's libzstd is maintained, fuzzed and fast, its literal
@@ -63,10 +66,16 @@
 #define LL_VERSION 1    /* byte planes through zstd */
 #define LL_VERSION_RANS 2 /* the exponent through rANS (lossless_exponent.c) */
 #define LL_VERSION_REFS 3 /* version 2 with records of row references */
+#define LL_VERSION_SIGNS 4 /* version 3 with records of coded signs */
 /* The rANS coder looks for row references from this level: they gain 2.9 %
  * on the real KV cache (1.519x -> 1.563x) and cost about a third of its
  * speed (docs/performance.md), so the default level keeps the fast coder. */
 #define LL_REFS_LEVEL 2
+/* ... and may code the signs (a flip of the sign above, per class of
+ * channels) from this one: 1.563x -> 1.578x on the real KV cache, above
+ * zstd -19 on the planes, at about half level 2's speed (docs/performance.md),
+ * so a level of its own. */
+#define LL_SIGNS_LEVEL 3
 #define LL_HEADER_RANS 24u
 #define LL_CODER_ZSTD 0
 #define LL_CODER_RANS 1
@@ -126,7 +135,7 @@ static int ll_create(const json_t *config, kvs_stage **out)
             return kvs_set_error(KVS_EINVAL,
                                  "lossless: \"level\" must be an integer from %d to %d other "
                                  "than 0 (zstd's level; for the rans coder 2 and up add row "
-                                 "references; default %d), got %s",
+                                 "references, 3 and up coded signs; default %d), got %s",
                                  LL_LEVEL_MIN, LL_LEVEL_MAX, LL_DEFAULT_LEVEL,
                                  json_is_integer(lv) ? "an out-of-range integer"
                                                      : kvs_json_type_name(lv));
@@ -224,18 +233,20 @@ typedef struct enc_job {
     uint8_t *out;       /* block b is written at slot b: out + base + b * slot */
     size_t base, slot;  /* slot = block_max(E): a block never needs more */
     uint32_t *stored;   /* bytes block b used */
-    uint8_t *refs;      /* version 2: block b's record has row references */
+    uint8_t *kinds;     /* version 2: the kind beyond 1 block b's record uses
+                         * (KVS_LLX_REFS, KVS_LLX_SIGNS, 0) */
     uint64_t nelems;
     unsigned s;
     int level;
-    int version;     /* of the payload: LL_VERSION or LL_VERSION_RANS */
+    int version;     /* of the payload: LL_VERSION or LL_VERSION_RANS (the
+                      * encoder raises it to what the records need after) */
     uint32_t period; /* version 2: the channel period */
 } enc_job;
 
 /* The most bytes a block of k elements of s bytes takes in `version`. */
 static size_t block_max(int version, unsigned s, size_t k)
 {
-    return version == LL_VERSION_RANS ? KVS_LLX_RECORD_MAX(k) : 4 * s + (size_t)s * k;
+    return version != LL_VERSION ? KVS_LLX_RECORD_MAX(k) : 4 * s + (size_t)s * k;
 }
 
 /* Order-0 entropy estimate of a plane, bits per byte. */
@@ -312,9 +323,10 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
         uint64_t e0 = b * LL_BLOCK_ELEMS;
         size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
         size_t used = 0;
-        j->refs[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period,
-                                                   j->level >= LL_REFS_LEVEL,
-                                                   j->out + j->base + (size_t)b * j->slot, &used);
+        unsigned tools = (j->level >= LL_REFS_LEVEL ? KVS_LLX_REFS : 0) |
+                         (j->level >= LL_SIGNS_LEVEL ? KVS_LLX_SIGNS : 0);
+        j->kinds[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period, tools,
+                                                    j->out + j->base + (size_t)b * j->slot, &used);
         j->stored[b] = (uint32_t)used;
     }
     kvs_llx_scratch_give(w);
@@ -396,22 +408,25 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
         return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %zu", cap,
                              ll_bound(self, n));
     uint32_t *stored = malloc(nblocks ? (size_t)nblocks * sizeof *stored : 1);
-    uint8_t *refs = calloc(nblocks ? (size_t)nblocks : 1, 1);
-    if (stored == NULL || refs == NULL) {
+    uint8_t *kinds = calloc(nblocks ? (size_t)nblocks : 1, 1);
+    if (stored == NULL || kinds == NULL) {
         free(stored);
-        free(refs);
+        free(kinds);
         return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
     }
-    enc_job job = {in, out, base, slot, stored, refs, nelems, s, st->level, version, period};
+    enc_job job = {in, out, base, slot, stored, kinds, nelems, s, st->level, version, period};
     int rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
     if (rc) {
         free(stored);
-        free(refs);
+        free(kinds);
         return rc;
     }
-    for (uint64_t b = 0; b < nblocks; b++)
-        if (refs[b]) version = LL_VERSION_REFS;
-    free(refs);
+    /* the first version that holds every kind used */
+    for (uint64_t b = 0; b < nblocks; b++) {
+        if (kinds[b] == KVS_LLX_SIGNS) version = LL_VERSION_SIGNS;
+        if (kinds[b] == KVS_LLX_REFS && version < LL_VERSION_REFS) version = LL_VERSION_REFS;
+    }
+    free(kinds);
     /* Close the gaps: block b moves down to its final offset (never up). */
     size_t at = base;
     for (uint64_t b = 0; b < nblocks; b++) {
@@ -453,9 +468,9 @@ static int read_head(const uint8_t *in, size_t len, ll_head *h)
     if (len < LL_HEADER)
         return kvs_set_error(KVS_ECORRUPT, "lossless: %zu bytes, shorter than the %u-byte header",
                              len, LL_HEADER);
-    if (in[0] != LL_VERSION && in[0] != LL_VERSION_RANS && in[0] != LL_VERSION_REFS)
-        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u, %u or %u", in[0],
-                             LL_VERSION, LL_VERSION_RANS, LL_VERSION_REFS);
+    if (in[0] < LL_VERSION || in[0] > LL_VERSION_SIGNS)
+        return kvs_set_error(KVS_ECORRUPT, "lossless: version %u, expected %u to %u", in[0],
+                             LL_VERSION, LL_VERSION_SIGNS);
     h->version = in[0];
     h->s = in[1];
     if ((h->s != 1 && h->s != 2 && h->s != 4) || in[2] || in[3])
@@ -585,8 +600,10 @@ static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
     for (uint64_t b = b0; b < b1 && rc == KVS_OK; b++) {
         uint64_t e0 = b * h->E;
         size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
-        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period,
-                                  h->version == LL_VERSION_REFS, b, j->out + e0 * 2);
+        unsigned tools = (h->version >= LL_VERSION_REFS ? KVS_LLX_REFS : 0) |
+                         (h->version >= LL_VERSION_SIGNS ? KVS_LLX_SIGNS : 0);
+        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period, tools, b,
+                                  j->out + e0 * 2);
     }
     kvs_llx_scratch_give(w);
     return rc;

@@ -1,0 +1,21 @@
+/* lossless_rows.h - internal: the SIMD rebuild of a row with a reference of
+ * the lossless stage's record kind 2 (lossless_exponent.c holds the scalar
+ * one and chooses). */
+#ifndef KVSERDE_FRAME_LOSSLESS_ROWS_H
+#define KVSERDE_FRAME_LOSSLESS_ROWS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if KVS_HAVE_X86
+/* Elements [0, c) of a row of n whose reference row is `above` (decoded,
+ * 2n bytes, not overlapping out[0..2c)), c the largest multiple of 32 <= n:
+ * element j repeats above's when flag bit fbit + j of fl[0..nfb) is set,
+ * else takes the next of sym / sm (the difference to above's exponent, the
+ * sign and mantissa byte). Returns c; *used = the sym / sm bytes taken. */
+size_t kvs_llx_row_refs_avx512vbmi2(const uint8_t *above, const uint8_t *fl, size_t nfb,
+                                    size_t fbit, const uint8_t *sym, const uint8_t *sm, size_t n,
+                                    uint8_t *out, size_t *used);
+#endif
+
+#endif /* KVSERDE_FRAME_LOSSLESS_ROWS_H */
