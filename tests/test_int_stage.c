@@ -17,6 +17,7 @@
 /* The portable build of the quantizer, under other names, to hold the
  * library's (AVX2 clones where the CPU has AVX2) against. */
 #define KVS_NO_CLONES 1
+#define KVS_INTQ_PORTABLE 1
 #define kvs_intq_check ref_intq_check
 #define kvs_intq_bound ref_intq_bound
 #define kvs_intq_encode ref_intq_encode

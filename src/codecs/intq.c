@@ -10,15 +10,19 @@
  * Every float operation is a plain IEEE float32 operation in a fixed order
  * (the build is ISO C: no FMA contraction), so the AVX2 clones GCC builds
  * of the row kernels (CLONES, codecs/clones.h) give the same bytes as the
- * portable code on every input. */
+ * portable code on every input. That portable code is the reference of the
+ * hand-written kernels too (intq_kernels.h): each row operation below goes
+ * through the variant's kernel where it has one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codecs/clones.h"
+#include "codecs/fp8_kernels.h"
 #include "codecs/half.h"
 #include "codecs/intq.h"
+#include "codecs/intq_kernels.h"
 #include "kvserde/error.h"
 #include "kvserde/serde.h"
 #include "util/le.h"
@@ -346,11 +350,10 @@ static void code_range(const kvs_intq_params *p, float *lo, float *hi, float *mi
     *mid = p->zero_point ? 0.0f : (float)(1u << (p->bits - 1));
 }
 
-/* x' = (u - mid) s + z (z = 0 without a zero point). */
+/* x' = (u - mid) s + z (z = 0 without a zero point; mid from code_range). */
 CLONES static void dequantize_run(const uint8_t *codes, uint64_t n, const float *s,
-                                  const float *z, int per_elem, int zp, unsigned bits, float *x)
+                                  const float *z, int per_elem, float mid, float *x)
 {
-    float mid = zp ? 0.0f : (float)(1 << (bits - 1));
     if (per_elem) {
         for (uint64_t i = 0; i < n; i++) x[i] = ((float)codes[i] - mid) * s[i] + z[i];
         return;
@@ -433,6 +436,70 @@ CLONES static void unpack_codes(const uint8_t *in, uint64_t n, unsigned bits, ui
         unsigned v = in[bit / 8] | (bit % 8 + bits > 8 ? (unsigned)in[bit / 8 + 1] << 8 : 0);
         codes[i] = (uint8_t)(v >> (bit % 8) & mask);
     }
+}
+
+/* ---------------------------------------------------------------------
+ * The kernels in use: each wrapper below runs the variant's kernel where
+ * it has one, else the portable code above (intq_kernels.h)
+ * ------------------------------------------------------------------ */
+
+static const kvs_intq_kernels portable_kernels = {.isa = "scalar"};
+
+/* The variant of the fp8 kernels' choice (so a KVSERDE_ISA this CPU cannot
+ * run is refused as there). KVS_INTQ_PORTABLE builds the portable code
+ * only: the tests' reference. */
+static int kernels_get(const kvs_intq_kernels **out)
+{
+    *out = &portable_kernels;
+#if KVS_HAVE_X86 && !defined(KVS_INTQ_PORTABLE)
+    const kvs_fp8_kernels *fp8;
+    int rc = kvs_fp8_kernels_get(&fp8);
+    if (rc) return rc;
+    if (strncmp(fp8->isa, "avx512", 6) == 0) *out = kvs_intq_kernels_avx512(); /* and avx512fp16 */
+#endif
+    return KVS_OK;
+}
+
+static int widen(const kvs_intq_kernels *k, const uint8_t *src, kvs_dtype dt, uint64_t n,
+                 float *out)
+{
+    if (dt == KVS_DTYPE_BFLOAT16 && k->widen_bf16) return k->widen_bf16(src, n, out);
+    return widen_row(src, dt, n, out);
+}
+
+static void narrow(const kvs_intq_kernels *k, const float *in, kvs_dtype dt, uint64_t n,
+                   uint8_t *dst, int stream)
+{
+    if (dt == KVS_DTYPE_BFLOAT16 && k->narrow_bf16) k->narrow_bf16(in, n, dst, stream);
+    else narrow_row(in, dt, n, dst);
+}
+
+static void quantize(const kvs_intq_kernels *k, const float *x, uint64_t n, const float *r,
+                     const float *z, int per_elem, float lo, float hi, float mid, uint8_t *codes)
+{
+    if (k->quantize) k->quantize(x, n, r, z, per_elem, lo, hi, mid, codes);
+    else quantize_run(x, n, r, z, per_elem, lo, hi, mid, codes);
+}
+
+static void dequantize(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n,
+                       const float *s, const float *z, int per_elem, float mid, float *x)
+{
+    if (k->dequantize) k->dequantize(codes, n, s, z, per_elem, mid, x);
+    else dequantize_run(codes, n, s, z, per_elem, mid, x);
+}
+
+static void pack(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n, unsigned bits,
+                 uint8_t *out)
+{
+    if (k->pack[bits]) k->pack[bits](codes, n, out);
+    else pack_codes(codes, n, bits, out);
+}
+
+static void unpack(const kvs_intq_kernels *k, const uint8_t *in, uint64_t n, unsigned bits,
+                   uint8_t *codes)
+{
+    if (k->unpack[bits]) k->unpack[bits](in, n, codes);
+    else unpack_codes(in, n, bits, codes);
 }
 
 /* ---------------------------------------------------------------------
@@ -523,11 +590,30 @@ static int group_scale(const kvs_intq_params *p, float mn, float mx, uint8_t *sc
     return KVS_OK;
 }
 
+/* group_scale of n groups with values in [mn[i], mx[i]], stored at
+ * indexes first + i, their divisors into inv[i] and zeros into zero[i]
+ * (which may be mn and mx); stops at the first that fails. */
+static int group_scales(const kvs_intq_kernels *k, const kvs_intq_params *p, const float *mn,
+                        const float *mx, uint64_t n, uint8_t *scales, uint8_t *zeros,
+                        uint64_t first, float *inv, float *zero)
+{
+    size_t ss = kvs_dtype_size(p->scale_dtype);
+    uint64_t done = 0;
+    if (k->scales)
+        done = k->scales(mn, mx, n, p->zero_point, p->scale_dtype == KVS_DTYPE_FLOAT16,
+                         steps_of(p), scales + first * ss, zeros + first * ss, inv, zero);
+    int rc = KVS_OK;
+    for (uint64_t i = done; i < n && rc == KVS_OK; i++)
+        rc = group_scale(p, mn[i], mx[i], scales, zeros, first + i, &inv[i], &zero[i]);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------
  * Encode
  * ------------------------------------------------------------------ */
 
 typedef struct enc_job {
+    const kvs_intq_kernels *k;
     const kvs_intq_params *p;
     const plan *pl;
     const uint8_t *src;
@@ -583,7 +669,7 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
         const uint8_t *next = row_src(j, g, pi, t + 1);
         for (uint64_t o = 0; o < g->D * g->es; o += 64) __builtin_prefetch(next + o);
     }
-    if (widen_row(row_src(j, g, pi, t), g->dtype, g->D, row))
+    if (widen(j->k, row_src(j, g, pi, t), g->dtype, g->D, row))
         for (uint64_t c = 0; c < g->D; c++)
             if (!isfinite(row[c]))
             return kvs_set_error(KVS_EINVAL,
@@ -635,6 +721,23 @@ CLONES static void minmax(const float *x, uint64_t n, float *mn, float *mx)
     *mx = hi[0] > m1 ? hi[0] : m1;
 }
 
+/* minmax through the kernel, whose values are the same; when one of them
+ * is zero its sign is the reference's (the order of the lanes above). */
+static void group_minmax(const kvs_intq_kernels *k, const float *x, uint64_t n, float *mn,
+                         float *mx)
+{
+    if (k->minmax) {
+        float a = *mn, b = *mx;
+        k->minmax(x, n, &a, &b);
+        if (a != 0 && b != 0) {
+            *mn = a;
+            *mx = b;
+            return;
+        }
+    }
+    minmax(x, n, mn, mx);
+}
+
 static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi, workspace *w)
 {
     const kvs_intq_params *p = j->p;
@@ -659,15 +762,16 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         for (uint64_t k = 0; k < ng; k++) {
             uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
             w->a[k] = w->b[k] = row[c0];
-            minmax(row + c0, n, &w->a[k], &w->b[k]);
+            group_minmax(j->k, row + c0, n, &w->a[k], &w->b[k]);
         }
+        /* then the scales: w->a, w->b become the divisors and zeros */
+        if (rc == KVS_OK)
+            rc = group_scales(j->k, p, w->a, w->b, ng, scales, zeros, t0 * ng, w->a, w->b);
         for (uint64_t k = 0; k < ng && rc == KVS_OK; k++) {
             uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            float inv, z;
-            rc = group_scale(p, w->a[k], w->b[k], scales, zeros, t0 * ng + k, &inv, &z);
-            if (rc == KVS_OK) quantize_run(row + c0, n, &inv, &z, 0, lo, hi, mid, w->codes + c0);
+            quantize(j->k, row + c0, n, &w->a[k], &w->b[k], 0, lo, hi, mid, w->codes + c0);
         }
-        if (rc == KVS_OK) pack_codes(w->codes, D, p->bits, codes + t0 * g->row_bytes);
+        if (rc == KVS_OK) pack(j->k, w->codes, D, p->bits, codes + t0 * g->row_bytes);
         return rc;
     }
     /* channel axis: per-channel statistics over the block; tensor: one */
@@ -678,7 +782,8 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows + (held ? (t - t0) * D : 0);
         rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        if (r->axis == KVS_INTQ_TENSOR) minmax(row, D, &tmn, &tmx);
+        if (r->axis == KVS_INTQ_TENSOR) group_minmax(j->k, row, D, &tmn, &tmx);
+        else if (j->k->fold_columns) j->k->fold_columns(row, D, mn, mx);
         else
             for (uint64_t c = 0; c < D; c++) {
                 mn[c] = row[c] < mn[c] ? row[c] : mn[c];
@@ -687,17 +792,16 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
     }
     if (r->axis == KVS_INTQ_TENSOR) {
         if (rc == KVS_OK) rc = group_scale(p, tmn, tmx, scales, zeros, 0, &mn[0], &mx[0]);
-    } else {
-        for (uint64_t c = 0; c < D && rc == KVS_OK; c++)
-            rc = group_scale(p, mn[c], mx[c], scales, zeros, bi * D + c, &mn[c], &mx[c]);
+    } else if (rc == KVS_OK) {
+        rc = group_scales(j->k, p, mn, mx, D, scales, zeros, bi * D, mn, mx);
     }
     /* now mn[] holds the divisors and mx[] the zeros */
     for (uint64_t t = t0; t < t1 && rc == KVS_OK; t++) {
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        quantize_run(row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL, lo, hi, mid, w->codes);
-        pack_codes(w->codes, D, p->bits, codes + t * g->row_bytes);
+        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL, lo, hi, mid, w->codes);
+        pack(j->k, w->codes, D, p->bits, codes + t * g->row_bytes);
     }
     return rc;
 }
@@ -815,7 +919,12 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     out[0] = PAYLOAD_VERSION;
     out[1] = (uint8_t)fmt;
     out[2] = out[3] = 0;
-    enc_job j = {p, pl, src->data, out};
+    enc_job j = {NULL, p, pl, src->data, out};
+    rc = kernels_get(&j.k);
+    if (rc) {
+        free(pl);
+        return rc;
+    }
     uint64_t nk = 0;
     for (uint32_t i = 0; i < pl->ngroups; i++) nk += outlier_planes(&pl->g[i]);
     size_t nbytes = (size_t)kvs_layout_nbytes(&src->layout);
@@ -848,6 +957,8 @@ int kvs_intq_bound(const kvs_intq_params *p, const kvs_layout *layout, size_t *n
  * ------------------------------------------------------------------ */
 
 typedef struct dec_job {
+    const kvs_intq_kernels *k;
+    int stream; /* bfloat16 rows with non-temporal stores (intq_kernels.h) */
     const kvs_intq_params *p;
     const plan *pl;
     const uint8_t *in;
@@ -911,7 +1022,9 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
     uint64_t D = g->D;
     size_t ss = kvs_dtype_size(p->scale_dtype);
     float *row = w->rows, *s = w->a, *z = w->b;
-    unpack_codes(base + r->off_codes + t * g->row_bytes, D, p->bits, w->codes);
+    float lo, hi, mid;
+    code_range(p, &lo, &hi, &mid);
+    unpack(j->k, base + r->off_codes + t * g->row_bytes, D, p->bits, w->codes);
     if (r->axis == KVS_INTQ_TOKEN) {
         uint64_t ng = ceil_div(D, r->group);
         for (uint64_t k = 0; k < ng; k++) {
@@ -919,15 +1032,14 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
             uint64_t idx = t * ng + k;
             float sc = get_scale(base + r->off_scales + idx * ss, p->scale_dtype);
             float zr = p->zero_point ? get_scale(base + r->off_zeros + idx * ss, p->scale_dtype) : 0;
-            dequantize_run(w->codes + c0, n, &sc, &zr, 0, p->zero_point, p->bits, row + c0);
+            dequantize(j->k, w->codes + c0, n, &sc, &zr, 0, mid, row + c0);
         }
     } else { /* block_scales filled s and z */
-        dequantize_run(w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL, p->zero_point, p->bits,
-                       row);
+        dequantize(j->k, w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL, mid, row);
     }
     if (p->hadamard) hadamard_row(row, D, p->hadamard);
     uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
-    narrow_row(row, g->dtype, D, dst);
+    narrow(j->k, row, g->dtype, D, dst, j->stream);
     const uint8_t *val = base + r->off_values + t * r->nout * g->es;
     for (unsigned o = 0; o < r->nout; o++)
         memcpy(dst + get_le16(base + 2 * o) * g->es, val + o * g->es, g->es);
@@ -984,8 +1096,10 @@ int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_m
             if (pl->g[i].role[plane_role(&pl->g[i], pi)].bytes == 0) continue;
             rc = check_plane(p, &pl->g[i], pi, in, i);
         }
+    dec_job j = {NULL, kvs_layout_nbytes(&dst->layout) >= kvs_fp8_nt_min_bytes(), p, pl, in,
+                 dst->data};
+    if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc == KVS_OK) {
-        dec_job j = {p, pl, in, dst->data};
         rc = kvs_serde_parallel_for(pl->nitems, (size_t)kvs_layout_nbytes(&dst->layout),
                                     decode_range, &j);
     }
