@@ -44,8 +44,6 @@ static uint64_t lcg(uint64_t *s)
 
 static float unif(uint64_t *s) { return (float)((double)lcg(s) / 2147483648.0 * 2.0 - 1.0); }
 
-static uint32_t bits_of(float f) { return kvs_f32_to_bits(f); }
-
 /* A float that stresses a kernel: +-0, tiny, subnormal, huge, integers and
  * halves, or plain random values. */
 static float nasty(uint64_t *s)
@@ -121,7 +119,7 @@ static void test_narrow(void)
 static void test_minmax_values_and_zeros(void)
 {
     uint64_t s = 7;
-    float x[MAXN];
+    float x[MAXN], a[MAXN], b[MAXN], c[MAXN], d[MAXN], e[MAXN], f[MAXN];
     for (int round = 0; round < 300; round++)
         for (unsigned n = 1; n < 80; n++) {
             int zeros = round % 3 == 0; /* only zeros and one sign of values */
@@ -130,14 +128,18 @@ static void test_minmax_values_and_zeros(void)
                 if (zeros) x[i] = lcg(&s) % 3 ? (lcg(&s) % 2 ? 0.0f : -0.0f) : fabsf(x[i]);
                 if (zeros && round % 2) x[i] = -x[i];
             }
-            float a = x[0], b = x[0], c = x[0], d = x[0];
-            minmax(x, n, &a, &b);
-            group_minmax(K, x, n, &c, &d);
-            CHECK_EQ_INT(bits_of(c), bits_of(a));
-            CHECK_EQ_INT(bits_of(d), bits_of(b));
-            float e = x[0], f = x[0]; /* the kernel alone: the same values */
-            K->minmax(x, n, &e, &f);
-            CHECK(e == a && f == b);
+            /* groups of g, the last one shorter */
+            unsigned g = round % 4 == 1 ? n : 1 + (unsigned)(lcg(&s) % 40);
+            for (unsigned c0 = 0, k = 0; c0 < n; c0 += g, k++) {
+                unsigned len = n - c0 < g ? n - c0 : g;
+                a[k] = b[k] = x[c0];
+                minmax(x + c0, len, &a[k], &b[k]);
+            }
+            unsigned ng = (n + g - 1) / g;
+            group_minmax(K, x, n, g, c, d);
+            CHECK(memcmp(c, a, sizeof(float) * ng) == 0 && memcmp(d, b, sizeof(float) * ng) == 0);
+            K->minmax(x, n, g, e, f); /* the kernel alone: the same values */
+            for (unsigned k = 0; k < ng; k++) CHECK(e[k] == a[k] && f[k] == b[k]);
         }
 }
 
@@ -227,7 +229,8 @@ static void test_quantize_ties(void)
     uint8_t want[MAXN + 1], got[MAXN + 1];
     for (int round = 0; round < 300; round++) {
         unsigned bits = 2 + (unsigned)(lcg(&s) % 7);
-        int zp = (int)(lcg(&s) % 2), per = (int)(lcg(&s) % 2);
+        int zp = (int)(lcg(&s) % 2);
+        unsigned group = lcg(&s) % 3 ? 1 : 1 + (unsigned)(lcg(&s) % 70); /* 1: per element */
         float hi = (float)(zp ? (1u << bits) - 1 : ((1u << bits) - 2) / 2);
         float lo = zp ? 0.0f : -hi, mid = zp ? 0.0f : (float)(1u << (bits - 1));
         unsigned n = (unsigned)(lcg(&s) % MAXN);
@@ -244,10 +247,11 @@ static void test_quantize_ties(void)
             default: x[i] = z[i] + unif(&s) * hi * 1.2f * r[i]; break;
             }
         }
-        if (!per) r[0] = r[1 % MAXN], z[0] = z[1 % MAXN];
         want[n] = got[n] = 0xA5;
-        quantize_run(x, n, r, z, per, lo, hi, mid, want);
-        K->quantize(x, n, r, z, per, lo, hi, mid, got);
+        for (unsigned c0 = 0; c0 < n; c0 += group) /* the reference, group by group */
+            quantize_run(x + c0, n - c0 < group ? n - c0 : group, r + c0 / group, z + c0 / group,
+                         group == 1, lo, hi, mid, want + c0);
+        K->quantize(x, n, r, z, group, lo, hi, mid, got);
         CHECK(memcmp(got, want, n + 1) == 0);
     }
 }
@@ -279,7 +283,7 @@ static void test_dequantize(void)
     uint8_t codes[MAXN];
     float sc[MAXN], z[MAXN], want[MAXN + 1], got[MAXN + 1];
     for (int round = 0; round < 300; round++) {
-        int per = (int)(lcg(&s) % 2);
+        unsigned group = lcg(&s) % 3 ? 1 : 1 + (unsigned)(lcg(&s) % 70);
         float mid = lcg(&s) % 2 ? 0.0f : (float)(1u << (lcg(&s) % 8));
         unsigned n = (unsigned)(lcg(&s) % MAXN);
         for (unsigned i = 0; i < n; i++) {
@@ -288,10 +292,34 @@ static void test_dequantize(void)
             z[i] = nasty(&s);
         }
         want[n] = got[n] = 777.0f;
-        dequantize_run(codes, n, sc, z, per, mid, want);
-        K->dequantize(codes, n, sc, z, per, mid, got);
+        for (unsigned c0 = 0; c0 < n; c0 += group)
+            dequantize_run(codes + c0, n - c0 < group ? n - c0 : group, sc + c0 / group,
+                           z + c0 / group, group == 1, mid, want + c0);
+        K->dequantize(codes, n, sc, z, group, mid, got);
         CHECK(memcmp(got, want, sizeof(float) * (n + 1)) == 0);
     }
+}
+
+static void test_load_scales(void)
+{
+    uint8_t in[4 * MAXN];
+    float want[MAXN + 1], got[MAXN + 1];
+    uint64_t s = 29;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (unsigned n = 0; n < MAXN; n++) {
+            for (unsigned i = 0; i < sizeof in; i++) in[i] = (uint8_t)lcg(&s);
+            kvs_dtype sd = f16 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
+            for (unsigned i = 0; i < n; i++) want[i] = get_scale(in + 1 + i * kvs_dtype_size(sd), sd);
+            want[n] = got[n] = 5.0f;
+            K->load_scales(in + 1, n, f16, got);
+            CHECK(memcmp(got, want, sizeof(float) * (n + 1)) == 0);
+        }
+    /* every float16 pattern, NaN payloads included */
+    static uint8_t all[2 * 65536];
+    static float w16[65536], g16[65536];
+    for (uint32_t h = 0; h < 65536; h++) put_le16(all + 2 * h, (uint16_t)h), w16[h] = kvs_f16_to_f32((uint16_t)h);
+    K->load_scales(all, 65536, 1, g16);
+    CHECK(memcmp(g16, w16, sizeof w16) == 0);
 }
 
 /* ---------------------------------------------------------------------
@@ -408,6 +436,7 @@ int main(void)
     RUN(test_quantize_ties);
     RUN(test_pack_unpack);
     RUN(test_dequantize);
+    RUN(test_load_scales);
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();
 }

@@ -474,18 +474,29 @@ static void narrow(const kvs_intq_kernels *k, const float *in, kvs_dtype dt, uin
     else narrow_row(in, dt, n, dst);
 }
 
+/* quantize_run / dequantize_run of x[0..n), element i with the divisor or
+ * scale r[i / group] and zero z[i / group] (group 1: one per element). */
 static void quantize(const kvs_intq_kernels *k, const float *x, uint64_t n, const float *r,
-                     const float *z, int per_elem, float lo, float hi, float mid, uint8_t *codes)
+                     const float *z, uint64_t group, float lo, float hi, float mid,
+                     uint8_t *codes)
 {
-    if (k->quantize) k->quantize(x, n, r, z, per_elem, lo, hi, mid, codes);
-    else quantize_run(x, n, r, z, per_elem, lo, hi, mid, codes);
+    if (k->quantize) k->quantize(x, n, r, z, group, lo, hi, mid, codes);
+    else if (group == 1) quantize_run(x, n, r, z, 1, lo, hi, mid, codes);
+    else
+        for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+            quantize_run(x + c0, n - c0 < group ? n - c0 : group, r + i, z + i, 0, lo, hi, mid,
+                         codes + c0);
 }
 
 static void dequantize(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n,
-                       const float *s, const float *z, int per_elem, float mid, float *x)
+                       const float *s, const float *z, uint64_t group, float mid, float *x)
 {
-    if (k->dequantize) k->dequantize(codes, n, s, z, per_elem, mid, x);
-    else dequantize_run(codes, n, s, z, per_elem, mid, x);
+    if (k->dequantize) k->dequantize(codes, n, s, z, group, mid, x);
+    else if (group == 1) dequantize_run(codes, n, s, z, 1, mid, x);
+    else
+        for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+            dequantize_run(codes + c0, n - c0 < group ? n - c0 : group, s + i, z + i, 0, mid,
+                           x + c0);
 }
 
 static void pack(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n, unsigned bits,
@@ -543,6 +554,18 @@ static void put_scale(uint8_t *p, kvs_dtype sd, uint32_t bits)
 static float get_scale(const uint8_t *p, kvs_dtype sd)
 {
     return sd == KVS_DTYPE_FLOAT32 ? kvs_f32_from_bits(get_le32(p)) : kvs_f16_to_f32(get_le16(p));
+}
+
+/* n stored scales (or zeros) from p on as floats. */
+static void load_scales(const kvs_intq_kernels *k, const uint8_t *p, kvs_dtype sd, uint64_t n,
+                        float *out)
+{
+    if (k->load_scales) {
+        k->load_scales(p, n, sd == KVS_DTYPE_FLOAT16, out);
+        return;
+    }
+    size_t ss = kvs_dtype_size(sd);
+    for (uint64_t i = 0; i < n; i++) out[i] = get_scale(p + i * ss, sd);
 }
 
 /* range / steps rounded up: steps x s >= range, so no code is clamped
@@ -721,21 +744,19 @@ CLONES static void minmax(const float *x, uint64_t n, float *mn, float *mx)
     *mx = hi[0] > m1 ? hi[0] : m1;
 }
 
-/* minmax through the kernel, whose values are the same; when one of them
- * is zero its sign is the reference's (the order of the lanes above). */
-static void group_minmax(const kvs_intq_kernels *k, const float *x, uint64_t n, float *mn,
-                         float *mx)
+/* The minimum and maximum of each group of `group` elements of x[0..n)
+ * into mn[k], mx[k] (minmax from the group's first element): through the
+ * kernel, whose values are the same; where one of them is zero, its sign
+ * is the reference's (the order of minmax's lanes decides it). */
+static void group_minmax(const kvs_intq_kernels *k, const float *x, uint64_t n, uint64_t group,
+                         float *mn, float *mx)
 {
-    if (k->minmax) {
-        float a = *mn, b = *mx;
-        k->minmax(x, n, &a, &b);
-        if (a != 0 && b != 0) {
-            *mn = a;
-            *mx = b;
-            return;
+    if (k->minmax) k->minmax(x, n, group, mn, mx);
+    for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+        if (!k->minmax || mn[i] == 0 || mx[i] == 0) {
+            mn[i] = mx[i] = x[c0];
+            minmax(x + c0, n - c0 < group ? n - c0 : group, &mn[i], &mx[i]);
         }
-    }
-    minmax(x, n, mn, mx);
 }
 
 static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi, workspace *w)
@@ -759,19 +780,14 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         uint64_t ng = ceil_div(D, r->group);
         /* the statistics of every group first: their chains of comparisons
          * are independent, and overlap when not held up by the scales */
-        for (uint64_t k = 0; k < ng; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            w->a[k] = w->b[k] = row[c0];
-            group_minmax(j->k, row + c0, n, &w->a[k], &w->b[k]);
-        }
+        group_minmax(j->k, row, D, r->group, w->a, w->b);
         /* then the scales: w->a, w->b become the divisors and zeros */
         if (rc == KVS_OK)
             rc = group_scales(j->k, p, w->a, w->b, ng, scales, zeros, t0 * ng, w->a, w->b);
-        for (uint64_t k = 0; k < ng && rc == KVS_OK; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            quantize(j->k, row + c0, n, &w->a[k], &w->b[k], 0, lo, hi, mid, w->codes + c0);
+        if (rc == KVS_OK) {
+            quantize(j->k, row, D, w->a, w->b, r->group, lo, hi, mid, w->codes);
+            pack(j->k, w->codes, D, p->bits, codes + t0 * g->row_bytes);
         }
-        if (rc == KVS_OK) pack(j->k, w->codes, D, p->bits, codes + t0 * g->row_bytes);
         return rc;
     }
     /* channel axis: per-channel statistics over the block; tensor: one */
@@ -782,8 +798,14 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows + (held ? (t - t0) * D : 0);
         rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        if (r->axis == KVS_INTQ_TENSOR) group_minmax(j->k, row, D, &tmn, &tmx);
-        else if (j->k->fold_columns) j->k->fold_columns(row, D, mn, mx);
+        if (r->axis == KVS_INTQ_TENSOR) {
+            /* the row's, then the running ones (the first of equal values
+             * is associative, so this is minmax from tmn and tmx) */
+            float a, b;
+            group_minmax(j->k, row, D, D, &a, &b);
+            tmn = a < tmn ? a : tmn;
+            tmx = b > tmx ? b : tmx;
+        } else if (j->k->fold_columns) j->k->fold_columns(row, D, mn, mx);
         else
             for (uint64_t c = 0; c < D; c++) {
                 mn[c] = row[c] < mn[c] ? row[c] : mn[c];
@@ -800,7 +822,8 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL, lo, hi, mid, w->codes);
+        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid,
+                 w->codes);
         pack(j->k, w->codes, D, p->bits, codes + t * g->row_bytes);
     }
     return rc;
@@ -995,6 +1018,16 @@ static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t p
     return KVS_OK;
 }
 
+/* n scales and zeros from s and z on into w->a and w->b (zeros 0 without
+ * a zero point). */
+static void row_scales(const dec_job *j, const uint8_t *s, const uint8_t *z, uint64_t n,
+                       workspace *w)
+{
+    load_scales(j->k, s, j->p->scale_dtype, n, w->a);
+    if (j->p->zero_point) load_scales(j->k, z, j->p->scale_dtype, n, w->b);
+    else memset(w->b, 0, sizeof(float) * n);
+}
+
 /* The scales and zeros of block bi of a channel- or tensor-axis plane into
  * w->a and w->b (D of them, or 1). */
 static void block_scales(const dec_job *j, const group_plan *g, uint64_t pi, uint64_t bi,
@@ -1006,11 +1039,7 @@ static void block_scales(const dec_job *j, const group_plan *g, uint64_t pi, uin
     size_t ss = kvs_dtype_size(p->scale_dtype);
     uint64_t first = r->axis == KVS_INTQ_CHANNEL ? bi * g->D : 0;
     uint64_t n = r->axis == KVS_INTQ_CHANNEL ? g->D : 1;
-    for (uint64_t c = 0; c < n; c++) {
-        w->a[c] = get_scale(base + r->off_scales + (first + c) * ss, p->scale_dtype);
-        w->b[c] = p->zero_point ? get_scale(base + r->off_zeros + (first + c) * ss, p->scale_dtype)
-                                : 0;
-    }
+    row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, n, w);
 }
 
 static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint64_t t,
@@ -1026,16 +1055,11 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
     code_range(p, &lo, &hi, &mid);
     unpack(j->k, base + r->off_codes + t * g->row_bytes, D, p->bits, w->codes);
     if (r->axis == KVS_INTQ_TOKEN) {
-        uint64_t ng = ceil_div(D, r->group);
-        for (uint64_t k = 0; k < ng; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            uint64_t idx = t * ng + k;
-            float sc = get_scale(base + r->off_scales + idx * ss, p->scale_dtype);
-            float zr = p->zero_point ? get_scale(base + r->off_zeros + idx * ss, p->scale_dtype) : 0;
-            dequantize(j->k, w->codes + c0, n, &sc, &zr, 0, mid, row + c0);
-        }
+        uint64_t ng = ceil_div(D, r->group), first = t * ng;
+        row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, ng, w);
+        dequantize(j->k, w->codes, D, s, z, r->group, mid, row);
     } else { /* block_scales filled s and z */
-        dequantize(j->k, w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL, mid, row);
+        dequantize(j->k, w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL ? 1 : D, mid, row);
     }
     if (p->hadamard) hadamard_row(row, D, p->hadamard);
     uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;

@@ -51,9 +51,9 @@ static int widen_bf16(const uint8_t *src, uint64_t n, float *out)
     return bad != 0;
 }
 
-static void minmax(const float *x, uint64_t n, float *mn, float *mx)
+KVS_AI void minmax1(const float *x, uint64_t n, float *mn, float *mx)
 {
-    __m512 lo = _mm512_set1_ps(*mn), hi = _mm512_set1_ps(*mx);
+    __m512 lo = _mm512_set1_ps(x[0]), hi = lo;
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
@@ -68,6 +68,12 @@ static void minmax(const float *x, uint64_t n, float *mn, float *mx)
     }
     *mn = _mm512_reduce_min_ps(lo);
     *mx = _mm512_reduce_max_ps(hi);
+}
+
+static void minmax(const float *x, uint64_t n, uint64_t group, float *mn, float *mx)
+{
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++)
+        minmax1(x + c0, n - c0 < group ? n - c0 : group, &mn[k], &mx[k]);
 }
 
 static void fold_columns(const float *x, uint64_t n, float *mn, float *mx)
@@ -162,10 +168,10 @@ KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 z, __m512 lo, __m512 hi, __m51
     return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(q, mid)));
 }
 
-static void quantize(const float *x, uint64_t n, const float *r, const float *z, int per_elem,
-                     float lo, float hi, float mid, uint8_t *codes)
+/* x[0..n) with one divisor and zero (per_elem 0) or one each (1) */
+KVS_AI void quantize1(const float *x, uint64_t n, const float *r, const float *z, int per_elem,
+                      __m512 vlo, __m512 vhi, __m512 vmid, uint8_t *codes)
 {
-    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi), vmid = _mm512_set1_ps(mid);
     __m512 vr = _mm512_set1_ps(r[0]), vz = _mm512_set1_ps(z[0]);
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -179,6 +185,19 @@ static void quantize(const float *x, uint64_t n, const float *r, const float *z,
         _mm_mask_storeu_epi8(codes + i, k,
                              codes16(_mm512_maskz_loadu_ps(k, x + i), vr, vz, vlo, vhi, vmid));
     }
+}
+
+static void quantize(const float *x, uint64_t n, const float *r, const float *z, uint64_t group,
+                     float lo, float hi, float mid, uint8_t *codes)
+{
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi), vmid = _mm512_set1_ps(mid);
+    if (group == 1) {
+        quantize1(x, n, r, z, 1, vlo, vhi, vmid, codes);
+        return;
+    }
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++)
+        quantize1(x + c0, n - c0 < group ? n - c0 : group, r + k, z + k, 0, vlo, vhi, vmid,
+                  codes + c0);
 }
 
 /* 4 bits: the codes of a byte as one little-endian 16-bit word, w | w >> 4
@@ -263,11 +282,11 @@ static void unpack2(const uint8_t *in, uint64_t n, uint8_t *codes)
     for (uint64_t j = quads * 4; j < n; j++) codes[j] = in[j / 4] >> (2 * (j & 3)) & 3;
 }
 
-/* x' = (u - mid) s + z: a multiply, then an add (not fused, as in C). */
-static void dequantize(const uint8_t *codes, uint64_t n, const float *s, const float *z,
-                       int per_elem, float mid, float *x)
+/* x' = (u - mid) s + z: a multiply, then an add (not fused, as in C);
+ * one scale and zero (per_elem 0) or one each (1). */
+KVS_AI void dequantize1(const uint8_t *codes, uint64_t n, const float *s, const float *z,
+                        int per_elem, __m512 vmid, float *x)
 {
-    const __m512 vmid = _mm512_set1_ps(mid);
     __m512 vs = _mm512_set1_ps(s[0]), vz = _mm512_set1_ps(z[0]);
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -280,6 +299,28 @@ static void dequantize(const uint8_t *codes, uint64_t n, const float *s, const f
         if (per_elem) vs = _mm512_maskz_loadu_ps(k, s + i), vz = _mm512_maskz_loadu_ps(k, z + i);
         __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, codes + i)));
         _mm512_mask_storeu_ps(x + i, k, _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+    }
+}
+
+static void dequantize(const uint8_t *codes, uint64_t n, const float *s, const float *z,
+                       uint64_t group, float mid, float *x)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    if (group == 1) {
+        dequantize1(codes, n, s, z, 1, vmid, x);
+        return;
+    }
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++)
+        dequantize1(codes + c0, n - c0 < group ? n - c0 : group, s + k, z + k, 0, vmid, x + c0);
+}
+
+static void load_scales(const uint8_t *p, uint64_t n, int f16, float *out)
+{
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
+        __m512 v = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p + 2 * i))
+                       : _mm512_maskz_loadu_ps(k, p + 4 * i);
+        _mm512_mask_storeu_ps(out + i, k, v);
     }
 }
 
@@ -333,6 +374,7 @@ static const kvs_intq_kernels avx512_kernels = {
     .pack = {[2] = pack2, [4] = pack4},
     .unpack = {[2] = unpack2, [4] = unpack4},
     .dequantize = dequantize,
+    .load_scales = load_scales,
     .narrow_bf16 = narrow_bf16,
 };
 

@@ -20,10 +20,11 @@ typedef struct kvs_intq_kernels {
     const char *isa; /* "scalar", "avx512" */
     /* n bfloat16 (little-endian) -> float32; returns 1 if any is inf or NaN */
     int (*widen_bf16)(const uint8_t *src, uint64_t n, float *out);
-    /* The values of the minimum and maximum of *mn, *mx and x[0..n); the
+    /* The values of the minimum and maximum of each group of `group`
+     * elements of x[0..n) (the last one shorter) into mn[k], mx[k]; the
      * sign of a zero result may differ from the reference's, whose order
      * decides it (intq.c recomputes those with the portable code). */
-    void (*minmax)(const float *x, uint64_t n, float *mn, float *mx);
+    void (*minmax)(const float *x, uint64_t n, uint64_t group, float *mn, float *mx);
     /* mn[c] = x[c] < mn[c] ? x[c] : mn[c], mx[c] likewise, c < n */
     void (*fold_columns)(const float *x, uint64_t n, float *mn, float *mx);
     /* The scales (and zero points) of n groups with values in
@@ -36,15 +37,18 @@ typedef struct kvs_intq_kernels {
      * caller then runs the portable code from there, which says so. */
     uint64_t (*scales)(const float *mn, const float *mx, uint64_t n, int zero_point, int scale_f16,
                   float steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero);
-    /* intq.c's quantize_run */
-    void (*quantize)(const float *x, uint64_t n, const float *r, const float *z, int per_elem,
+    /* intq.c's quantize_run, element i with r[i / group], z[i / group] */
+    void (*quantize)(const float *x, uint64_t n, const float *r, const float *z, uint64_t group,
                      float lo, float hi, float mid, uint8_t *codes);
     /* intq.c's pack_codes / unpack_codes, indexed by bits (NULL: portable) */
     void (*pack[9])(const uint8_t *codes, uint64_t n, uint8_t *out);
     void (*unpack[9])(const uint8_t *in, uint64_t n, uint8_t *codes);
-    /* intq.c's dequantize_run */
+    /* intq.c's dequantize_run, element i with s[i / group], z[i / group] */
     void (*dequantize)(const uint8_t *codes, uint64_t n, const float *s, const float *z,
-                       int per_elem, float mid, float *x);
+                       uint64_t group, float mid, float *x);
+    /* n stored scales or zeros (float16 if f16, else float32; little-endian)
+     * as floats */
+    void (*load_scales)(const uint8_t *p, uint64_t n, int f16, float *out);
     /* n float32 -> bfloat16 (round to nearest even, NaN quieted, as
      * kvs_f32_to_bf16); `stream`: the full 64-byte lines of dst with
      * non-temporal stores (and a store fence before returning). The
