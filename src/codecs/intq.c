@@ -991,8 +991,8 @@ typedef struct dec_job {
 /* Everything decode relies on, before dst is touched: outlier indices
  * ascending and below the channel count, scales finite and >= 0, zero
  * points finite. */
-static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t pi,
-                       const uint8_t *in, uint32_t gi)
+static int check_plane(const kvs_intq_kernels *k, const kvs_intq_params *p,
+                       const group_plan *g, uint64_t pi, const uint8_t *in, uint32_t gi)
 {
     const role_plan *r = &g->role[plane_role(g, pi)];
     const uint8_t *base = in + plane_payload(g, pi);
@@ -1004,16 +1004,26 @@ static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t p
                                  "expected ascending channels below %llu",
                                  gi, (unsigned long long)pi, o, c, (unsigned long long)g->D);
     }
+    /* the scales a chunk at a time, converted by the kernels, and looked
+     * at one by one only when the chunk holds a bad one */
+    enum { CHUNK = 256 };
+    float s[CHUNK], z[CHUNK];
     size_t ss = kvs_dtype_size(p->scale_dtype);
-    for (uint64_t i = 0; i < r->nscales; i++) {
-        float s = get_scale(base + r->off_scales + i * ss, p->scale_dtype);
-        float z = p->zero_point ? get_scale(base + r->off_zeros + i * ss, p->scale_dtype) : 0;
-        if (!(s >= 0) || !isfinite(s) || !isfinite(z))
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "int: group %u plane %llu: scale %llu is %g (zero %g); expected "
-                                 "a finite scale >= 0 and a finite zero",
-                                 gi, (unsigned long long)pi, (unsigned long long)i, (double)s,
-                                 (double)z);
+    for (uint64_t i0 = 0; i0 < r->nscales; i0 += CHUNK) {
+        uint64_t n = r->nscales - i0 < CHUNK ? r->nscales - i0 : CHUNK;
+        load_scales(k, base + r->off_scales + i0 * ss, p->scale_dtype, n, s);
+        if (p->zero_point) load_scales(k, base + r->off_zeros + i0 * ss, p->scale_dtype, n, z);
+        else memset(z, 0, sizeof(float) * n);
+        int bad = 0;
+        for (uint64_t i = 0; i < n; i++)
+            bad |= !(s[i] >= 0) | !(fabsf(s[i]) < INFINITY) | !(fabsf(z[i]) < INFINITY);
+        for (uint64_t i = 0; i < n && bad; i++)
+            if (!(s[i] >= 0) || !isfinite(s[i]) || !isfinite(z[i]))
+                return kvs_set_error(KVS_ECORRUPT,
+                                     "int: group %u plane %llu: scale %llu is %g (zero %g); "
+                                     "expected a finite scale >= 0 and a finite zero",
+                                     gi, (unsigned long long)pi, (unsigned long long)(i0 + i),
+                                     (double)s[i], (double)z[i]);
     }
     return KVS_OK;
 }
@@ -1114,15 +1124,15 @@ int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_m
     if (rc == KVS_OK && dst->capacity < kvs_layout_nbytes(&dst->layout))
         rc = kvs_set_error(KVS_ENOSPC, "int: destination holds %zu bytes, need %llu",
                            dst->capacity, (unsigned long long)kvs_layout_nbytes(&dst->layout));
+    dec_job j = {NULL, kvs_layout_nbytes(&dst->layout) >= kvs_fp8_nt_min_bytes(), p, pl, in,
+                 dst->data};
+    if (rc == KVS_OK) rc = kernels_get(&j.k);
     /* (a group of empty planes has no bytes to check, however many planes) */
     for (uint32_t i = 0; i < pl->ngroups && rc == KVS_OK; i++)
         for (uint64_t pi = 0; pi < pl->g[i].nplanes && rc == KVS_OK; pi++) {
             if (pl->g[i].role[plane_role(&pl->g[i], pi)].bytes == 0) continue;
-            rc = check_plane(p, &pl->g[i], pi, in, i);
+            rc = check_plane(j.k, p, &pl->g[i], pi, in, i);
         }
-    dec_job j = {NULL, kvs_layout_nbytes(&dst->layout) >= kvs_fp8_nt_min_bytes(), p, pl, in,
-                 dst->data};
-    if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc == KVS_OK) {
         rc = kvs_serde_parallel_for(pl->nitems, (size_t)kvs_layout_nbytes(&dst->layout),
                                     decode_range, &j);
