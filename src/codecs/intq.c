@@ -513,6 +513,19 @@ static void unpack(const kvs_intq_kernels *k, const uint8_t *in, uint64_t n, uns
     else unpack_codes(in, n, bits, codes);
 }
 
+/* Where the codes of a row are made: in place when 8-bit codes are the
+ * stored bytes (no copy), else in the work buffer before pack. */
+static uint8_t *codes_buffer(unsigned bits, uint8_t *stored, uint8_t *work)
+{
+    return bits == 8 ? stored : work;
+}
+
+static void pack_row(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n,
+                     unsigned bits, uint8_t *out)
+{
+    if (bits != 8) pack(k, codes, n, bits, out);
+}
+
 /* ---------------------------------------------------------------------
  * Scales
  * ------------------------------------------------------------------ */
@@ -785,8 +798,9 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         if (rc == KVS_OK)
             rc = group_scales(j->k, p, w->a, w->b, ng, scales, zeros, t0 * ng, w->a, w->b);
         if (rc == KVS_OK) {
-            quantize(j->k, row, D, w->a, w->b, r->group, lo, hi, mid, w->codes);
-            pack(j->k, w->codes, D, p->bits, codes + t0 * g->row_bytes);
+            uint8_t *out = codes + t0 * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
+            quantize(j->k, row, D, w->a, w->b, r->group, lo, hi, mid, u);
+            pack_row(j->k, u, D, p->bits, out);
         }
         return rc;
     }
@@ -822,9 +836,9 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid,
-                 w->codes);
-        pack(j->k, w->codes, D, p->bits, codes + t * g->row_bytes);
+        uint8_t *out = codes + t * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
+        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid, u);
+        pack_row(j->k, u, D, p->bits, out);
     }
     return rc;
 }
@@ -1063,13 +1077,17 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
     float *row = w->rows, *s = w->a, *z = w->b;
     float lo, hi, mid;
     code_range(p, &lo, &hi, &mid);
-    unpack(j->k, base + r->off_codes + t * g->row_bytes, D, p->bits, w->codes);
+    const uint8_t *stored = base + r->off_codes + t * g->row_bytes, *u = stored;
+    if (p->bits != 8) { /* 8-bit codes are read where they are */
+        unpack(j->k, stored, D, p->bits, w->codes);
+        u = w->codes;
+    }
     if (r->axis == KVS_INTQ_TOKEN) {
         uint64_t ng = ceil_div(D, r->group), first = t * ng;
         row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, ng, w);
-        dequantize(j->k, w->codes, D, s, z, r->group, mid, row);
+        dequantize(j->k, u, D, s, z, r->group, mid, row);
     } else { /* block_scales filled s and z */
-        dequantize(j->k, w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL ? 1 : D, mid, row);
+        dequantize(j->k, u, D, s, z, r->axis == KVS_INTQ_CHANNEL ? 1 : D, mid, row);
     }
     if (p->hadamard) hadamard_row(row, D, p->hadamard);
     uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
