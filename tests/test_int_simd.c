@@ -256,6 +256,44 @@ static void test_quantize_ties(void)
     }
 }
 
+/* One divisor per group: the kernel multiplies by its reciprocal and
+ * divides only near a half (intq_avx512.c's quotient). Values a few ulps
+ * either side of every half-integer step, divisors over the whole float
+ * range (subnormal ones, whose reciprocal overflows; huge ones, whose
+ * reciprocal is subnormal), 1.6 million codes against the division. */
+static void test_quantize_reciprocal(void)
+{
+    enum { G = 64, NG = 25 };
+    uint64_t s = 31;
+    float x[G * NG], r[NG], z[NG];
+    uint8_t want[G * NG], got[G * NG];
+    long differ = 0;
+    for (int round = 0; round < 1000; round++) {
+        unsigned bits = 2 + (unsigned)(lcg(&s) % 7);
+        int zp = (int)(lcg(&s) % 2);
+        float hi = (float)(zp ? (1u << bits) - 1 : ((1u << bits) - 2) / 2);
+        float lo = zp ? 0.0f : -hi, mid = zp ? 0.0f : (float)(1u << (bits - 1));
+        for (unsigned k = 0; k < NG; k++) {
+            uint32_t e = lcg(&s) % 8 == 0 ? (uint32_t)(lcg(&s) % 255) : 100 + (uint32_t)(lcg(&s) % 50);
+            r[k] = kvs_f32_from_bits(e << 23 | ((uint32_t)lcg(&s) & 0x7FFFFF));
+            if (!(r[k] > 0)) r[k] = 1.0f; /* the divisor is never 0 */
+            z[k] = zp ? -(float)(lcg(&s) % 8) * r[k] : 0.0f;
+            for (unsigned i = 0; i < G; i++) {
+                float k2 = (float)((int)(lcg(&s) % (unsigned)(2 * hi + 5)) - (int)hi - 2) + 0.5f;
+                float v = z[k] + k2 * r[k];
+                for (int u = (int)(lcg(&s) % 7) - 3; u != 0; u += u > 0 ? -1 : 1)
+                    v = nextafterf(v, u > 0 ? INFINITY : -INFINITY);
+                x[k * G + i] = lcg(&s) % 4 ? v : z[k] + unif(&s) * hi * r[k];
+            }
+        }
+        for (unsigned k = 0; k < NG; k++)
+            quantize_run(x + k * G, G, r + k, z + k, 0, lo, hi, mid, want + k * G);
+        K->quantize(x, G * NG, r, z, G, lo, hi, mid, got);
+        for (unsigned i = 0; i < G * NG; i++) differ += got[i] != want[i];
+    }
+    CHECK(differ == 0);
+}
+
 static void test_pack_unpack(void)
 {
     uint64_t s = 17;
@@ -454,6 +492,7 @@ int main(void)
     RUN(test_fold_columns);
     RUN(test_scales);
     RUN(test_quantize_ties);
+    RUN(test_quantize_reciprocal);
     RUN(test_pack_unpack);
     RUN(test_dequantize);
     RUN(test_load_scales);
