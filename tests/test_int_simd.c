@@ -15,20 +15,7 @@
 
 /* The portable build of the quantizer, under other names: its static row
  * functions are the reference. */
-#define KVS_NO_CLONES 1
-#define KVS_INTQ_PORTABLE 1
-#define kvs_intq_check ref_intq_check
-#define kvs_intq_bound ref_intq_bound
-#define kvs_intq_encode ref_intq_encode
-#define kvs_intq_decode ref_intq_decode
-#include "codecs/intq.c"
-#undef kvs_intq_check
-#undef kvs_intq_bound
-#undef kvs_intq_encode
-#undef kvs_intq_decode
-int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
-                    size_t *n);
-int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_memobj *dst);
+#include "kvs_test_intq_ref.h"
 
 #include "codecs/fp8_kernels.h"
 #include "kvs_test.h"
