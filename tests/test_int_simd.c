@@ -238,16 +238,22 @@ static void test_quantize_ties(void)
         for (unsigned c0 = 0; c0 < n; c0 += group) /* the reference, group by group */
             quantize_run(x + c0, n - c0 < group ? n - c0 : group, r + c0 / group, z + c0 / group,
                          group == 1, lo, hi, mid, want + c0);
-        K->quantize(x, n, r, z, group, lo, hi, mid, got);
+        K->quantize(x, n, r, NULL, z, group, lo, hi, mid, got); /* divisions */
+        CHECK(memcmp(got, want, n + 1) == 0);
+        float rinv[MAXN];
+        K->reciprocals(r, group == 1 ? n : (n + group - 1) / group, rinv);
+        memset(got, 0xA5, n + 1);
+        K->quantize(x, n, r, rinv, z, group, lo, hi, mid, got); /* reciprocals */
         CHECK(memcmp(got, want, n + 1) == 0);
     }
 }
 
-/* One divisor per group: the kernel multiplies by its reciprocal and
- * divides only near a half (intq_avx512.c's quotient). Values a few ulps
- * either side of every half-integer step, divisors over the whole float
- * range (subnormal ones, whose reciprocal overflows; huge ones, whose
- * reciprocal is subnormal), 1.6 million codes against the division. */
+/* The kernel multiplies by the divisors' reciprocals and divides only near
+ * a half (intq_avx512.c's quotient): one divisor per group and one per
+ * element. Values a few ulps either side of every half-integer step,
+ * divisors over the whole float range (subnormal ones, whose reciprocal
+ * overflows; huge ones, whose reciprocal is subnormal), 3.2 million codes
+ * against the division. */
 static void test_quantize_reciprocal(void)
 {
     enum { G = 64, NG = 25 };
@@ -275,7 +281,15 @@ static void test_quantize_reciprocal(void)
         }
         for (unsigned k = 0; k < NG; k++)
             quantize_run(x + k * G, G, r + k, z + k, 0, lo, hi, mid, want + k * G);
-        K->quantize(x, G * NG, r, z, G, lo, hi, mid, got);
+        float rinv[NG], re[G * NG], ze[G * NG], rinve[G * NG];
+        K->reciprocals(r, NG, rinv);
+        K->quantize(x, G * NG, r, rinv, z, G, lo, hi, mid, got);
+        for (unsigned i = 0; i < G * NG; i++) differ += got[i] != want[i];
+        /* the same divisors, one per element (the channel axis) */
+        for (unsigned i = 0; i < G * NG; i++) re[i] = r[i / G], ze[i] = z[i / G];
+        K->reciprocals(re, G * NG, rinve);
+        memset(got, 0, sizeof got);
+        K->quantize(x, G * NG, re, rinve, ze, 1, lo, hi, mid, got);
         for (unsigned i = 0; i < G * NG; i++) differ += got[i] != want[i];
     }
     CHECK(differ == 0);

@@ -475,12 +475,13 @@ static void narrow(const kvs_intq_kernels *k, const float *in, kvs_dtype dt, uin
 }
 
 /* quantize_run / dequantize_run of x[0..n), element i with the divisor or
- * scale r[i / group] and zero z[i / group] (group 1: one per element). */
+ * scale r[i / group] and zero z[i / group] (group 1: one per element);
+ * rinv: reciprocals (below) of r, or NULL. */
 static void quantize(const kvs_intq_kernels *k, const float *x, uint64_t n, const float *r,
-                     const float *z, uint64_t group, float lo, float hi, float mid,
-                     uint8_t *codes)
+                     const float *rinv, const float *z, uint64_t group, float lo, float hi,
+                     float mid, uint8_t *codes)
 {
-    if (k->quantize) k->quantize(x, n, r, z, group, lo, hi, mid, codes);
+    if (k->quantize) k->quantize(x, n, r, rinv, z, group, lo, hi, mid, codes);
     else if (group == 1) quantize_run(x, n, r, z, 1, lo, hi, mid, codes);
     else
         for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
@@ -511,6 +512,16 @@ static void unpack(const kvs_intq_kernels *k, const uint8_t *in, uint64_t n, uns
 {
     if (k->unpack[bits]) k->unpack[bits](in, n, codes);
     else unpack_codes(in, n, bits, codes);
+}
+
+/* The kernel's reciprocals of n divisors into out; NULL if it has none
+ * (quantize then divides). */
+static const float *reciprocals(const kvs_intq_kernels *k, const float *r, uint64_t n,
+                                float *out)
+{
+    if (!k->reciprocals) return NULL;
+    k->reciprocals(r, n, out);
+    return out;
 }
 
 /* Where the codes of a row are made: in place when 8-bit codes are the
@@ -660,6 +671,7 @@ typedef struct workspace {
     float *rows;   /* up to nrows x D */
     uint64_t nrows;
     float *a, *b;  /* D floats each: statistics, then the divisors and z */
+    float *c;      /* D: the divisors' reciprocals (intq_kernels.h) */
     uint8_t *codes; /* D */
 } workspace;
 
@@ -671,11 +683,13 @@ static int ws_alloc(workspace *w, uint64_t D, uint64_t nrows)
     w->rows = malloc(sizeof(float) * d * (size_t)nrows);
     w->a = malloc(sizeof(float) * d);
     w->b = malloc(sizeof(float) * d);
+    w->c = malloc(sizeof(float) * d);
     w->codes = malloc(d);
-    if (w->rows && w->a && w->b && w->codes) return KVS_OK;
+    if (w->rows && w->a && w->b && w->c && w->codes) return KVS_OK;
     free(w->rows);
     free(w->a);
     free(w->b);
+    free(w->c);
     free(w->codes);
     return kvs_set_error(KVS_ENOMEM, "int: out of memory for a %llu-channel work buffer",
                          (unsigned long long)D);
@@ -686,6 +700,7 @@ static void ws_free(workspace *w)
     free(w->rows);
     free(w->a);
     free(w->b);
+    free(w->c);
     free(w->codes);
 }
 
@@ -799,7 +814,8 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
             rc = group_scales(j->k, p, w->a, w->b, ng, scales, zeros, t0 * ng, w->a, w->b);
         if (rc == KVS_OK) {
             uint8_t *out = codes + t0 * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
-            quantize(j->k, row, D, w->a, w->b, r->group, lo, hi, mid, u);
+            const float *rinv = reciprocals(j->k, w->a, ng, w->c);
+            quantize(j->k, row, D, w->a, rinv, w->b, r->group, lo, hi, mid, u);
             pack_row(j->k, u, D, p->bits, out);
         }
         return rc;
@@ -832,12 +848,15 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         rc = group_scales(j->k, p, mn, mx, D, scales, zeros, bi * D, mn, mx);
     }
     /* now mn[] holds the divisors and mx[] the zeros */
+    uint64_t ndiv = r->axis == KVS_INTQ_CHANNEL ? D : 1;
+    const float *rinv = rc == KVS_OK ? reciprocals(j->k, mn, ndiv, w->c) : NULL;
     for (uint64_t t = t0; t < t1 && rc == KVS_OK; t++) {
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
         uint8_t *out = codes + t * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
-        quantize(j->k, row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid, u);
+        quantize(j->k, row, D, mn, rinv, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid,
+                 u);
         pack_row(j->k, u, D, p->bits, out);
     }
     return rc;

@@ -158,89 +158,95 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
     return n;
 }
 
-/* y / r as far as rint can tell: with `fast`, y x rinv (rinv = 1 / r
- * rounded, a normal float), and the exact quotient only for the lanes
- * where that product is within |q| 2^-20 of a half-integer. Why that is
- * exact: with v = y / r, the product is within |v| 2^-23 (1 + 2^-24) of v
- * (two roundings of 2^-24 each; a subnormal product is within 2^-150 of
- * v and far from a half), and RN(v), what the portable code rounds, within
- * |v| 2^-24. A product farther than |q| 2^-20 from the half-integer
- * between its neighbouring integers has v and RN(v) strictly on its side
- * (and no other half-integer within reach below |v| = 2^22; beyond, the
- * codes clamp alike), so rint gives the same integer. An infinite product
- * is never "near" (inf - inf is NaN) and clamps as RN(v) does. */
-KVS_AI __m512 quotient(__m512 y, __m512 r, __m512 rinv, int fast)
+/* y / r as far as rint can tell: y x rinv (rinv = 1 / r rounded, a
+ * normal float; 0 where it is not), and the exact quotient only for the
+ * lanes where rinv is 0 or the product is within |q| 2^-20 of a
+ * half-integer. Why that is exact: with v = y / r, the product is within
+ * |v| 2^-23 (1 + 2^-24) of v (two roundings of 2^-24 each; a subnormal
+ * product is within 2^-150 of v and far from a half), and RN(v), what the
+ * portable code rounds, within |v| 2^-24. A product farther than |q| 2^-20
+ * from the half-integer between its neighbouring integers has v and RN(v)
+ * strictly on its side (and no other half-integer within reach below
+ * |v| = 2^22; beyond, the codes clamp alike), so rint gives the same
+ * integer. An infinite product is never "near" (inf - inf is NaN) and
+ * clamps as RN(v) does. */
+KVS_AI __m512 quotient(__m512 y, __m512 r, __m512 rinv)
 {
-    if (!fast) return _mm512_div_ps(y, r);
     __m512 q = _mm512_mul_ps(y, rinv);
     __m512 half = _mm512_add_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
                                 _mm512_set1_ps(0.5f));
     __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, half)),
                                         _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
-                                        _CMP_LE_OQ);
+                                        _CMP_LE_OQ) |
+                     _mm512_cmp_ps_mask(rinv, _mm512_setzero_ps(), _CMP_EQ_OQ);
     return near ? _mm512_mask_div_ps(q, near, y, r) : q;
 }
 
-/* 16 codes: rint((x - z) / r) clamped to [lo, hi], plus mid (quotient:
- * rinv and fast). */
-KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, int fast, __m512 z, __m512 lo,
-                       __m512 hi, __m512 mid)
+/* 16 codes: rint((x - z) / r) clamped to [lo, hi], plus mid (rinv: as
+ * quotient's). */
+KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
+                       __m512 mid)
 {
-    __m512 q = _mm512_roundscale_ps(quotient(_mm512_sub_ps(x, z), r, rinv, fast),
+    __m512 q = _mm512_roundscale_ps(quotient(_mm512_sub_ps(x, z), r, rinv),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     q = _mm512_max_ps(lo, q); /* q < lo ? lo : q */
     q = _mm512_min_ps(hi, q); /* q > hi ? hi : q */
     return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(q, mid)));
 }
 
-/* x[0..n) with one divisor and zero (per_elem 0: through its reciprocal
- * when that is a normal float, `fast`) or one each (1: divisions). */
-KVS_AI void quantize_fast(const float *x, uint64_t n, const float *r, const float *z,
-                          int per_elem, int fast, __m512 vlo, __m512 vhi, __m512 vmid,
-                          uint8_t *codes)
+/* x[0..n) with one divisor, reciprocal and zero (per_elem 0) or one each
+ * (1); rinv NULL: divisions. */
+KVS_AI void quantize1(const float *x, uint64_t n, const float *r, const float *rinv,
+                      const float *z, int per_elem, __m512 vlo, __m512 vhi, __m512 vmid,
+                      uint8_t *codes)
 {
     __m512 vr = _mm512_set1_ps(r[0]), vz = _mm512_set1_ps(z[0]);
-    __m512 vinv = _mm512_set1_ps(fast ? 1.0f / r[0] : 0.0f);
+    __m512 vinv = _mm512_set1_ps(rinv ? rinv[0] : 0.0f);
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (per_elem) vr = _mm512_loadu_ps(r + i), vz = _mm512_loadu_ps(z + i);
+        if (per_elem) {
+            vr = _mm512_loadu_ps(r + i), vz = _mm512_loadu_ps(z + i);
+            if (rinv) vinv = _mm512_loadu_ps(rinv + i);
+        }
         _mm_storeu_si128((__m128i *)(codes + i),
-                         codes16(_mm512_loadu_ps(x + i), vr, vinv, fast, vz, vlo, vhi, vmid));
+                         codes16(_mm512_loadu_ps(x + i), vr, vinv, vz, vlo, vhi, vmid));
     }
     if (i < n) {
         __mmask16 k = first16(n - i);
-        if (per_elem) vr = _mm512_maskz_loadu_ps(k, r + i), vz = _mm512_maskz_loadu_ps(k, z + i);
+        if (per_elem) {
+            vr = _mm512_maskz_loadu_ps(k, r + i), vz = _mm512_maskz_loadu_ps(k, z + i);
+            if (rinv) vinv = _mm512_maskz_loadu_ps(k, rinv + i);
+        }
         _mm_mask_storeu_epi8(codes + i, k,
-                             codes16(_mm512_maskz_loadu_ps(k, x + i), vr, vinv, fast, vz, vlo,
-                                     vhi, vmid));
+                             codes16(_mm512_maskz_loadu_ps(k, x + i), vr, vinv, vz, vlo, vhi,
+                                     vmid));
     }
 }
 
-KVS_AI void quantize1(const float *x, uint64_t n, const float *r, const float *z, int per_elem,
-                      __m512 vlo, __m512 vhi, __m512 vmid, uint8_t *codes)
-{
-    if (per_elem) {
-        quantize_fast(x, n, r, z, 1, 0, vlo, vhi, vmid, codes);
-        return;
-    }
-    float inv = 1.0f / r[0]; /* r > 0: usable when normal and finite */
-    if (inv >= 0x1p-126f && inv <= 0x1.fffffep127f)
-        quantize_fast(x, n, r, z, 0, 1, vlo, vhi, vmid, codes);
-    else
-        quantize_fast(x, n, r, z, 0, 0, vlo, vhi, vmid, codes);
-}
-
-static void quantize(const float *x, uint64_t n, const float *r, const float *z, uint64_t group,
-                     float lo, float hi, float mid, uint8_t *codes)
+static void quantize(const float *x, uint64_t n, const float *r, const float *rinv,
+                     const float *z, uint64_t group, float lo, float hi, float mid,
+                     uint8_t *codes)
 {
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi), vmid = _mm512_set1_ps(mid);
     if (group == 1) {
-        quantize1(x, n, r, z, 1, vlo, vhi, vmid, codes);
+        quantize1(x, n, r, rinv, z, 1, vlo, vhi, vmid, codes);
         return;
     }
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++)
-        quantize1(x + c0, n - c0 < group ? n - c0 : group, r + k, z + k, 0, vlo, vhi, vmid,
-                  codes + c0);
+        quantize1(x + c0, n - c0 < group ? n - c0 : group, r + k, rinv ? rinv + k : NULL, z + k,
+                  0, vlo, vhi, vmid, codes + c0);
+}
+
+/* 1 / r[i] where that is a normal float, else 0 (r > 0). */
+static void reciprocals(const float *r, uint64_t n, float *out)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), tiny = _mm512_set1_ps(0x1p-126f);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
+        __m512 inv = _mm512_div_ps(one, _mm512_maskz_loadu_ps(k, r + i));
+        __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, tiny, _CMP_GE_OQ);
+        _mm512_mask_storeu_ps(out + i, k, _mm512_maskz_mov_ps(ok, inv));
+    }
 }
 
 /* 4 bits: the codes of a byte as one little-endian 16-bit word, w | w >> 4
@@ -414,6 +420,7 @@ static const kvs_intq_kernels avx512_kernels = {
     .fold_columns = fold_columns,
     .scales = scales,
     .quantize = quantize,
+    .reciprocals = reciprocals,
     .pack = {[2] = pack2, [4] = pack4},
     .unpack = {[2] = unpack2, [4] = unpack4},
     .dequantize = dequantize,

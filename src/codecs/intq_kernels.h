@@ -37,9 +37,14 @@ typedef struct kvs_intq_kernels {
      * caller then runs the portable code from there, which says so. */
     uint64_t (*scales)(const float *mn, const float *mx, uint64_t n, int zero_point, int scale_f16,
                   float steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero);
-    /* intq.c's quantize_run, element i with r[i / group], z[i / group] */
-    void (*quantize)(const float *x, uint64_t n, const float *r, const float *z, uint64_t group,
-                     float lo, float hi, float mid, uint8_t *codes);
+    /* 1 / r[i] rounded where that is a normal float, else 0, for quantize
+     * (r > 0) */
+    void (*reciprocals)(const float *r, uint64_t n, float *out);
+    /* intq.c's quantize_run, element i with r[i / group], z[i / group];
+     * rinv: NULL or reciprocals() of r, which then saves most divisions */
+    void (*quantize)(const float *x, uint64_t n, const float *r, const float *rinv,
+                     const float *z, uint64_t group, float lo, float hi, float mid,
+                     uint8_t *codes);
     /* intq.c's pack_codes / unpack_codes, indexed by bits (NULL: portable) */
     void (*pack[9])(const uint8_t *codes, uint64_t n, uint8_t *out);
     void (*unpack[9])(const uint8_t *in, uint64_t n, uint8_t *codes);
