@@ -1,11 +1,13 @@
 /* intq_avx512.c - the integer quantizer's AVX-512 kernels (intq_kernels.h):
  * the same IEEE float32 operations as intq.c's portable code, in the same
- * order, 16 lanes at a time, so the same bytes.
+ * order, 16 lanes at a time (but for the codes' divisions, most of which
+ * become products whose rounding provably agrees), so the same bytes.
  *
  * Why each is exact: vminps / vmaxps compute `a < b ? a : b` /
  * `a > b ? a : b` with their operands in the order the portable code
- * writes them (so -0 and +0 resolve alike); vdivps and vroundps (to
- * nearest even) are rintf of the same quotient; the float16 rounding of
+ * writes them (so -0 and +0 resolve alike); vroundps (to nearest even)
+ * is rintf, of the same quotient wherever the product by a reciprocal
+ * could round otherwise (quotient, below); the float16 rounding of
  * scales up and of zero points down is vcvtps2ph with that rounding
  * direction, which is what the portable code's round-to-nearest-then-step
  * gives for every finite float32 (overflow included: up past 65504 is
