@@ -5,8 +5,10 @@
  * overflow, every length to past two vectors, misaligned buffers), then
  * whole objects through every variant (KVSERDE_ISA names) against the
  * portable build, payload, decoded bytes, codes and messages of refusals
- * (damaged payloads too), with the decoder's streaming stores on and off. Skipped with a message
- * on a CPU without AVX-512. */
+ * (damaged payloads too), with the decoder's streaming stores on and off;
+ * and a KVSERDE_ISA that cannot run refused by the int stage, nothing
+ * written. The kernel tests are skipped with a message on a CPU without
+ * AVX-512. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -478,8 +480,41 @@ static void test_objects_every_variant(void)
     CHECK(compared >= 160);
 }
 
+/* A KVSERDE_ISA that cannot run is refused by the int stage as by the fp8
+ * kernels (the variant follows their choice), nothing written, until
+ * kvs_fp8_set_isa picks a usable one. Runs first: the variable is read
+ * once, at the first conversion. */
+static void test_unknown_isa_refused(void)
+{
+    REQUIRE(setenv("KVSERDE_ISA", "avx1024", 1) == 0);
+    kvs_intq_params p = {4, 16, {KVS_INTQ_CHANNEL, KVS_INTQ_TOKEN}, {64, 64}, 1,
+                         KVS_DTYPE_FLOAT16, 0, 0};
+    const int64_t d4[4] = {2, 1, 4, 8};
+    kvs_layout l = {0};
+    REQUIRE_OK(kvs_layout_add_group(&l, 4, d4, KVS_DTYPE_BFLOAT16));
+    uint8_t data[2 * 2 * 4 * 8] = {0}, out[512], back[sizeof data];
+    memset(out, 0xA5, sizeof out);
+    kvs_memobj src, dst;
+    REQUIRE_OK(kvs_memobj_init(&src, data, sizeof data, &l, KVS_FMT_KV_2LTD));
+    size_t n = 0;
+    CHECK_ERR(kvs_intq_encode(&p, &src, out, sizeof out, &n), KVS_EINVAL,
+              "fp8: KVSERDE_ISA='avx1024' is unknown; known: scalar, avx2, avx512, avx512fp16, "
+              "auto");
+    CHECK(out[0] == 0xA5 && out[4] == 0xA5);
+    REQUIRE_OK(kvs_fp8_set_isa("auto"));
+    REQUIRE_OK(kvs_intq_encode(&p, &src, out, sizeof out, &n));
+    REQUIRE_OK(kvs_fp8_set_isa("scalar"));
+    REQUIRE(setenv("KVSERDE_ISA", "auto", 1) == 0);
+    memset(back, 0x5A, sizeof back);
+    REQUIRE_OK(kvs_memobj_init(&dst, back, sizeof back, &l, KVS_FMT_KV_2LTD));
+    CHECK_OK(kvs_intq_decode(&p, out, n, &dst));
+    CHECK(memcmp(back, data, sizeof data) == 0); /* zeros come back as zeros */
+    REQUIRE_OK(kvs_fp8_set_isa("auto"));
+}
+
 int main(void)
 {
+    RUN(test_unknown_isa_refused);
 #if defined(__x86_64__)
     if (kvs_fp8_isa_available("avx512")) K = kvs_intq_kernels_avx512();
 #endif

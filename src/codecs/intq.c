@@ -968,6 +968,8 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     if (rc == KVS_OK && cap < pl->bytes)
         rc = kvs_set_error(KVS_ENOSPC, "int: destination too small: %zu bytes, need %llu", cap,
                            (unsigned long long)pl->bytes);
+    enc_job j = {NULL, p, pl, src->data, out};
+    if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc) {
         free(pl);
         return rc;
@@ -975,12 +977,6 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     out[0] = PAYLOAD_VERSION;
     out[1] = (uint8_t)fmt;
     out[2] = out[3] = 0;
-    enc_job j = {NULL, p, pl, src->data, out};
-    rc = kernels_get(&j.k);
-    if (rc) {
-        free(pl);
-        return rc;
-    }
     uint64_t nk = 0;
     for (uint32_t i = 0; i < pl->ngroups; i++) nk += outlier_planes(&pl->g[i]);
     size_t nbytes = (size_t)kvs_layout_nbytes(&src->layout);
