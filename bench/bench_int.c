@@ -4,7 +4,9 @@
  * KV_2LTD object [2, layers, 1024 tokens, 1024 channels]. Reports the
  * median GB/s of --runs (default 5) of the bfloat16 side and the median of
  * memcpy time / run time over pairs (a memcpy run right before each run,
- * so the ratio stays meaningful on a shared machine); asserts nothing. */
+ * so the ratio stays meaningful on a shared machine); asserts nothing.
+ * --only WORD runs the configurations whose name starts with WORD (for a
+ * profile of one). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,12 +27,14 @@ static const char *const configs[][2] = {
 int main(int argc, char **argv)
 {
     int mib = 64, runs = 5;
+    const char *only = "";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--size-mib") == 0) mib = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--runs") == 0) runs = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     }
     if (mib < 4 || runs < 1 || runs > 100) {
-        fprintf(stderr, "usage: bench_int [--size-mib N >= 4] [--runs 1-100]\n");
+        fprintf(stderr, "usage: bench_int [--size-mib N >= 4] [--runs 1-100] [--only WORD]\n");
         return 2;
     }
     const int64_t layers = mib / 4, dims[4] = {2, layers, 1024, 1024};
@@ -58,6 +62,7 @@ int main(int argc, char **argv)
     printf("%-16s %8s %9s %9s %9s %9s\n", "config", "bits", "enc GB/s", "x memcpy", "dec GB/s",
            "x memcpy");
     for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++) {
+        if (strncmp(configs[c][0], only, strlen(only)) != 0) continue;
         char json[512];
         snprintf(json, sizeof json, "{\"type\":\"pipeline\",\"stages\":[%s]}", configs[c][1]);
         kvs_serde_pair p;

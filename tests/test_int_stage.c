@@ -15,20 +15,9 @@
 #include <unistd.h>
 
 /* The portable build of the quantizer, under other names, to hold the
- * library's (AVX2 clones where the CPU has AVX2) against. */
-#define KVS_NO_CLONES 1
-#define kvs_intq_check ref_intq_check
-#define kvs_intq_bound ref_intq_bound
-#define kvs_intq_encode ref_intq_encode
-#define kvs_intq_decode ref_intq_decode
-#include "codecs/intq.c"
-#undef kvs_intq_check
-#undef kvs_intq_bound
-#undef kvs_intq_encode
-#undef kvs_intq_decode
-int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
-                    size_t *n);
-int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_memobj *dst);
+ * library's (AVX2 clones, and the AVX-512 kernels where the CPU has them:
+ * test_int_simd goes through every variant) against. */
+#include "kvs_test_intq_ref.h"
 
 #include "codecs/half.h"
 #include "frame/stage.h"
@@ -740,8 +729,8 @@ static void test_split_across_workers(void)
     kvs_memobj_free(src);
 }
 
-/* The library's kernels (AVX2 clones on a CPU that has AVX2) and the
- * portable build of the same source: the same payload and the same
+/* The library's kernels (AVX2 clones on a CPU that has AVX2, the AVX-512
+ * kernels on one with AVX-512) and the portable build of the same source: the same payload and the same
  * decoded bytes, over random configurations, dtypes and shapes. */
 static void test_clones_match_portable(void)
 {

@@ -10,15 +10,19 @@
  * Every float operation is a plain IEEE float32 operation in a fixed order
  * (the build is ISO C: no FMA contraction), so the AVX2 clones GCC builds
  * of the row kernels (CLONES, codecs/clones.h) give the same bytes as the
- * portable code on every input. */
+ * portable code on every input. That portable code is the reference of the
+ * hand-written kernels too (intq_kernels.h): each row operation below goes
+ * through the variant's kernel where it has one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codecs/clones.h"
+#include "codecs/fp8_kernels.h"
 #include "codecs/half.h"
 #include "codecs/intq.h"
+#include "codecs/intq_kernels.h"
 #include "kvserde/error.h"
 #include "kvserde/serde.h"
 #include "util/le.h"
@@ -346,11 +350,10 @@ static void code_range(const kvs_intq_params *p, float *lo, float *hi, float *mi
     *mid = p->zero_point ? 0.0f : (float)(1u << (p->bits - 1));
 }
 
-/* x' = (u - mid) s + z (z = 0 without a zero point). */
+/* x' = (u - mid) s + z (z = 0 without a zero point; mid from code_range). */
 CLONES static void dequantize_run(const uint8_t *codes, uint64_t n, const float *s,
-                                  const float *z, int per_elem, int zp, unsigned bits, float *x)
+                                  const float *z, int per_elem, float mid, float *x)
 {
-    float mid = zp ? 0.0f : (float)(1 << (bits - 1));
     if (per_elem) {
         for (uint64_t i = 0; i < n; i++) x[i] = ((float)codes[i] - mid) * s[i] + z[i];
         return;
@@ -436,6 +439,105 @@ CLONES static void unpack_codes(const uint8_t *in, uint64_t n, unsigned bits, ui
 }
 
 /* ---------------------------------------------------------------------
+ * The kernels in use: each wrapper below runs the variant's kernel where
+ * it has one, else the portable code above (intq_kernels.h)
+ * ------------------------------------------------------------------ */
+
+static const kvs_intq_kernels portable_kernels = {.isa = "scalar"};
+
+/* The variant of the fp8 kernels' choice (so a KVSERDE_ISA this CPU cannot
+ * run is refused as there). KVS_INTQ_PORTABLE builds the portable code
+ * only: the tests' reference. */
+static int kernels_get(const kvs_intq_kernels **out)
+{
+    *out = &portable_kernels;
+#if KVS_HAVE_X86 && !defined(KVS_INTQ_PORTABLE)
+    const kvs_fp8_kernels *fp8;
+    int rc = kvs_fp8_kernels_get(&fp8);
+    if (rc) return rc;
+    if (strncmp(fp8->isa, "avx512", 6) == 0) *out = kvs_intq_kernels_avx512(); /* and avx512fp16 */
+#endif
+    return KVS_OK;
+}
+
+static int widen(const kvs_intq_kernels *k, const uint8_t *src, kvs_dtype dt, uint64_t n,
+                 float *out)
+{
+    if (dt == KVS_DTYPE_BFLOAT16 && k->widen_bf16) return k->widen_bf16(src, n, out);
+    return widen_row(src, dt, n, out);
+}
+
+static void narrow(const kvs_intq_kernels *k, const float *in, kvs_dtype dt, uint64_t n,
+                   uint8_t *dst, int stream)
+{
+    if (dt == KVS_DTYPE_BFLOAT16 && k->narrow_bf16) k->narrow_bf16(in, n, dst, stream);
+    else narrow_row(in, dt, n, dst);
+}
+
+/* quantize_run / dequantize_run of x[0..n), element i with the divisor or
+ * scale r[i / group] and zero z[i / group] (group 1: one per element);
+ * rinv: reciprocals (below) of r, or NULL. */
+static void quantize(const kvs_intq_kernels *k, const float *x, uint64_t n, const float *r,
+                     const float *rinv, const float *z, uint64_t group, float lo, float hi,
+                     float mid, uint8_t *codes)
+{
+    if (k->quantize) k->quantize(x, n, r, rinv, z, group, lo, hi, mid, codes);
+    else if (group == 1) quantize_run(x, n, r, z, 1, lo, hi, mid, codes);
+    else
+        for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+            quantize_run(x + c0, n - c0 < group ? n - c0 : group, r + i, z + i, 0, lo, hi, mid,
+                         codes + c0);
+}
+
+static void dequantize(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n,
+                       const float *s, const float *z, uint64_t group, float mid, float *x)
+{
+    if (k->dequantize) k->dequantize(codes, n, s, z, group, mid, x);
+    else if (group == 1) dequantize_run(codes, n, s, z, 1, mid, x);
+    else
+        for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+            dequantize_run(codes + c0, n - c0 < group ? n - c0 : group, s + i, z + i, 0, mid,
+                           x + c0);
+}
+
+static void pack(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n, unsigned bits,
+                 uint8_t *out)
+{
+    if (k->pack[bits]) k->pack[bits](codes, n, out);
+    else pack_codes(codes, n, bits, out);
+}
+
+static void unpack(const kvs_intq_kernels *k, const uint8_t *in, uint64_t n, unsigned bits,
+                   uint8_t *codes)
+{
+    if (k->unpack[bits]) k->unpack[bits](in, n, codes);
+    else unpack_codes(in, n, bits, codes);
+}
+
+/* The kernel's reciprocals of n divisors into out; NULL if it has none
+ * (quantize then divides). */
+static const float *reciprocals(const kvs_intq_kernels *k, const float *r, uint64_t n,
+                                float *out)
+{
+    if (!k->reciprocals) return NULL;
+    k->reciprocals(r, n, out);
+    return out;
+}
+
+/* Where the codes of a row are made: in place when 8-bit codes are the
+ * stored bytes (no copy), else in the work buffer before pack. */
+static uint8_t *codes_buffer(unsigned bits, uint8_t *stored, uint8_t *work)
+{
+    return bits == 8 ? stored : work;
+}
+
+static void pack_row(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n,
+                     unsigned bits, uint8_t *out)
+{
+    if (bits != 8) pack(k, codes, n, bits, out);
+}
+
+/* ---------------------------------------------------------------------
  * Scales
  * ------------------------------------------------------------------ */
 
@@ -476,6 +578,18 @@ static void put_scale(uint8_t *p, kvs_dtype sd, uint32_t bits)
 static float get_scale(const uint8_t *p, kvs_dtype sd)
 {
     return sd == KVS_DTYPE_FLOAT32 ? kvs_f32_from_bits(get_le32(p)) : kvs_f16_to_f32(get_le16(p));
+}
+
+/* n stored scales (or zeros) from p on as floats. */
+static void load_scales(const kvs_intq_kernels *k, const uint8_t *p, kvs_dtype sd, uint64_t n,
+                        float *out)
+{
+    if (k->load_scales) {
+        k->load_scales(p, n, sd == KVS_DTYPE_FLOAT16, out);
+        return;
+    }
+    size_t ss = kvs_dtype_size(sd);
+    for (uint64_t i = 0; i < n; i++) out[i] = get_scale(p + i * ss, sd);
 }
 
 /* range / steps rounded up: steps x s >= range, so no code is clamped
@@ -523,11 +637,30 @@ static int group_scale(const kvs_intq_params *p, float mn, float mx, uint8_t *sc
     return KVS_OK;
 }
 
+/* group_scale of n groups with values in [mn[i], mx[i]], stored at
+ * indexes first + i, their divisors into inv[i] and zeros into zero[i]
+ * (which may be mn and mx); stops at the first that fails. */
+static int group_scales(const kvs_intq_kernels *k, const kvs_intq_params *p, const float *mn,
+                        const float *mx, uint64_t n, uint8_t *scales, uint8_t *zeros,
+                        uint64_t first, float *inv, float *zero)
+{
+    size_t ss = kvs_dtype_size(p->scale_dtype);
+    uint64_t done = 0;
+    if (k->scales)
+        done = k->scales(mn, mx, n, p->zero_point, p->scale_dtype == KVS_DTYPE_FLOAT16,
+                         steps_of(p), scales + first * ss, zeros + first * ss, inv, zero);
+    int rc = KVS_OK;
+    for (uint64_t i = done; i < n && rc == KVS_OK; i++)
+        rc = group_scale(p, mn[i], mx[i], scales, zeros, first + i, &inv[i], &zero[i]);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------
  * Encode
  * ------------------------------------------------------------------ */
 
 typedef struct enc_job {
+    const kvs_intq_kernels *k;
     const kvs_intq_params *p;
     const plan *pl;
     const uint8_t *src;
@@ -538,6 +671,7 @@ typedef struct workspace {
     float *rows;   /* up to nrows x D */
     uint64_t nrows;
     float *a, *b;  /* D floats each: statistics, then the divisors and z */
+    float *c;      /* D: the divisors' reciprocals (intq_kernels.h) */
     uint8_t *codes; /* D */
 } workspace;
 
@@ -549,11 +683,13 @@ static int ws_alloc(workspace *w, uint64_t D, uint64_t nrows)
     w->rows = malloc(sizeof(float) * d * (size_t)nrows);
     w->a = malloc(sizeof(float) * d);
     w->b = malloc(sizeof(float) * d);
+    w->c = malloc(sizeof(float) * d);
     w->codes = malloc(d);
-    if (w->rows && w->a && w->b && w->codes) return KVS_OK;
+    if (w->rows && w->a && w->b && w->c && w->codes) return KVS_OK;
     free(w->rows);
     free(w->a);
     free(w->b);
+    free(w->c);
     free(w->codes);
     return kvs_set_error(KVS_ENOMEM, "int: out of memory for a %llu-channel work buffer",
                          (unsigned long long)D);
@@ -564,6 +700,7 @@ static void ws_free(workspace *w)
     free(w->rows);
     free(w->a);
     free(w->b);
+    free(w->c);
     free(w->codes);
 }
 
@@ -583,7 +720,7 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
         const uint8_t *next = row_src(j, g, pi, t + 1);
         for (uint64_t o = 0; o < g->D * g->es; o += 64) __builtin_prefetch(next + o);
     }
-    if (widen_row(row_src(j, g, pi, t), g->dtype, g->D, row))
+    if (widen(j->k, row_src(j, g, pi, t), g->dtype, g->D, row))
         for (uint64_t c = 0; c < g->D; c++)
             if (!isfinite(row[c]))
             return kvs_set_error(KVS_EINVAL,
@@ -635,6 +772,21 @@ CLONES static void minmax(const float *x, uint64_t n, float *mn, float *mx)
     *mx = hi[0] > m1 ? hi[0] : m1;
 }
 
+/* The minimum and maximum of each group of `group` elements of x[0..n)
+ * into mn[k], mx[k] (minmax from the group's first element): through the
+ * kernel, whose values are the same; where one of them is zero, its sign
+ * is the reference's (the order of minmax's lanes decides it). */
+static void group_minmax(const kvs_intq_kernels *k, const float *x, uint64_t n, uint64_t group,
+                         float *mn, float *mx)
+{
+    if (k->minmax) k->minmax(x, n, group, mn, mx);
+    for (uint64_t c0 = 0, i = 0; c0 < n; c0 += group, i++)
+        if (!k->minmax || mn[i] == 0 || mx[i] == 0) {
+            mn[i] = mx[i] = x[c0];
+            minmax(x + c0, n - c0 < group ? n - c0 : group, &mn[i], &mx[i]);
+        }
+}
+
 static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi, workspace *w)
 {
     const kvs_intq_params *p = j->p;
@@ -656,18 +808,16 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         uint64_t ng = ceil_div(D, r->group);
         /* the statistics of every group first: their chains of comparisons
          * are independent, and overlap when not held up by the scales */
-        for (uint64_t k = 0; k < ng; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            w->a[k] = w->b[k] = row[c0];
-            minmax(row + c0, n, &w->a[k], &w->b[k]);
+        group_minmax(j->k, row, D, r->group, w->a, w->b);
+        /* then the scales: w->a, w->b become the divisors and zeros */
+        if (rc == KVS_OK)
+            rc = group_scales(j->k, p, w->a, w->b, ng, scales, zeros, t0 * ng, w->a, w->b);
+        if (rc == KVS_OK) {
+            uint8_t *out = codes + t0 * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
+            const float *rinv = reciprocals(j->k, w->a, ng, w->c);
+            quantize(j->k, row, D, w->a, rinv, w->b, r->group, lo, hi, mid, u);
+            pack_row(j->k, u, D, p->bits, out);
         }
-        for (uint64_t k = 0; k < ng && rc == KVS_OK; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            float inv, z;
-            rc = group_scale(p, w->a[k], w->b[k], scales, zeros, t0 * ng + k, &inv, &z);
-            if (rc == KVS_OK) quantize_run(row + c0, n, &inv, &z, 0, lo, hi, mid, w->codes + c0);
-        }
-        if (rc == KVS_OK) pack_codes(w->codes, D, p->bits, codes + t0 * g->row_bytes);
         return rc;
     }
     /* channel axis: per-channel statistics over the block; tensor: one */
@@ -678,7 +828,14 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         float *row = w->rows + (held ? (t - t0) * D : 0);
         rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        if (r->axis == KVS_INTQ_TENSOR) minmax(row, D, &tmn, &tmx);
+        if (r->axis == KVS_INTQ_TENSOR) {
+            /* the row's, then the running ones (the first of equal values
+             * is associative, so this is minmax from tmn and tmx) */
+            float a, b;
+            group_minmax(j->k, row, D, D, &a, &b);
+            tmn = a < tmn ? a : tmn;
+            tmx = b > tmx ? b : tmx;
+        } else if (j->k->fold_columns) j->k->fold_columns(row, D, mn, mx);
         else
             for (uint64_t c = 0; c < D; c++) {
                 mn[c] = row[c] < mn[c] ? row[c] : mn[c];
@@ -687,17 +844,20 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
     }
     if (r->axis == KVS_INTQ_TENSOR) {
         if (rc == KVS_OK) rc = group_scale(p, tmn, tmx, scales, zeros, 0, &mn[0], &mx[0]);
-    } else {
-        for (uint64_t c = 0; c < D && rc == KVS_OK; c++)
-            rc = group_scale(p, mn[c], mx[c], scales, zeros, bi * D + c, &mn[c], &mx[c]);
+    } else if (rc == KVS_OK) {
+        rc = group_scales(j->k, p, mn, mx, D, scales, zeros, bi * D, mn, mx);
     }
     /* now mn[] holds the divisors and mx[] the zeros */
+    uint64_t ndiv = r->axis == KVS_INTQ_CHANNEL ? D : 1;
+    const float *rinv = rc == KVS_OK ? reciprocals(j->k, mn, ndiv, w->c) : NULL;
     for (uint64_t t = t0; t < t1 && rc == KVS_OK; t++) {
         float *row = w->rows + (held ? (t - t0) * D : 0);
         if (!held) rc = load_row(j, g, pi, outl, r->nout, t, row);
         if (rc) break;
-        quantize_run(row, D, mn, mx, r->axis == KVS_INTQ_CHANNEL, lo, hi, mid, w->codes);
-        pack_codes(w->codes, D, p->bits, codes + t * g->row_bytes);
+        uint8_t *out = codes + t * g->row_bytes, *u = codes_buffer(p->bits, out, w->codes);
+        quantize(j->k, row, D, mn, rinv, mx, r->axis == KVS_INTQ_CHANNEL ? 1 : D, lo, hi, mid,
+                 u);
+        pack_row(j->k, u, D, p->bits, out);
     }
     return rc;
 }
@@ -808,6 +968,8 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     if (rc == KVS_OK && cap < pl->bytes)
         rc = kvs_set_error(KVS_ENOSPC, "int: destination too small: %zu bytes, need %llu", cap,
                            (unsigned long long)pl->bytes);
+    enc_job j = {NULL, p, pl, src->data, out};
+    if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc) {
         free(pl);
         return rc;
@@ -815,7 +977,6 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     out[0] = PAYLOAD_VERSION;
     out[1] = (uint8_t)fmt;
     out[2] = out[3] = 0;
-    enc_job j = {p, pl, src->data, out};
     uint64_t nk = 0;
     for (uint32_t i = 0; i < pl->ngroups; i++) nk += outlier_planes(&pl->g[i]);
     size_t nbytes = (size_t)kvs_layout_nbytes(&src->layout);
@@ -848,6 +1009,8 @@ int kvs_intq_bound(const kvs_intq_params *p, const kvs_layout *layout, size_t *n
  * ------------------------------------------------------------------ */
 
 typedef struct dec_job {
+    const kvs_intq_kernels *k;
+    int stream; /* bfloat16 rows with non-temporal stores (intq_kernels.h) */
     const kvs_intq_params *p;
     const plan *pl;
     const uint8_t *in;
@@ -857,8 +1020,8 @@ typedef struct dec_job {
 /* Everything decode relies on, before dst is touched: outlier indices
  * ascending and below the channel count, scales finite and >= 0, zero
  * points finite. */
-static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t pi,
-                       const uint8_t *in, uint32_t gi)
+static int check_plane(const kvs_intq_kernels *k, const kvs_intq_params *p,
+                       const group_plan *g, uint64_t pi, const uint8_t *in, uint32_t gi)
 {
     const role_plan *r = &g->role[plane_role(g, pi)];
     const uint8_t *base = in + plane_payload(g, pi);
@@ -870,18 +1033,38 @@ static int check_plane(const kvs_intq_params *p, const group_plan *g, uint64_t p
                                  "expected ascending channels below %llu",
                                  gi, (unsigned long long)pi, o, c, (unsigned long long)g->D);
     }
+    /* the scales a chunk at a time, converted by the kernels, and looked
+     * at one by one only when the chunk holds a bad one */
+    enum { CHUNK = 256 };
+    float s[CHUNK], z[CHUNK];
     size_t ss = kvs_dtype_size(p->scale_dtype);
-    for (uint64_t i = 0; i < r->nscales; i++) {
-        float s = get_scale(base + r->off_scales + i * ss, p->scale_dtype);
-        float z = p->zero_point ? get_scale(base + r->off_zeros + i * ss, p->scale_dtype) : 0;
-        if (!(s >= 0) || !isfinite(s) || !isfinite(z))
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "int: group %u plane %llu: scale %llu is %g (zero %g); expected "
-                                 "a finite scale >= 0 and a finite zero",
-                                 gi, (unsigned long long)pi, (unsigned long long)i, (double)s,
-                                 (double)z);
+    for (uint64_t i0 = 0; i0 < r->nscales; i0 += CHUNK) {
+        uint64_t n = r->nscales - i0 < CHUNK ? r->nscales - i0 : CHUNK;
+        load_scales(k, base + r->off_scales + i0 * ss, p->scale_dtype, n, s);
+        if (p->zero_point) load_scales(k, base + r->off_zeros + i0 * ss, p->scale_dtype, n, z);
+        else memset(z, 0, sizeof(float) * n);
+        int bad = 0;
+        for (uint64_t i = 0; i < n; i++)
+            bad |= !(s[i] >= 0) | !(fabsf(s[i]) < INFINITY) | !(fabsf(z[i]) < INFINITY);
+        for (uint64_t i = 0; i < n && bad; i++)
+            if (!(s[i] >= 0) || !isfinite(s[i]) || !isfinite(z[i]))
+                return kvs_set_error(KVS_ECORRUPT,
+                                     "int: group %u plane %llu: scale %llu is %g (zero %g); "
+                                     "expected a finite scale >= 0 and a finite zero",
+                                     gi, (unsigned long long)pi, (unsigned long long)(i0 + i),
+                                     (double)s[i], (double)z[i]);
     }
     return KVS_OK;
+}
+
+/* n scales and zeros from s and z on into w->a and w->b (zeros 0 without
+ * a zero point). */
+static void row_scales(const dec_job *j, const uint8_t *s, const uint8_t *z, uint64_t n,
+                       workspace *w)
+{
+    load_scales(j->k, s, j->p->scale_dtype, n, w->a);
+    if (j->p->zero_point) load_scales(j->k, z, j->p->scale_dtype, n, w->b);
+    else memset(w->b, 0, sizeof(float) * n);
 }
 
 /* The scales and zeros of block bi of a channel- or tensor-axis plane into
@@ -895,11 +1078,7 @@ static void block_scales(const dec_job *j, const group_plan *g, uint64_t pi, uin
     size_t ss = kvs_dtype_size(p->scale_dtype);
     uint64_t first = r->axis == KVS_INTQ_CHANNEL ? bi * g->D : 0;
     uint64_t n = r->axis == KVS_INTQ_CHANNEL ? g->D : 1;
-    for (uint64_t c = 0; c < n; c++) {
-        w->a[c] = get_scale(base + r->off_scales + (first + c) * ss, p->scale_dtype);
-        w->b[c] = p->zero_point ? get_scale(base + r->off_zeros + (first + c) * ss, p->scale_dtype)
-                                : 0;
-    }
+    row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, n, w);
 }
 
 static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint64_t t,
@@ -911,23 +1090,23 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
     uint64_t D = g->D;
     size_t ss = kvs_dtype_size(p->scale_dtype);
     float *row = w->rows, *s = w->a, *z = w->b;
-    unpack_codes(base + r->off_codes + t * g->row_bytes, D, p->bits, w->codes);
+    float lo, hi, mid;
+    code_range(p, &lo, &hi, &mid);
+    const uint8_t *stored = base + r->off_codes + t * g->row_bytes, *u = stored;
+    if (p->bits != 8) { /* 8-bit codes are read where they are */
+        unpack(j->k, stored, D, p->bits, w->codes);
+        u = w->codes;
+    }
     if (r->axis == KVS_INTQ_TOKEN) {
-        uint64_t ng = ceil_div(D, r->group);
-        for (uint64_t k = 0; k < ng; k++) {
-            uint64_t c0 = k * r->group, n = D - c0 < r->group ? D - c0 : r->group;
-            uint64_t idx = t * ng + k;
-            float sc = get_scale(base + r->off_scales + idx * ss, p->scale_dtype);
-            float zr = p->zero_point ? get_scale(base + r->off_zeros + idx * ss, p->scale_dtype) : 0;
-            dequantize_run(w->codes + c0, n, &sc, &zr, 0, p->zero_point, p->bits, row + c0);
-        }
+        uint64_t ng = ceil_div(D, r->group), first = t * ng;
+        row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, ng, w);
+        dequantize(j->k, u, D, s, z, r->group, mid, row);
     } else { /* block_scales filled s and z */
-        dequantize_run(w->codes, D, s, z, r->axis == KVS_INTQ_CHANNEL, p->zero_point, p->bits,
-                       row);
+        dequantize(j->k, u, D, s, z, r->axis == KVS_INTQ_CHANNEL ? 1 : D, mid, row);
     }
     if (p->hadamard) hadamard_row(row, D, p->hadamard);
     uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
-    narrow_row(row, g->dtype, D, dst);
+    narrow(j->k, row, g->dtype, D, dst, j->stream);
     const uint8_t *val = base + r->off_values + t * r->nout * g->es;
     for (unsigned o = 0; o < r->nout; o++)
         memcpy(dst + get_le16(base + 2 * o) * g->es, val + o * g->es, g->es);
@@ -978,14 +1157,16 @@ int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_m
     if (rc == KVS_OK && dst->capacity < kvs_layout_nbytes(&dst->layout))
         rc = kvs_set_error(KVS_ENOSPC, "int: destination holds %zu bytes, need %llu",
                            dst->capacity, (unsigned long long)kvs_layout_nbytes(&dst->layout));
+    dec_job j = {NULL, kvs_layout_nbytes(&dst->layout) >= kvs_fp8_nt_min_bytes(), p, pl, in,
+                 dst->data};
+    if (rc == KVS_OK) rc = kernels_get(&j.k);
     /* (a group of empty planes has no bytes to check, however many planes) */
     for (uint32_t i = 0; i < pl->ngroups && rc == KVS_OK; i++)
         for (uint64_t pi = 0; pi < pl->g[i].nplanes && rc == KVS_OK; pi++) {
             if (pl->g[i].role[plane_role(&pl->g[i], pi)].bytes == 0) continue;
-            rc = check_plane(p, &pl->g[i], pi, in, i);
+            rc = check_plane(j.k, p, &pl->g[i], pi, in, i);
         }
     if (rc == KVS_OK) {
-        dec_job j = {p, pl, in, dst->data};
         rc = kvs_serde_parallel_for(pl->nitems, (size_t)kvs_layout_nbytes(&dst->layout),
                                     decode_range, &j);
     }

@@ -24,6 +24,10 @@
  * With Hadamard the bound holds in the rotated domain: the error of a head
  * vector of h channels has L2 norm <= sqrt(h) x max s / 2 over its groups.
  * Outlier channels come back bit for bit.
+ *
+ * The bytes do not depend on the CPU: the row operations run through the
+ * kernel variant of intq_kernels.h the fp8 kernels' choice names (AVX-512
+ * where the CPU has it), each giving the portable code's bytes.
  */
 #ifndef KVSERDE_CODECS_INTQ_H
 #define KVSERDE_CODECS_INTQ_H

@@ -1,0 +1,70 @@
+/* intq_kernels.h - internal: the hand-written SIMD kernels of the integer
+ * quantizer (intq.c) and the choice of them.
+ *
+ * intq.c holds the portable code, which is the reference: every kernel
+ * below gives exactly its bytes (codes, scales, zero points, decoded
+ * elements) for every input, and a NULL entry means "use the portable
+ * code". The scalar variant is all NULL. Kernels take any n (0 included)
+ * at any alignment. The variant in use follows the fp8 kernels' choice
+ * (KVSERDE_ISA, kvs_fp8_set_isa): "avx512" and "avx512fp16" run the
+ * AVX-512 kernels, "scalar" and "avx2" the portable code (whose hot loops
+ * GCC already builds for AVX2, codecs/clones.h).
+ */
+#ifndef KVSERDE_INTQ_KERNELS_H
+#define KVSERDE_INTQ_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvs_intq_kernels {
+    const char *isa; /* "scalar", "avx512" */
+    /* n bfloat16 (little-endian) -> float32; returns 1 if any is inf or NaN */
+    int (*widen_bf16)(const uint8_t *src, uint64_t n, float *out);
+    /* The values of the minimum and maximum of each group of `group`
+     * elements of x[0..n) (the last one shorter) into mn[k], mx[k]; the
+     * sign of a zero result may differ from the reference's, whose order
+     * decides it (intq.c recomputes those with the portable code). */
+    void (*minmax)(const float *x, uint64_t n, uint64_t group, float *mn, float *mx);
+    /* mn[c] = x[c] < mn[c] ? x[c] : mn[c], mx[c] likewise, c < n */
+    void (*fold_columns)(const float *x, uint64_t n, float *mn, float *mx);
+    /* The scales (and zero points) of n groups with values in
+     * [mn[i], mx[i]] (intq.c's group_scale): stored bits at scales[i] and
+     * zeros[i] (2 bytes each for float16, 4 for float32, little-endian),
+     * divisors into inv[i], zero points into zero[i] (mn / mx may be the
+     * same arrays as inv / zero: each group is read before it is written).
+     * Returns n, or the groups done (a multiple of 16) before a block of 16
+     * that holds one whose scale or zero does not fit the scale dtype; the
+     * caller then runs the portable code from there, which says so. */
+    uint64_t (*scales)(const float *mn, const float *mx, uint64_t n, int zero_point, int scale_f16,
+                  float steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero);
+    /* 1 / r[i] rounded where that is a normal float, else 0, for quantize
+     * (r > 0) */
+    void (*reciprocals)(const float *r, uint64_t n, float *out);
+    /* intq.c's quantize_run, element i with r[i / group], z[i / group];
+     * rinv: NULL or reciprocals() of r, which then saves most divisions */
+    void (*quantize)(const float *x, uint64_t n, const float *r, const float *rinv,
+                     const float *z, uint64_t group, float lo, float hi, float mid,
+                     uint8_t *codes);
+    /* intq.c's pack_codes / unpack_codes, indexed by bits (NULL: portable) */
+    void (*pack[9])(const uint8_t *codes, uint64_t n, uint8_t *out);
+    void (*unpack[9])(const uint8_t *in, uint64_t n, uint8_t *codes);
+    /* intq.c's dequantize_run, element i with s[i / group], z[i / group] */
+    void (*dequantize)(const uint8_t *codes, uint64_t n, const float *s, const float *z,
+                       uint64_t group, float mid, float *x);
+    /* n stored scales or zeros (float16 if f16, else float32; little-endian)
+     * as floats */
+    void (*load_scales)(const uint8_t *p, uint64_t n, int f16, float *out);
+    /* n float32 -> bfloat16 (round to nearest even, NaN quieted, as
+     * kvs_f32_to_bf16); `stream`: the full 64-byte lines of dst with
+     * non-temporal stores (and a store fence before returning). The
+     * decoder streams the rows of an object of at least
+     * kvs_fp8_nt_min_bytes() (the fp8 kernels' policy and threshold,
+     * applied to the whole object, whose rows are each far smaller). */
+    void (*narrow_bf16)(const float *in, uint64_t n, uint8_t *dst, int stream);
+} kvs_intq_kernels;
+
+/* The AVX-512 variant (F, BW, VL, F16C), compiled in on x86 only. It
+ * does not check the CPU. */
+const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
+
+#endif /* KVSERDE_INTQ_KERNELS_H */
