@@ -55,19 +55,21 @@ static void probs_init(class_probs *p)
  * 4, ... up to RATE_MAX. */
 #define RATE_COUNT 62 /* the count from which the rate is RATE_MAX */
 
-static const uint8_t rate_of_count[RATE_COUNT] = {
+/* One entry past RATE_COUNT, RATE_MAX: a count stops there, so the rate
+ * is a plain look-up (no branch on the count). */
+static const uint8_t rate_of_count[RATE_COUNT + 1] = {
     2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5,
     5, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6,
-    6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6};
+    6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, RATE_MAX};
 
+/* Branch-free: which way the bit went is the one thing the coder cannot
+ * predict, so the update selects instead of jumping. */
 static inline void adapt(prob *p, unsigned bit)
 {
-    unsigned rate = RATE_MAX;
-    if (p->n < RATE_COUNT) rate = rate_of_count[p->n++];
-    if (bit == 0)
-        p->p = (uint16_t)(p->p + ((PROB_ONE - p->p) >> rate));
-    else
-        p->p = (uint16_t)(p->p - (p->p >> rate));
+    unsigned rate = rate_of_count[p->n];
+    p->n = (uint16_t)(p->n + (p->n < RATE_COUNT));
+    unsigned up = p->p + ((PROB_ONE - p->p) >> rate), down = p->p - (p->p >> rate);
+    p->p = (uint16_t)(bit ? down : up);
 }
 
 /* ---- encoder ------------------------------------------------------------ */
@@ -105,7 +107,7 @@ static void shift_low(enc *e)
     e->low = (e->low & 0x00FFFFFFu) << 8;
 }
 
-static void enc_bit(enc *e, prob *p, unsigned bit)
+static inline void enc_bit(enc *e, prob *p, unsigned bit)
 {
     uint32_t bound = (e->range >> PROB_BITS) * p->p;
     if (bit == 0) {
@@ -121,7 +123,7 @@ static void enc_bit(enc *e, prob *p, unsigned bit)
     }
 }
 
-static void enc_direct(enc *e, uint32_t value, unsigned nbits)
+static inline void enc_direct(enc *e, uint32_t value, unsigned nbits)
 {
     while (nbits-- > 0) {
         e->range >>= 1;
@@ -196,14 +198,14 @@ typedef struct dec {
     int overrun; /* a byte past the end was asked for */
 } dec;
 
-static uint8_t get(dec *d)
+static inline uint8_t get(dec *d)
 {
     if (d->pos < d->n) return d->in[d->pos++];
     d->overrun = 1;
     return 0;
 }
 
-static unsigned dec_bit(dec *d, prob *p)
+static inline unsigned dec_bit(dec *d, prob *p)
 {
     uint32_t bound = (d->range >> PROB_BITS) * p->p;
     unsigned bit;
@@ -223,7 +225,7 @@ static unsigned dec_bit(dec *d, prob *p)
     return bit;
 }
 
-static uint32_t dec_direct(dec *d, unsigned nbits)
+static inline uint32_t dec_direct(dec *d, unsigned nbits)
 {
     uint32_t v = 0;
     while (nbits-- > 0) {

@@ -242,7 +242,7 @@ int kvs_stage_transform_new(kvs_transform *t, float k_step, float v_step, kvs_st
 static int transform_bound(const kvs_stage *self, const kvs_layout *layout, size_t *nbytes)
 {
     const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
-    uint64_t tokens;
+    uint64_t tokens = 0; /* set by check_layout (-O3 cannot tell) */
     int rc = check_layout(s->t, layout, "the source", &tokens);
     if (rc == KVS_OK) *nbytes = payload_bound(s->t, tokens);
     return rc;
@@ -308,12 +308,18 @@ static void store_rows(const float *in, size_t n, kvs_dtype dtype, void *dst, si
     }
 }
 
+/* Round to nearest, ties to even (the rounding mode's, as lrintf), clamped
+ * to +-Q_MAX, NaN -> 0. Adding and subtracting 1.5 x 2^23 rounds any float
+ * of magnitude below 2^22 to an integer exactly; written without branches
+ * or a library call so the loop over a whole slice vectorizes. */
+#define ROUND_MAGIC 12582912.0f
+
 static int32_t quantize(float c)
 {
-    if (!(c == c)) return 0; /* NaN */
-    if (c > (float)Q_MAX) return Q_MAX;
-    if (c < -(float)Q_MAX) return -Q_MAX;
-    return (int32_t)lrintf(c);
+    float v = c == c ? c : 0.0f;
+    v = v > (float)Q_MAX ? (float)Q_MAX : v;
+    v = v < -(float)Q_MAX ? -(float)Q_MAX : v;
+    return (int32_t)((v + ROUND_MAGIC) - ROUND_MAGIC);
 }
 
 static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
@@ -321,7 +327,7 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
 {
     const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
     const kvs_transform *t = s->t;
-    uint64_t tokens;
+    uint64_t tokens = 0; /* set by check_layout (-O3 cannot tell) */
     int rc = check_layout(t, &src->layout, "the source", &tokens);
     if (rc) return rc;
     size_t need = payload_bound(t, tokens);
@@ -356,14 +362,16 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h,
                         1.0f / delta, a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f,
                         c, (int)h);
+            for (size_t i = 0; i < rows; i++) q[i] = quantize(c[i]);
             /* Components are kept up to the last one with a nonzero value:
              * the trailing ones cost neither bits nor decode time. */
             uint32_t kept = 0;
             for (size_t r = 0; r < T; r++)
                 for (size_t j = kept; j < h; j++)
-                    if (quantize(c[r * h + j]) != 0) kept = (uint32_t)j + 1;
-            for (size_t r = 0; r < T; r++)
-                for (size_t j = 0; j < kept; j++) q[r * kept + j] = quantize(c[r * h + j]);
+                    if (q[r * h + j] != 0) kept = (uint32_t)j + 1;
+            /* rows of kept values, in place (row r moves down, never up) */
+            for (size_t r = 1; r < T && kept < h; r++)
+                memmove(q + r * kept, q + r * h, kept * sizeof(int32_t));
             size_t nq = T * kept, written = 0;
             int mode = MODE_CODED;
             if (kept) {
@@ -407,7 +415,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              "has transform %016llx",
                              (unsigned long long)fp, (unsigned long long)t->fingerprint);
     float step[2] = {get_le_float(params + 8), get_le_float(params + 12)};
-    uint64_t tokens;
+    uint64_t tokens = 0; /* set by check_layout (-O3 cannot tell) */
     int rc = check_layout(t, &dst->layout, "the destination", &tokens);
     if (rc) return rc;
     if (dst->capacity < kvs_layout_nbytes(&dst->layout))
