@@ -109,31 +109,43 @@ KVS_AI __m512 scale_up(__m512 range, __m512 steps)
     }
 }
 
-/* 16 groups (lanes k): 0 if one of them does not fit, else their scales
- * and zero points stored. */
-KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, int zp, int f16,
-                    __m512 steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero)
+/* The scales and zero points of 16 groups (lanes k) with values in
+ * [lo, hi]: their stored bits (*sb, *zb: float16; else s, z are stored),
+ * the divisors (*inv: s, or 1 for s = 0) and zeros (*z); returns 0 if one
+ * of them does not fit. */
+KVS_AI int scales_vec(__m512 lo, __m512 hi, __mmask16 k, int zp, int f16, __m512 steps,
+                      __m256i *sb, __m256i *zb, __m512 *s, __m512 *z, __m512 *inv)
 {
-    __m512 lo = _mm512_maskz_loadu_ps(k, mn + i), hi = _mm512_maskz_loadu_ps(k, mx + i);
-    __m512 z = _mm512_setzero_ps(), range, s;
-    __m256i zb = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
+    __m512 range;
+    *z = _mm512_setzero_ps();
+    *zb = *sb = _mm256_setzero_si256();
     if (zp) {
         if (f16) {
-            zb = _mm512_cvt_roundps_ph(lo, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-            z = _mm512_cvtph_ps(zb);
+            *zb = _mm512_cvt_roundps_ph(lo, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            *z = _mm512_cvtph_ps(*zb);
         } else {
-            z = lo;
+            *z = lo;
         }
-        range = _mm512_sub_ps(hi, z);
+        range = _mm512_sub_ps(hi, *z);
     } else {
         range = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi));
     }
-    s = scale_up(range, steps);
+    *s = scale_up(range, steps);
     if (f16) {
-        sb = _mm512_cvt_roundps_ph(s, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-        s = _mm512_cvtph_ps(sb);
+        *sb = _mm512_cvt_roundps_ph(*s, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+        *s = _mm512_cvtph_ps(*sb);
     }
-    if ((finite(s) & finite(z) & k) != k) return 0;
+    if ((finite(*s) & finite(*z) & k) != k) return 0;
+    /* a scale of 0 (every value of the group is z) divides by 1 */
+    __mmask16 pos = _mm512_cmp_ps_mask(*s, _mm512_setzero_ps(), _CMP_GT_OQ);
+    *inv = _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), *s);
+    return 1;
+}
+
+/* The stored bytes of scales_vec's 16 groups (lanes k) at group i. */
+KVS_AI void store_scales(uint64_t i, __mmask16 k, int zp, int f16, __m256i sb, __m256i zb,
+                         __m512 s, __m512 z, uint8_t *scales, uint8_t *zeros)
+{
     if (f16) {
         _mm256_mask_storeu_epi16(scales + 2 * i, k, sb);
         if (zp) _mm256_mask_storeu_epi16(zeros + 2 * i, k, zb);
@@ -141,9 +153,20 @@ KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, i
         _mm512_mask_storeu_ps(scales + 4 * i, k, s);
         if (zp) _mm512_mask_storeu_ps(zeros + 4 * i, k, z);
     }
-    /* a scale of 0 (every value of the group is z) divides by 1 */
-    __mmask16 pos = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_mask_storeu_ps(inv + i, k, _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), s));
+}
+
+/* 16 groups (lanes k): 0 if one of them does not fit, else their scales
+ * and zero points stored. */
+KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, int zp, int f16,
+                    __m512 steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero)
+{
+    __m512 s, z, d;
+    __m256i sb, zb;
+    if (!scales_vec(_mm512_maskz_loadu_ps(k, mn + i), _mm512_maskz_loadu_ps(k, mx + i), k, zp,
+                    f16, steps, &sb, &zb, &s, &z, &d))
+        return 0;
+    store_scales(i, k, zp, f16, sb, zb, s, z, scales, zeros);
+    _mm512_mask_storeu_ps(inv + i, k, d);
     _mm512_mask_storeu_ps(zero + i, k, z);
     return 1;
 }
@@ -239,32 +262,41 @@ static void quantize(const float *x, uint64_t n, const float *r, const float *ri
                   0, vlo, vhi, vmid, codes + c0);
 }
 
-/* 1 / r[i] where that is a normal float, else 0 (r > 0). */
+/* 1 / r where that is a normal float, else 0 (r > 0). */
+KVS_AI __m512 reciprocal(__m512 r)
+{
+    __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), r);
+    __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, _mm512_set1_ps(0x1p-126f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(ok, inv);
+}
+
 static void reciprocals(const float *r, uint64_t n, float *out)
 {
-    const __m512 one = _mm512_set1_ps(1.0f), tiny = _mm512_set1_ps(0x1p-126f);
     for (uint64_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
-        __m512 inv = _mm512_div_ps(one, _mm512_maskz_loadu_ps(k, r + i));
-        __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, tiny, _CMP_GE_OQ);
-        _mm512_mask_storeu_ps(out + i, k, _mm512_maskz_mov_ps(ok, inv));
+        /* (masked-off lanes divide 1 by 0: inf, not stored) */
+        _mm512_mask_storeu_ps(out + i, k, reciprocal(_mm512_maskz_loadu_ps(k, r + i)));
     }
 }
 
 /* 4 bits: the codes of a byte as one little-endian 16-bit word, w | w >> 4
  * (as intq.c's pack_codes; codes are below 16). */
+KVS_AI __m512i fold4(__m512i w)
+{
+    return _mm512_or_si512(w, _mm512_srli_epi16(w, 4));
+}
+
 static void pack4(const uint8_t *codes, uint64_t n, uint8_t *out)
 {
     uint64_t pairs = n / 2, i = 0;
     for (; i + 32 <= pairs; i += 32) {
         __m512i w = _mm512_loadu_si512(codes + 2 * i);
         _mm256_storeu_si256((__m256i *)(out + i),
-                            _mm512_cvtepi16_epi8(_mm512_or_si512(w, _mm512_srli_epi16(w, 4))));
+                            _mm512_cvtepi16_epi8(fold4(w)));
     }
     if (i < pairs) {
         __m512i w = _mm512_maskz_loadu_epi16(first32(pairs - i), codes + 2 * i);
-        _mm512_mask_cvtepi16_storeu_epi8(out + i, first32(pairs - i),
-                                         _mm512_or_si512(w, _mm512_srli_epi16(w, 4)));
+        _mm512_mask_cvtepi16_storeu_epi8(out + i, first32(pairs - i), fold4(w));
     }
     if (n & 1) out[n / 2] = codes[n - 1];
 }
@@ -291,6 +323,128 @@ static void pack2(const uint8_t *codes, uint64_t n, uint8_t *out)
         for (unsigned k = 0; quads * 4 + k < n; k++) v |= (unsigned)codes[quads * 4 + k] << (2 * k);
         out[quads] = (uint8_t)v;
     }
+}
+
+/* ---- fused token rows (encode) ---------------------------------------- */
+
+/* bfloat16 bits as signed 16-bit keys in the order of their values (a
+ * negative one's magnitude bits flipped, so -0 sorts just below +0), and
+ * back: the map is its own inverse. */
+KVS_AI __m512i order_key(__m512i h)
+{
+    return _mm512_xor_si512(h, _mm512_srli_epi16(_mm512_srai_epi16(h, 15), 1));
+}
+
+/* The smallest / largest of 32 signed 16-bit lanes (phminposuw finds the
+ * unsigned minimum of 8: the sign bit flipped, or all bits for the max). */
+KVS_AI int16_t hmin16(__m512i v)
+{
+    __m256i a = _mm256_min_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_min_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MIN));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x8000);
+}
+
+KVS_AI int16_t hmax16(__m512i v)
+{
+    __m256i a = _mm256_max_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_max_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MAX));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x7FFF);
+}
+
+/* 16 bfloat16 as float32 lanes. */
+KVS_AI __m512 bf16_to_ps(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+
+/* The statistics of a group in the 16-bit patterns, 32 at a time (no
+ * float row): with a zero point the keys' minimum and maximum, else the
+ * largest magnitude (|x| of a bfloat16 is its low 15 bits, which order as
+ * the values: fabsf of the reference, -0 included). */
+KVS_AI void group_stats16(const uint8_t *p, uint64_t group, int zp, int16_t *mn, int16_t *mx)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i v = _mm512_loadu_si512(p);
+    v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+    __m512i lo = v, hi = v;
+    for (uint64_t j = 32; j < group; j += 32) {
+        v = _mm512_loadu_si512(p + 2 * j);
+        v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+        lo = _mm512_min_epi16(lo, v);
+        hi = _mm512_max_epi16(hi, v);
+    }
+    *mx = hmax16(hi);
+    if (zp) *mn = hmin16(lo);
+}
+
+/* Keys (or magnitudes) of 16 groups back to float32 lanes. */
+KVS_AI __m512 keys_to_ps(__m256i key)
+{
+    __m256i h = _mm256_xor_si256(key, _mm256_srli_epi16(_mm256_srai_epi16(key, 15), 1));
+    return bf16_to_ps(h);
+}
+
+/* 16 codes of the 16 elements of src (one group: r, rinv, z broadcast). */
+KVS_AI __m128i codes_at(const uint8_t *src, const kvs_intq_rowfmt *f, const float *d,
+                        const float *rinv, const float *z, uint64_t e)
+{
+    uint64_t k = e / f->group;
+    __m512 x = bf16_to_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * e)));
+    return codes16(x, _mm512_set1_ps(d[k]), _mm512_set1_ps(rinv[k]), _mm512_set1_ps(z[k]),
+                   _mm512_set1_ps(f->lo), _mm512_set1_ps(f->hi), _mm512_set1_ps(f->mid));
+}
+
+static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                             uint8_t *scales_out, uint8_t *zeros, uint8_t *out)
+{
+    int16_t mn[KVS_INTQ_FUSED_GROUPS], mx[KVS_INTQ_FUSED_GROUPS];
+    float d[KVS_INTQ_FUSED_GROUPS], rinv[KVS_INTQ_FUSED_GROUPS], z[KVS_INTQ_FUSED_GROUPS];
+    __m512 sv[KVS_INTQ_FUSED_GROUPS / 16], zv[KVS_INTQ_FUSED_GROUPS / 16];
+    __m256i sb[KVS_INTQ_FUSED_GROUPS / 16], zb[KVS_INTQ_FUSED_GROUPS / 16];
+    uint64_t ng = n / f->group;
+    int zp = f->zero_point;
+    /* statistics of every group, then their scales; nothing is written
+     * until every group's are known to fit */
+    for (uint64_t k = 0; k < ng; k++) group_stats16(src + 2 * k * f->group, f->group, zp, &mn[k], &mx[k]);
+    for (uint64_t b = 0; b * 16 < ng; b++) {
+        __mmask16 k = ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b);
+        __m256i hi = _mm256_maskz_loadu_epi16(k, mx + 16 * b), lo = hi;
+        /* not finite: a magnitude or key past the largest finite one;
+         * with a zero point, a minimum of +-0 (keys 0 and -1), whose sign
+         * the stored zero point keeps (a maximum of +-0 above a nonzero
+         * minimum gives the same range either way) */
+        __mmask16 bad = _mm256_mask_cmpge_epi16_mask(k, hi, _mm256_set1_epi16(0x7F80));
+        if (zp) {
+            lo = _mm256_maskz_loadu_epi16(k, mn + 16 * b);
+            bad |= _mm256_mask_cmple_epi16_mask(k, lo, _mm256_set1_epi16(-0x7F81));
+            bad |= _mm256_mask_cmplt_epu16_mask(k, _mm256_add_epi16(lo, _mm256_set1_epi16(1)),
+                                                _mm256_set1_epi16(2));
+        }
+        __m512 dv;
+        if (bad || !scales_vec(keys_to_ps(lo), keys_to_ps(hi), k, zp, f->scale_f16,
+                               _mm512_set1_ps(f->steps), &sb[b], &zb[b], &sv[b], &zv[b], &dv))
+            return 0;
+        _mm512_mask_storeu_ps(d + 16 * b, k, dv);
+        _mm512_mask_storeu_ps(z + 16 * b, k, zv[b]);
+        _mm512_mask_storeu_ps(rinv + 16 * b, k, reciprocal(dv));
+    }
+    for (uint64_t b = 0; b * 16 < ng; b++)
+        store_scales(16 * b, ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b), zp, f->scale_f16, sb[b],
+                     zb[b], sv[b], zv[b], scales_out, zeros);
+    /* codes, 64 at a time, packed in the register */
+    for (uint64_t i = 0; i < n; i += 64) {
+        __m512i c = _mm512_castsi128_si512(codes_at(src, f, d, rinv, z, i));
+        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 16), 1);
+        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 32), 2);
+        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 48), 3);
+        if (f->bits == 8) _mm512_storeu_si512(out + i, c);
+        else if (f->bits == 4) _mm256_storeu_si256((__m256i *)(out + i / 2), _mm512_cvtepi16_epi8(fold4(c)));
+        else _mm_storeu_si128((__m128i *)(out + i / 4), _mm512_cvtepi32_epi8(fold2(c)));
+    }
+    return 1;
 }
 
 /* ---- decode ------------------------------------------------------------ */
@@ -415,6 +569,50 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
     if (stream) _mm_sfence();
 }
 
+/* ---- fused rows (decode) ---------------------------------------------- */
+
+/* 16 elements from e on: (u - mid) s + z, as dequantize1, as bfloat16. */
+KVS_AI __m256i decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
+                        __m512 vmid)
+{
+    __m512 vs, vz;
+    if (group == 1) {
+        vs = _mm512_loadu_ps(s + e), vz = _mm512_loadu_ps(z + e);
+    } else {
+        vs = _mm512_set1_ps(s[e / group]), vz = _mm512_set1_ps(z[e / group]);
+    }
+    __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u8));
+    return bf16x16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+}
+
+static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    for (uint64_t i = 0; i < n; i += 64) {
+        __m512i c;
+        if (bits == 8) c = _mm512_loadu_si512(in + i);
+        else if (bits == 4) c = spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)));
+        else c = spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
+        /* two 64-byte lines of bfloat16 */
+        __m512i a = _mm512_inserti64x4(
+            _mm512_castsi256_si512(decode16(_mm512_castsi512_si128(c), s, z, group, i, vmid)),
+            decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, vmid), 1);
+        __m512i b = _mm512_inserti64x4(
+            _mm512_castsi256_si512(decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, vmid)),
+            decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, vmid), 1);
+        if (stream) {
+            _mm512_stream_si512((void *)(dst + 2 * i), a);
+            _mm512_stream_si512((void *)(dst + 2 * i + 64), b);
+        } else {
+            _mm512_storeu_si512(dst + 2 * i, a);
+            _mm512_storeu_si512(dst + 2 * i + 64, b);
+        }
+    }
+    if (stream) _mm_sfence();
+}
+
 static const kvs_intq_kernels avx512_kernels = {
     .isa = "avx512",
     .widen_bf16 = widen_bf16,
@@ -428,6 +626,8 @@ static const kvs_intq_kernels avx512_kernels = {
     .dequantize = dequantize,
     .load_scales = load_scales,
     .narrow_bf16 = narrow_bf16,
+    .encode_token_bf16 = encode_token_bf16,
+    .decode_bf16 = decode_bf16,
 };
 
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void)
