@@ -463,6 +463,91 @@ static void test_fused_encode(void)
     CHECK(fused > 2000 && fell_back > 100);
 }
 
+/* The portable block loop's bytes for a channel-axis block of bfloat16
+ * rows (token t at src + 2 t n): -1 refused as not finite, else the
+ * scales' status. */
+static int ref_channel_block(const kvs_intq_params *p, const uint8_t *src, unsigned rows,
+                             unsigned n, uint8_t *scales, uint8_t *zeros, uint8_t *codes,
+                             unsigned row_bytes)
+{
+    static const kvs_intq_kernels portable = {.isa = "scalar"};
+    static float row[FN], mn[FN], mx[FN];
+    static uint8_t u[FN];
+    for (unsigned c = 0; c < n; c++) mn[c] = INFINITY, mx[c] = -INFINITY;
+    for (unsigned t = 0; t < rows; t++) {
+        if (widen_row(src + 2 * t * n, KVS_DTYPE_BFLOAT16, n, row)) return -1;
+        for (unsigned c = 0; c < n; c++) {
+            mn[c] = row[c] < mn[c] ? row[c] : mn[c];
+            mx[c] = row[c] > mx[c] ? row[c] : mx[c];
+        }
+    }
+    int rc = group_scales(&portable, p, mn, mx, n, scales, zeros, 0, mn, mx);
+    if (rc) return rc;
+    float lo, hi, mid;
+    code_range(p, &lo, &hi, &mid);
+    for (unsigned t = 0; t < rows; t++) {
+        widen_row(src + 2 * t * n, KVS_DTYPE_BFLOAT16, n, row);
+        quantize_run(row, n, mn, mx, 1, lo, hi, mid, u);
+        pack_codes(u, n, p->bits, codes + t * row_bytes);
+    }
+    return 0;
+}
+
+static void test_fused_encode_channels(void)
+{
+    enum { R = 70, N = 256 };
+    static uint8_t src[2 * R * N], col[2 * R], sc[2][4 * N + 8], zr[2][4 * N + 8];
+    static uint8_t cd[2][R * N + 8];
+    static int16_t keys[2 * N];
+    static float d[N], z[N], rinv[N];
+    uint64_t s = 43;
+    long fused = 0, fell_back = 0;
+    for (int round = 0; round < 1500; round++) {
+        kvs_intq_params p = {0};
+        p.bits = (unsigned[]){2, 4, 8}[lcg(&s) % 3];
+        p.zero_point = (int)(lcg(&s) % 2);
+        p.scale_dtype = lcg(&s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
+        unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
+        p.levels = round % 2 ? most : most - (p.zero_point ? 1 : 2);
+        unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 4)), rows = 1 + (unsigned)(lcg(&s) % R);
+        unsigned row_bytes = n * p.bits / 8;
+        /* each channel one of fused_group's kinds, down the tokens; most
+         * blocks with every channel plain, else nearly every block would
+         * hold one that falls back */
+        int plain = lcg(&s) % 3 != 0;
+        for (unsigned c = 0; c < n; c++) {
+            if (plain) {
+                for (unsigned t = 0; t < rows; t++)
+                    put_le16(col + 2 * t, (uint16_t)(kvs_f32_to_bits(unif(&s) * 2.0f - 0.3f) >> 16));
+            } else {
+                fused_group(&s, &p, col, rows);
+            }
+            for (unsigned t = 0; t < rows; t++) memcpy(src + 2 * (t * n + c), col + 2 * t, 2);
+        }
+        for (int v = 0; v < 2; v++) {
+            memset(sc[v], 0xA5, sizeof sc[v]);
+            memset(zr[v], 0xA5, sizeof zr[v]);
+            memset(cd[v], 0xA5, sizeof cd[v]);
+        }
+        int rw = ref_channel_block(&p, src, rows, n, sc[0], zr[0], cd[0], row_bytes);
+        kvs_intq_rowfmt f;
+        row_format(&p, 1, &f);
+        int rg = K->encode_channel_bf16(src, 2 * n, rows, n, &f, sc[1], zr[1], cd[1], row_bytes,
+                                        keys, d, z, rinv);
+        if (rg) {
+            fused++;
+            CHECK_EQ_INT(rw, 0);
+            CHECK(memcmp(sc[0], sc[1], sizeof sc[0]) == 0 && memcmp(zr[0], zr[1], sizeof zr[0]) == 0);
+            CHECK(memcmp(cd[0], cd[1], sizeof cd[0]) == 0);
+        } else {
+            fell_back++;
+            for (size_t i = 0; i < sizeof sc[1]; i++) CHECK(sc[1][i] == 0xA5 && zr[1][i] == 0xA5);
+            for (size_t i = 0; i < sizeof cd[1]; i++) CHECK(cd[1][i] == 0xA5);
+        }
+    }
+    CHECK(fused > 700 && fell_back > 100);
+}
+
 static void test_fused_decode(void)
 {
     static _Alignas(64) uint8_t got[2 * FN + 128];
@@ -678,6 +763,7 @@ int main(void)
     RUN(test_dequantize);
     RUN(test_load_scales);
     RUN(test_fused_encode);
+    RUN(test_fused_encode_channels);
     RUN(test_fused_decode);
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();

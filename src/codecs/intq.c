@@ -861,6 +861,19 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         }
         return rc;
     }
+    if (r->axis == KVS_INTQ_CHANNEL && j->k->encode_channel_bf16 && fused_shape(p, g) &&
+        r->nout == 0) {
+        kvs_intq_rowfmt f;
+        row_format(p, 1, &f);
+        size_t ss = kvs_dtype_size(p->scale_dtype);
+        /* (the keys in the row buffer: it holds at least D floats) */
+        if (j->k->encode_channel_bf16(row_src(j, g, pi, t0), g->row_stride * g->es, t1 - t0, D,
+                                      &f, scales + bi * D * ss, zeros + bi * D * ss,
+                                      codes + t0 * g->row_bytes, g->row_bytes,
+                                      (int16_t *)w->rows, w->a, w->b, w->c))
+            return KVS_OK;
+        /* else the block as below, which refuses it or writes it */
+    }
     /* channel axis: per-channel statistics over the block; tensor: one */
     float *mn = w->a, *mx = w->b;
     float tmn = INFINITY, tmx = -INFINITY;

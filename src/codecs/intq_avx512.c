@@ -397,6 +397,14 @@ KVS_AI __m128i codes_at(const uint8_t *src, const kvs_intq_rowfmt *f, const floa
                    _mm512_set1_ps(f->lo), _mm512_set1_ps(f->hi), _mm512_set1_ps(f->mid));
 }
 
+/* 64 codes packed `bits` (2, 4 or 8) wide at out. */
+KVS_AI void store_packed(__m512i c, unsigned bits, uint8_t *out)
+{
+    if (bits == 8) _mm512_storeu_si512(out, c);
+    else if (bits == 4) _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi16_epi8(fold4(c)));
+    else _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(fold2(c)));
+}
+
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales_out, uint8_t *zeros, uint8_t *out)
 {
@@ -440,9 +448,85 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 16), 1);
         c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 32), 2);
         c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 48), 3);
-        if (f->bits == 8) _mm512_storeu_si512(out + i, c);
-        else if (f->bits == 4) _mm256_storeu_si256((__m256i *)(out + i / 2), _mm512_cvtepi16_epi8(fold4(c)));
-        else _mm_storeu_si128((__m128i *)(out + i / 4), _mm512_cvtepi32_epi8(fold2(c)));
+        store_packed(c, f->bits, out + i * f->bits / 8);
+    }
+    return 1;
+}
+
+/* The statistics of 32 channels over rows 0..rows of the block, as
+ * group_stats16's (keys or magnitudes). */
+KVS_AI void column_stats16(const uint8_t *src, uint64_t stride, uint64_t rows, int zp,
+                           int16_t *mn, int16_t *mx)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i lo = _mm512_set1_epi16(INT16_MAX), hi = _mm512_set1_epi16(INT16_MIN);
+    for (uint64_t t = 0; t < rows; t++) {
+        __m512i v = _mm512_loadu_si512(src + t * stride);
+        v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+        lo = _mm512_min_epi16(lo, v);
+        hi = _mm512_max_epi16(hi, v);
+    }
+    _mm512_storeu_si512(mn, lo);
+    _mm512_storeu_si512(mx, hi);
+}
+
+/* The scales of 16 channels from their statistics (keys or magnitudes at
+ * mn, mx): 0 where a value is not finite, a zero point's minimum is +-0
+ * (as in encode_token_bf16) or a scale does not fit. */
+KVS_AI int column_scales16(const int16_t *mn, const int16_t *mx, const kvs_intq_rowfmt *f,
+                           __m256i *sb, __m256i *zb, __m512 *s, __m512 *z, __m512 *d)
+{
+    __m256i hi = _mm256_loadu_si256((const __m256i *)mx), lo = hi;
+    __mmask16 bad = _mm256_cmpge_epi16_mask(hi, _mm256_set1_epi16(0x7F80));
+    if (f->zero_point) {
+        lo = _mm256_loadu_si256((const __m256i *)mn);
+        bad |= _mm256_cmple_epi16_mask(lo, _mm256_set1_epi16(-0x7F81));
+        bad |= _mm256_cmplt_epu16_mask(_mm256_add_epi16(lo, _mm256_set1_epi16(1)), _mm256_set1_epi16(2));
+    }
+    return !bad && scales_vec(keys_to_ps(lo), keys_to_ps(hi), 0xFFFF, f->zero_point, f->scale_f16,
+                              _mm512_set1_ps(f->steps), sb, zb, s, z, d);
+}
+
+/* 16 codes of row x's channels from c on, one divisor each. */
+KVS_AI __m128i column_codes(const uint8_t *x, const kvs_intq_rowfmt *f, const float *d,
+                            const float *rinv, const float *z, uint64_t c)
+{
+    __m512 v = bf16_to_ps(_mm256_loadu_si256((const __m256i *)(x + 2 * c)));
+    return codes16(v, _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(z + c),
+                   _mm512_set1_ps(f->lo), _mm512_set1_ps(f->hi), _mm512_set1_ps(f->mid));
+}
+
+static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                               const kvs_intq_rowfmt *f, uint8_t *scales_out, uint8_t *zeros,
+                               uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
+                               float *z, float *rinv)
+{
+    int16_t *mn = keys, *mx = keys + n;
+    __m256i sb, zb;
+    __m512 sv, zv, dv;
+    for (uint64_t c = 0; c < n; c += 32)
+        column_stats16(src + 2 * c, stride, rows, f->zero_point, mn + c, mx + c);
+    /* every channel's scales known to fit before any is stored */
+    for (uint64_t c = 0; c < n; c += 16) {
+        if (!column_scales16(mn + c, mx + c, f, &sb, &zb, &sv, &zv, &dv)) return 0;
+        _mm512_storeu_ps(d + c, dv);
+        _mm512_storeu_ps(z + c, zv);
+        _mm512_storeu_ps(rinv + c, reciprocal(dv));
+    }
+    for (uint64_t c = 0; c < n; c += 16) {
+        column_scales16(mn + c, mx + c, f, &sb, &zb, &sv, &zv, &dv);
+        store_scales(c, 0xFFFF, f->zero_point, f->scale_f16, sb, zb, sv, zv, scales_out, zeros);
+    }
+    for (uint64_t t = 0; t < rows; t++) {
+        const uint8_t *x = src + t * stride;
+        uint8_t *out = codes + t * row_bytes;
+        for (uint64_t c = 0; c < n; c += 64) {
+            __m512i q = _mm512_castsi128_si512(column_codes(x, f, d, rinv, z, c));
+            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 16), 1);
+            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 32), 2);
+            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 48), 3);
+            store_packed(q, f->bits, out + c * f->bits / 8);
+        }
     }
     return 1;
 }
@@ -627,6 +711,7 @@ static const kvs_intq_kernels avx512_kernels = {
     .load_scales = load_scales,
     .narrow_bf16 = narrow_bf16,
     .encode_token_bf16 = encode_token_bf16,
+    .encode_channel_bf16 = encode_channel_bf16,
     .decode_bf16 = decode_bf16,
 };
 

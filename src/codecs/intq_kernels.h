@@ -88,6 +88,17 @@ typedef struct kvs_intq_kernels {
      * not fit. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales, uint8_t *zeros, uint8_t *codes);
+    /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
+     * bfloat16 channels (token t at src + t * stride bytes) without
+     * outliers or rotation, likewise: the n channels' scales (and zero
+     * points) over the block at scales / zeros, token t's codes at
+     * codes + t * row_bytes; n % 64 == 0, f->group unused. Work: keys (2n
+     * int16), d, z, rinv (n floats each). Returns 1, or 0 having written
+     * nothing, for the same reasons. */
+    int (*encode_channel_bf16)(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                               const kvs_intq_rowfmt *f, uint8_t *scales, uint8_t *zeros,
+                               uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
+                               float *z, float *rinv);
     /* decode_bf16: one row of n codes packed `bits` wide (2, 4 or 8) to
      * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
      * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
