@@ -183,7 +183,7 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
     return n;
 }
 
-/* y / r as far as rint can tell: y x rinv (rinv = 1 / r rounded, a
+/* rint(y / r), with y x rinv for the quotient (rinv = 1 / r rounded, a
  * normal float; 0 where it is not), and the exact quotient only for the
  * lanes where rinv is 0 or the product is within |q| 2^-20 of a
  * half-integer. Why that is exact: with v = y / r, the product is within
@@ -193,30 +193,40 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
  * from the half-integer between its neighbouring integers has v and RN(v)
  * strictly on its side (and no other half-integer within reach below
  * |v| = 2^22; beyond, the codes clamp alike), so rint gives the same
- * integer. An infinite product is never "near" (inf - inf is NaN) and
- * clamps as RN(v) does. */
-KVS_AI __m512 quotient(__m512 y, __m512 r, __m512 rinv)
+ * integer. The distance to that half-integer is 0.5 - |q - rint(q)|, both
+ * steps exact below 2^22 (q - rint(q) is q's fraction; 0.5 minus a
+ * fraction of at least 1/4 is exact, and one below 1/4 leaves more than
+ * |q| 2^-20 there), so the rounding the codes need gives the test too. An
+ * infinite product is never "near" (inf - inf is NaN) and clamps as RN(v)
+ * does. */
+KVS_AI __m512 rounded_quotient(__m512 y, __m512 r, __m512 rinv)
 {
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m512 q = _mm512_mul_ps(y, rinv);
-    __m512 half = _mm512_add_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
-                                _mm512_set1_ps(0.5f));
-    __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, half)),
-                                        _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
+    __m512 qi = _mm512_roundscale_ps(q, rn);
+    __m512 gap = _mm512_sub_ps(_mm512_set1_ps(0.5f), _mm512_abs_ps(_mm512_sub_ps(q, qi)));
+    __mmask16 near = _mm512_cmp_ps_mask(gap, _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
                                         _CMP_LE_OQ) |
                      _mm512_cmp_ps_mask(rinv, _mm512_setzero_ps(), _CMP_EQ_OQ);
-    return near ? _mm512_mask_div_ps(q, near, y, r) : q;
+    return near ? _mm512_mask_roundscale_ps(qi, near, _mm512_mask_div_ps(q, near, y, r), rn) : qi;
 }
 
-/* 16 codes: rint((x - z) / r) clamped to [lo, hi], plus mid (rinv: as
- * quotient's). */
+/* 16 codes as 32-bit lanes: rint((x - z) / r) clamped to [lo, hi], plus
+ * mid (rinv: as rounded_quotient's). */
+KVS_AI __m512i code_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
+                          __m512 mid)
+{
+    __m512 q = rounded_quotient(_mm512_sub_ps(x, z), r, rinv);
+    q = _mm512_max_ps(lo, q); /* q < lo ? lo : q */
+    q = _mm512_min_ps(hi, q); /* q > hi ? hi : q */
+    return _mm512_cvttps_epi32(_mm512_add_ps(q, mid));
+}
+
+/* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
 {
-    __m512 q = _mm512_roundscale_ps(quotient(_mm512_sub_ps(x, z), r, rinv),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    q = _mm512_max_ps(lo, q); /* q < lo ? lo : q */
-    q = _mm512_min_ps(hi, q); /* q > hi ? hi : q */
-    return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(q, mid)));
+    return _mm512_cvtepi32_epi8(code_lanes(x, r, rinv, z, lo, hi, mid));
 }
 
 /* x[0..n) with one divisor, reciprocal and zero (per_elem 0) or one each
@@ -387,22 +397,57 @@ KVS_AI __m512 keys_to_ps(__m256i key)
     return bf16_to_ps(h);
 }
 
-/* 16 codes of the 16 elements of src (one group: r, rinv, z broadcast). */
-KVS_AI __m128i codes_at(const uint8_t *src, const kvs_intq_rowfmt *f, const float *d,
-                        const float *rinv, const float *z, uint64_t e)
+/* The 32 codes of elements e.. e + 31 of src (one group: divisor r,
+ * its reciprocal ri, zero zz) packed `bits` wide at out. A pair of bfloat16 is one 32-bit
+ * lane: the even element is its low half shifted up, the odd one its high
+ * half masked, so the codes come as an even and an odd vector with no
+ * shuffle, and packing is an OR of them (the byte the portable pack_codes
+ * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
+ * limit, with a widening and a narrowing per 16 codes. */
+/* The codes of 32 consecutive elements as an even and an odd vector
+ * (32-bit lanes), packed `bits` wide at out. */
+KVS_AI void pack_pairs(__m512i ev, __m512i od, unsigned bits, uint8_t *out)
 {
-    uint64_t k = e / f->group;
-    __m512 x = bf16_to_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * e)));
-    return codes16(x, _mm512_set1_ps(d[k]), _mm512_set1_ps(rinv[k]), _mm512_set1_ps(z[k]),
-                   _mm512_set1_ps(f->lo), _mm512_set1_ps(f->hi), _mm512_set1_ps(f->mid));
+    if (bits == 8) {
+        _mm256_storeu_si256((__m256i *)out,
+                            _mm512_cvtepi32_epi16(_mm512_or_si512(ev, _mm512_slli_epi32(od, 8))));
+    } else if (bits == 4) {
+        _mm_storeu_si128((__m128i *)out,
+                         _mm512_cvtepi32_epi8(_mm512_or_si512(ev, _mm512_slli_epi32(od, 4))));
+    } else { /* two pairs per 64-bit lane: the high one's 4 bits up to bit 4 */
+        __m512i t = _mm512_or_si512(ev, _mm512_slli_epi32(od, 2));
+        _mm_storel_epi64((__m128i *)out,
+                         _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64(t, 28))));
+    }
 }
 
-/* 64 codes packed `bits` (2, 4 or 8) wide at out. */
-KVS_AI void store_packed(__m512i c, unsigned bits, uint8_t *out)
+/* The even and odd elements of 32 bfloat16 as float32 lanes. */
+KVS_AI __m512 even_ps(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+KVS_AI __m512 odd_ps(__m512i v)
 {
-    if (bits == 8) _mm512_storeu_si512(out, c);
-    else if (bits == 4) _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi16_epi8(fold4(c)));
-    else _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(fold2(c)));
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
+                           __m512 lo, __m512 hi, __m512 mid, unsigned bits, uint8_t *out)
+{
+    __m512i v = _mm512_loadu_si512(src + 2 * e);
+    pack_pairs(code_lanes(even_ps(v), r, ri, zz, lo, hi, mid),
+               code_lanes(odd_ps(v), r, ri, zz, lo, hi, mid), bits, out + e * bits / 8);
+}
+
+/* The codes of a row, group by group (bits a constant in each copy, so
+ * the loop has no branch on it). */
+KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                        const float *d, const float *rinv, const float *z, unsigned bits,
+                        uint8_t *out)
+{
+    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
+        const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
+        for (uint64_t e = c0; e < c0 + f->group; e += 32)
+            codes32_packed(src, e, r, ri, zz, lo, hi, mid, bits, out);
+    }
 }
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
@@ -442,13 +487,10 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     for (uint64_t b = 0; b * 16 < ng; b++)
         store_scales(16 * b, ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
-    /* codes, 64 at a time, packed in the register */
-    for (uint64_t i = 0; i < n; i += 64) {
-        __m512i c = _mm512_castsi128_si512(codes_at(src, f, d, rinv, z, i));
-        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 16), 1);
-        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 32), 2);
-        c = _mm512_inserti32x4(c, codes_at(src, f, d, rinv, z, i + 48), 3);
-        store_packed(c, f->bits, out + i * f->bits / 8);
+    switch (f->bits) {
+    case 8: token_codes(src, n, f, d, rinv, z, 8, out); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 4, out); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, out); break;
     }
     return 1;
 }
@@ -470,30 +512,88 @@ KVS_AI void column_stats16(const uint8_t *src, uint64_t stride, uint64_t rows, i
     _mm512_storeu_si512(mx, hi);
 }
 
-/* The scales of 16 channels from their statistics (keys or magnitudes at
- * mn, mx): 0 where a value is not finite, a zero point's minimum is +-0
- * (as in encode_token_bf16) or a scale does not fit. */
-KVS_AI int column_scales16(const int16_t *mn, const int16_t *mx, const kvs_intq_rowfmt *f,
-                           __m256i *sb, __m256i *zb, __m512 *s, __m512 *z, __m512 *d)
+/* The keys (or magnitudes) of the even / odd ones of 32 channels as
+ * sign-extended 32-bit lanes, and such lanes back to float32 values. */
+KVS_AI __m512i even_keys(__m512i k) { return _mm512_srai_epi32(_mm512_slli_epi32(k, 16), 16); }
+KVS_AI __m512i odd_keys(__m512i k) { return _mm512_srai_epi32(k, 16); }
+KVS_AI __m512 keys32_to_ps(__m512i k)
 {
-    __m256i hi = _mm256_loadu_si256((const __m256i *)mx), lo = hi;
-    __mmask16 bad = _mm256_cmpge_epi16_mask(hi, _mm256_set1_epi16(0x7F80));
-    if (f->zero_point) {
-        lo = _mm256_loadu_si256((const __m256i *)mn);
-        bad |= _mm256_cmple_epi16_mask(lo, _mm256_set1_epi16(-0x7F81));
-        bad |= _mm256_cmplt_epu16_mask(_mm256_add_epi16(lo, _mm256_set1_epi16(1)), _mm256_set1_epi16(2));
-    }
-    return !bad && scales_vec(keys_to_ps(lo), keys_to_ps(hi), 0xFFFF, f->zero_point, f->scale_f16,
-                              _mm512_set1_ps(f->steps), sb, zb, s, z, d);
+    __m512i h = _mm512_xor_si512(k, _mm512_and_si512(_mm512_srai_epi32(k, 15), _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
 }
 
-/* 16 codes of row x's channels from c on, one divisor each. */
-KVS_AI __m128i column_codes(const uint8_t *x, const kvs_intq_rowfmt *f, const float *d,
-                            const float *rinv, const float *z, uint64_t c)
+/* The scales of 16 channels (every other one of 32) from their keys (or
+ * magnitudes) lo, hi: 0 where a value is not finite, a zero point's
+ * minimum is +-0 (as in encode_token_bf16) or a scale does not fit. */
+KVS_AI int column_scales16(__m512i lo, __m512i hi, const kvs_intq_rowfmt *f, __m256i *sb,
+                           __m256i *zb, __m512 *s, __m512 *z, __m512 *d)
 {
-    __m512 v = bf16_to_ps(_mm256_loadu_si256((const __m256i *)(x + 2 * c)));
-    return codes16(v, _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(z + c),
-                   _mm512_set1_ps(f->lo), _mm512_set1_ps(f->hi), _mm512_set1_ps(f->mid));
+    __mmask16 bad = _mm512_cmpge_epi32_mask(hi, _mm512_set1_epi32(0x7F80));
+    if (f->zero_point) {
+        bad |= _mm512_cmple_epi32_mask(lo, _mm512_set1_epi32(-0x7F81));
+        bad |= _mm512_cmplt_epu32_mask(_mm512_add_epi32(lo, _mm512_set1_epi32(1)), _mm512_set1_epi32(2));
+    }
+    int ok = scales_vec(keys32_to_ps(lo), keys32_to_ps(hi), 0xFFFF, f->zero_point, f->scale_f16,
+                        _mm512_set1_ps(f->steps), sb, zb, s, z, d);
+    return ok && !bad;
+}
+
+/* Even and odd lanes (channels c, c + 2, ... and c + 1, c + 3, ...) of
+ * 32-bit values back into channel order. */
+KVS_AI void interleave(__m512i ev, __m512i od, __m512i *first, __m512i *second)
+{
+    const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i i1 = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    *first = _mm512_permutex2var_epi32(ev, i0, od);
+    *second = _mm512_permutex2var_epi32(ev, i1, od);
+}
+
+/* The stored scales (and zeros) of channels c.. c + 31 from their even
+ * and odd halves. */
+KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m256i sb[2],
+                                const __m256i zb[2], const __m512 s[2], const __m512 z[2],
+                                uint8_t *scales, uint8_t *zeros)
+{
+    __m512i a, b;
+    if (f->scale_f16) {
+        interleave(_mm512_cvtepu16_epi32(sb[0]), _mm512_cvtepu16_epi32(sb[1]), &a, &b);
+        _mm256_storeu_si256((__m256i *)(scales + 2 * c), _mm512_cvtepi32_epi16(a));
+        _mm256_storeu_si256((__m256i *)(scales + 2 * c + 32), _mm512_cvtepi32_epi16(b));
+        if (!f->zero_point) return;
+        interleave(_mm512_cvtepu16_epi32(zb[0]), _mm512_cvtepu16_epi32(zb[1]), &a, &b);
+        _mm256_storeu_si256((__m256i *)(zeros + 2 * c), _mm512_cvtepi32_epi16(a));
+        _mm256_storeu_si256((__m256i *)(zeros + 2 * c + 32), _mm512_cvtepi32_epi16(b));
+        return;
+    }
+    interleave(_mm512_castps_si512(s[0]), _mm512_castps_si512(s[1]), &a, &b);
+    _mm512_storeu_si512(scales + 4 * c, a);
+    _mm512_storeu_si512(scales + 4 * c + 64, b);
+    if (!f->zero_point) return;
+    interleave(_mm512_castps_si512(z[0]), _mm512_castps_si512(z[1]), &a, &b);
+    _mm512_storeu_si512(zeros + 4 * c, a);
+    _mm512_storeu_si512(zeros + 4 * c + 64, b);
+}
+
+/* The codes of a block's rows, 32 channels at a time from one bfloat16
+ * load (as codes32_packed, with the divisors of the even channels at
+ * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
+KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                         const kvs_intq_rowfmt *f, const float *d, const float *rinv,
+                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes)
+{
+    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    for (uint64_t t = 0; t < rows; t++) {
+        const uint8_t *x = src + t * stride;
+        for (uint64_t c = 0; c < n; c += 32) {
+            __m512i v = _mm512_loadu_si512(x + 2 * c);
+            __m512i ev = code_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
+                                    _mm512_loadu_ps(z + c), lo, hi, mid);
+            __m512i od = code_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
+                                    _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
+                                    lo, hi, mid);
+            pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
+        }
+    }
 }
 
 static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
@@ -502,31 +602,35 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
                                float *z, float *rinv)
 {
     int16_t *mn = keys, *mx = keys + n;
-    __m256i sb, zb;
-    __m512 sv, zv, dv;
+    __m256i sb[2], zb[2];
+    __m512 sv[2], zv[2], dv[2];
     for (uint64_t c = 0; c < n; c += 32)
         column_stats16(src + 2 * c, stride, rows, f->zero_point, mn + c, mx + c);
-    /* every channel's scales known to fit before any is stored */
-    for (uint64_t c = 0; c < n; c += 16) {
-        if (!column_scales16(mn + c, mx + c, f, &sb, &zb, &sv, &zv, &dv)) return 0;
-        _mm512_storeu_ps(d + c, dv);
-        _mm512_storeu_ps(z + c, zv);
-        _mm512_storeu_ps(rinv + c, reciprocal(dv));
-    }
-    for (uint64_t c = 0; c < n; c += 16) {
-        column_scales16(mn + c, mx + c, f, &sb, &zb, &sv, &zv, &dv);
-        store_scales(c, 0xFFFF, f->zero_point, f->scale_f16, sb, zb, sv, zv, scales_out, zeros);
-    }
-    for (uint64_t t = 0; t < rows; t++) {
-        const uint8_t *x = src + t * stride;
-        uint8_t *out = codes + t * row_bytes;
-        for (uint64_t c = 0; c < n; c += 64) {
-            __m512i q = _mm512_castsi128_si512(column_codes(x, f, d, rinv, z, c));
-            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 16), 1);
-            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 32), 2);
-            q = _mm512_inserti32x4(q, column_codes(x, f, d, rinv, z, c + 48), 3);
-            store_packed(q, f->bits, out + c * f->bits / 8);
+    /* every channel's scales known to fit before any is stored; then
+     * computed again, for the stored bits */
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t c = 0; c < n; c += 32) {
+            __m512i lo = _mm512_loadu_si512(mn + c), hi = _mm512_loadu_si512(mx + c);
+            /* (both halves computed: the second pass stores both) */
+            int ok = column_scales16(even_keys(lo), even_keys(hi), f, &sb[0], &zb[0], &sv[0],
+                                     &zv[0], &dv[0]);
+            ok &= column_scales16(odd_keys(lo), odd_keys(hi), f, &sb[1], &zb[1], &sv[1], &zv[1],
+                                  &dv[1]);
+            if (pass) {
+                store_column_scales(c, f, sb, zb, sv, zv, scales_out, zeros);
+                continue;
+            }
+            if (!ok) return 0;
+            for (int h = 0; h < 2; h++) {
+                _mm512_storeu_ps(d + c + 16 * h, dv[h]);
+                _mm512_storeu_ps(z + c + 16 * h, zv[h]);
+                _mm512_storeu_ps(rinv + c + 16 * h, reciprocal(dv[h]));
+            }
         }
+    switch (f->bits) {
+    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes); break;
+    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes); break;
+    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes); break;
     }
     return 1;
 }
