@@ -201,7 +201,7 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
  * does. */
 KVS_AI __m512 rounded_quotient(__m512 y, __m512 r, __m512 rinv)
 {
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    enum { rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }; /* a constant, for clang */
     __m512 q = _mm512_mul_ps(y, rinv);
     __m512 qi = _mm512_roundscale_ps(q, rn);
     __m512 gap = _mm512_sub_ps(_mm512_set1_ps(0.5f), _mm512_abs_ps(_mm512_sub_ps(q, qi)));
