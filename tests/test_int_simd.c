@@ -2,7 +2,9 @@
  * (src/codecs/intq_avx512.c, intq_kernels.h) against its portable code
  * (src/codecs/intq.c), bit for bit: each kernel on adversarial inputs
  * (every bfloat16 pattern, +-0, NaN, inf, subnormals, halves, float16
- * overflow, every length to past two vectors, misaligned buffers), then
+ * overflow, every length to past two vectors, misaligned buffers), the
+ * fused rows against the portable functions they stand for (their bytes,
+ * or nothing written where they leave a row to the portable code), then
  * whole objects through every variant (KVSERDE_ISA names) against the
  * portable build, payload, decoded bytes, codes and messages of refusals
  * (damaged payloads too), with the decoder's streaming stores on and off;
@@ -422,18 +424,26 @@ static void fused_group(uint64_t *s, const kvs_intq_params *p, uint8_t *dst, uns
     if (lcg(s) % 40 == 0) put_le16(dst + 2 * (lcg(s) % len), lcg(s) % 2 ? 0x7FC0 : 0xFF80);
 }
 
+/* Parameters of the fused rows' presets: 2, 4 or 8 bits, with or without
+ * a zero point, float16 or float32 scales, all levels or fewer. */
+static kvs_intq_params fused_params(uint64_t *s, int round)
+{
+    kvs_intq_params p = {0};
+    p.bits = (unsigned[]){2, 4, 8}[lcg(s) % 3];
+    p.zero_point = (int)(lcg(s) % 2);
+    p.scale_dtype = lcg(s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
+    unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
+    p.levels = round % 2 ? most : most - (p.zero_point ? 1 : 2);
+    return p;
+}
+
 static void test_fused_encode(void)
 {
     static uint8_t src[2 * FN], sc[2][4 * 64 + 8], zr[2][4 * 64 + 8], cd[2][FN + 8];
     uint64_t s = 37;
     long fused = 0, fell_back = 0;
     for (int round = 0; round < 6000; round++) {
-        kvs_intq_params p = {0};
-        p.bits = (unsigned[]){2, 4, 8}[lcg(&s) % 3];
-        p.zero_point = (int)(lcg(&s) % 2);
-        p.scale_dtype = lcg(&s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
-        unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
-        p.levels = round % 2 ? most : most - (p.zero_point ? 1 : 2);
+        kvs_intq_params p = fused_params(&s, round);
         unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 16)), group;
         do group = 32 * (1 + (unsigned)(lcg(&s) % 4)); while (n % group || n / group > 64);
         for (unsigned c0 = 0; c0 < n; c0 += group) fused_group(&s, &p, src + 2 * c0, group);
@@ -503,12 +513,7 @@ static void test_fused_encode_channels(void)
     uint64_t s = 43;
     long fused = 0, fell_back = 0;
     for (int round = 0; round < 1500; round++) {
-        kvs_intq_params p = {0};
-        p.bits = (unsigned[]){2, 4, 8}[lcg(&s) % 3];
-        p.zero_point = (int)(lcg(&s) % 2);
-        p.scale_dtype = lcg(&s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
-        unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
-        p.levels = round % 2 ? most : most - (p.zero_point ? 1 : 2);
+        kvs_intq_params p = fused_params(&s, round);
         unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 4)), rows = 1 + (unsigned)(lcg(&s) % R);
         unsigned row_bytes = n * p.bits / 8;
         /* each channel one of fused_group's kinds, down the tokens; most

@@ -14,6 +14,12 @@
  * inf, down is 65504, and -inf below -65504); bfloat16 narrowing is the
  * integer rounding of half.h, not vcvtneps2bf16 (which flushes subnormals).
  * Tails use masked loads and stores, so no byte past n is read or written.
+ * The fused rows (encode_token_bf16, encode_channel_bf16, decode_bf16)
+ * are the same operations on values kept in registers: statistics on the
+ * 16-bit patterns (magnitudes or order keys, whose extremes are the
+ * values' extremes) and codes from the even and odd bfloat16 of each
+ * 32-bit lane; what they cannot do exactly they leave to intq.c's
+ * ordinary path, writing nothing.
  */
 #include <immintrin.h>
 #include <string.h>
