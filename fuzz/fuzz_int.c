@@ -10,6 +10,8 @@
  *   layout  bits 0-1  dtype: bfloat16, float16, float32 (3: uint8)
  *           bits 2-3  rank - 1 (1 to 4); dims are byte % 24, except that
  *                     the K/V dim of the format is 2
+ *           bit 4     the last dim is 64 (bit 5 clear) or 128 (set): the
+ *                     fused rows' widths
  * Properties:
  *   - check_params refuses with a code and a message or accepts;
  *   - decode mode: the rest is a payload; decode refuses (KVS_ECORRUPT or
@@ -131,6 +133,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t nd = 1 + ((lay >> 2) & 3);
     int64_t dims[4];
     for (uint32_t d = 0; d < nd; d++) dims[d] = fz_u8(&in) % 24;
+    /* bit 4: 64 or 128 channels, the widths of the AVX-512 fused rows */
+    if (lay & 16) dims[nd - 1] = lay & 32 ? 128 : 64;
     if (fmt == KVS_FMT_KV_T2D && nd >= 2) dims[1] = 2;
     else if (fmt != KVS_FMT_BINARY) dims[0] = 2;
     kvs_layout l = {0};

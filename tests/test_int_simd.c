@@ -2,7 +2,9 @@
  * (src/codecs/intq_avx512.c, intq_kernels.h) against its portable code
  * (src/codecs/intq.c), bit for bit: each kernel on adversarial inputs
  * (every bfloat16 pattern, +-0, NaN, inf, subnormals, halves, float16
- * overflow, every length to past two vectors, misaligned buffers), then
+ * overflow, every length to past two vectors, misaligned buffers), the
+ * fused rows against the portable functions they stand for (their bytes,
+ * or nothing written where they leave a row to the portable code), then
  * whole objects through every variant (KVSERDE_ISA names) against the
  * portable build, payload, decoded bytes, codes and messages of refusals
  * (damaged payloads too), with the decoder's streaming stores on and off;
@@ -363,6 +365,233 @@ static void test_load_scales(void)
     CHECK(memcmp(g16, w16, sizeof w16) == 0);
 }
 
+
+/* ---------------------------------------------------------------------
+ * Fused rows (encode_token_bf16, decode_bf16)
+ * ------------------------------------------------------------------ */
+
+enum { FN = 1024 }; /* the longest fused row tested */
+
+/* The bytes of one token row of bfloat16 as the portable block loop makes
+ * them (widen, group statistics, scales, division, pack); -1: refused as
+ * not finite, else the scales' status. */
+static int ref_token_row(const kvs_intq_params *p, const uint8_t *src, unsigned n,
+                         unsigned group, uint8_t *scales, uint8_t *zeros, uint8_t *codes)
+{
+    static const kvs_intq_kernels portable = {.isa = "scalar"};
+    static float row[FN], a[FN], b[FN];
+    static uint8_t u[FN];
+    if (widen_row(src, KVS_DTYPE_BFLOAT16, n, row)) return -1;
+    unsigned ng = n / group;
+    group_minmax(&portable, row, n, group, a, b);
+    int rc = group_scales(&portable, p, a, b, ng, scales, zeros, 0, a, b);
+    if (rc) return rc;
+    float lo, hi, mid;
+    code_range(p, &lo, &hi, &mid);
+    for (unsigned k = 0; k < ng; k++)
+        quantize_run(row + k * group, group, a + k, b + k, 0, lo, hi, mid, u + k * group);
+    pack_codes(u, n, p->bits, codes);
+    return 0;
+}
+
+/* One group of values that reach a branch of the fused encoder: plain,
+ * halves of the step (ties), +-0 only or with one sign of values (a zero
+ * minimum or maximum), constant, tiny (subnormal float16 scales), huge
+ * (scales past float16), a NaN or inf. */
+static void fused_group(uint64_t *s, const kvs_intq_params *p, uint8_t *dst, unsigned len)
+{
+    unsigned mode = (unsigned)(lcg(s) % 12);
+    float steps = (float)(p->zero_point ? p->levels - 1 : (p->levels - 1) / 2);
+    float scale = ldexpf(1.0f, (int)(lcg(s) % 12) - 6), c = nasty(s);
+    for (unsigned i = 0; i < len; i++) {
+        float v;
+        switch (mode) {
+        case 0: case 1: /* halves of a step of `scale` over the full range */
+            v = ((float)(int)(lcg(s) % (unsigned)(2 * steps + 1)) - steps) * 0.5f * scale;
+            if (i == 0) v = steps * scale;
+            break;
+        case 2: v = lcg(s) % 2 ? 0.0f : -0.0f; break;
+        case 3: v = lcg(s) % 3 ? fabsf(unif(s)) : (lcg(s) % 2 ? 0.0f : -0.0f); break;
+        case 4: v = lcg(s) % 3 ? -fabsf(unif(s)) : (lcg(s) % 2 ? 0.0f : -0.0f); break;
+        case 5: v = c; break;
+        case 6: v = ldexpf(unif(s), -30); break;
+        case 7: v = unif(s) * 3e5f; break;
+        case 8: v = nasty(s); break;
+        default: v = unif(s) * scale * steps; break;
+        }
+        put_le16(dst + 2 * i, (uint16_t)(kvs_f32_to_bits(v) >> 16));
+    }
+    if (lcg(s) % 40 == 0) put_le16(dst + 2 * (lcg(s) % len), lcg(s) % 2 ? 0x7FC0 : 0xFF80);
+}
+
+/* Parameters of the fused rows' presets: 2, 4 or 8 bits, with or without
+ * a zero point, float16 or float32 scales, all levels or fewer. */
+static kvs_intq_params fused_params(uint64_t *s, int round)
+{
+    kvs_intq_params p = {0};
+    p.bits = (unsigned[]){2, 4, 8}[lcg(s) % 3];
+    p.zero_point = (int)(lcg(s) % 2);
+    p.scale_dtype = lcg(s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
+    unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
+    p.levels = round % 2 ? most : most - (p.zero_point ? 1 : 2);
+    return p;
+}
+
+static void test_fused_encode(void)
+{
+    static uint8_t src[2 * FN], sc[2][4 * 64 + 8], zr[2][4 * 64 + 8], cd[2][FN + 8];
+    uint64_t s = 37;
+    long fused = 0, fell_back = 0;
+    for (int round = 0; round < 6000; round++) {
+        kvs_intq_params p = fused_params(&s, round);
+        unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 16)), group;
+        do group = 32 * (1 + (unsigned)(lcg(&s) % 4)); while (n % group || n / group > 64);
+        for (unsigned c0 = 0; c0 < n; c0 += group) fused_group(&s, &p, src + 2 * c0, group);
+        size_t ss = kvs_dtype_size(p.scale_dtype), ng = n / group;
+        for (int v = 0; v < 2; v++) {
+            memset(sc[v], 0xA5, sizeof sc[v]);
+            memset(zr[v], 0xA5, sizeof zr[v]);
+            memset(cd[v], 0xA5, sizeof cd[v]);
+        }
+        int rw = ref_token_row(&p, src, n, group, sc[0], zr[0], cd[0]);
+        kvs_intq_rowfmt f;
+        row_format(&p, group, &f);
+        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1]);
+        if (rg) { /* the reference's bytes, and none past them */
+            fused++;
+            CHECK_EQ_INT(rw, 0);
+            CHECK(memcmp(sc[0], sc[1], sizeof sc[0]) == 0 && memcmp(zr[0], zr[1], sizeof zr[0]) == 0);
+            CHECK(memcmp(cd[0], cd[1], sizeof cd[0]) == 0);
+            CHECK(sc[1][ng * ss] == 0xA5 && cd[1][n * p.bits / 8] == 0xA5);
+        } else { /* nothing written: the caller runs the portable code */
+            fell_back++;
+            for (size_t i = 0; i < sizeof sc[1]; i++) CHECK(sc[1][i] == 0xA5 && zr[1][i] == 0xA5);
+            for (size_t i = 0; i < sizeof cd[1]; i++) CHECK(cd[1][i] == 0xA5);
+        }
+    }
+    /* both ways taken, most rows fused */
+    CHECK(fused > 2000 && fell_back > 100);
+}
+
+/* The portable block loop's bytes for a channel-axis block of bfloat16
+ * rows (token t at src + 2 t n): -1 refused as not finite, else the
+ * scales' status. */
+static int ref_channel_block(const kvs_intq_params *p, const uint8_t *src, unsigned rows,
+                             unsigned n, uint8_t *scales, uint8_t *zeros, uint8_t *codes,
+                             unsigned row_bytes)
+{
+    static const kvs_intq_kernels portable = {.isa = "scalar"};
+    static float row[FN], mn[FN], mx[FN];
+    static uint8_t u[FN];
+    for (unsigned c = 0; c < n; c++) mn[c] = INFINITY, mx[c] = -INFINITY;
+    for (unsigned t = 0; t < rows; t++) {
+        if (widen_row(src + 2 * t * n, KVS_DTYPE_BFLOAT16, n, row)) return -1;
+        for (unsigned c = 0; c < n; c++) {
+            mn[c] = row[c] < mn[c] ? row[c] : mn[c];
+            mx[c] = row[c] > mx[c] ? row[c] : mx[c];
+        }
+    }
+    int rc = group_scales(&portable, p, mn, mx, n, scales, zeros, 0, mn, mx);
+    if (rc) return rc;
+    float lo, hi, mid;
+    code_range(p, &lo, &hi, &mid);
+    for (unsigned t = 0; t < rows; t++) {
+        widen_row(src + 2 * t * n, KVS_DTYPE_BFLOAT16, n, row);
+        quantize_run(row, n, mn, mx, 1, lo, hi, mid, u);
+        pack_codes(u, n, p->bits, codes + t * row_bytes);
+    }
+    return 0;
+}
+
+static void test_fused_encode_channels(void)
+{
+    enum { R = 70, N = 256 };
+    static uint8_t src[2 * R * N], col[2 * R], sc[2][4 * N + 8], zr[2][4 * N + 8];
+    static uint8_t cd[2][R * N + 8];
+    static int16_t keys[2 * N];
+    static float d[N], z[N], rinv[N];
+    uint64_t s = 43;
+    long fused = 0, fell_back = 0;
+    for (int round = 0; round < 1500; round++) {
+        kvs_intq_params p = fused_params(&s, round);
+        unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 4)), rows = 1 + (unsigned)(lcg(&s) % R);
+        unsigned row_bytes = n * p.bits / 8;
+        /* each channel one of fused_group's kinds, down the tokens; most
+         * blocks with every channel plain, else nearly every block would
+         * hold one that falls back */
+        int plain = lcg(&s) % 3 != 0;
+        for (unsigned c = 0; c < n; c++) {
+            if (plain) {
+                for (unsigned t = 0; t < rows; t++)
+                    put_le16(col + 2 * t, (uint16_t)(kvs_f32_to_bits(unif(&s) * 2.0f - 0.3f) >> 16));
+            } else {
+                fused_group(&s, &p, col, rows);
+            }
+            for (unsigned t = 0; t < rows; t++) memcpy(src + 2 * (t * n + c), col + 2 * t, 2);
+        }
+        for (int v = 0; v < 2; v++) {
+            memset(sc[v], 0xA5, sizeof sc[v]);
+            memset(zr[v], 0xA5, sizeof zr[v]);
+            memset(cd[v], 0xA5, sizeof cd[v]);
+        }
+        int rw = ref_channel_block(&p, src, rows, n, sc[0], zr[0], cd[0], row_bytes);
+        kvs_intq_rowfmt f;
+        row_format(&p, 1, &f);
+        int rg = K->encode_channel_bf16(src, 2 * n, rows, n, &f, sc[1], zr[1], cd[1], row_bytes,
+                                        keys, d, z, rinv);
+        if (rg) {
+            fused++;
+            CHECK_EQ_INT(rw, 0);
+            CHECK(memcmp(sc[0], sc[1], sizeof sc[0]) == 0 && memcmp(zr[0], zr[1], sizeof zr[0]) == 0);
+            CHECK(memcmp(cd[0], cd[1], sizeof cd[0]) == 0);
+        } else {
+            fell_back++;
+            for (size_t i = 0; i < sizeof sc[1]; i++) CHECK(sc[1][i] == 0xA5 && zr[1][i] == 0xA5);
+            for (size_t i = 0; i < sizeof cd[1]; i++) CHECK(cd[1][i] == 0xA5);
+        }
+    }
+    CHECK(fused > 700 && fell_back > 100);
+}
+
+static void test_fused_decode(void)
+{
+    static _Alignas(64) uint8_t got[2 * FN + 128];
+    static uint8_t in[FN], u[FN], want[2 * FN];
+    static float sc[FN], z[FN], row[FN];
+    uint64_t s = 41;
+    for (int round = 0; round < 3000; round++) {
+        unsigned bits = (unsigned[]){2, 4, 8}[lcg(&s) % 3];
+        unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 16));
+        unsigned group = (unsigned[]){1, 16, 32, 48, 64, 128}[lcg(&s) % 6];
+        if (lcg(&s) % 5 == 0 || n % group) group = n; /* the tensor axis: one scale */
+        float mid = lcg(&s) % 2 ? 0.0f : (float)(1u << (bits - 1));
+        for (unsigned i = 0; i < n; i++) {
+            in[i] = (uint8_t)lcg(&s);
+            sc[i] = lcg(&s) % 4 ? fabsf(nasty(&s)) : kvs_f32_from_bits((uint32_t)lcg(&s) % 0x7F800000u);
+            z[i] = nasty(&s);
+        }
+        unpack_codes(in, n, bits, u);
+        /* a group's first element made a bfloat16 tie (low bits 0x8000)
+         * when computed as the reference does, a product then a sum; a
+         * fused multiply-add would round it elsewhere */
+        for (unsigned c0 = 0; c0 < n; c0 += group)
+            if (lcg(&s) % 2) {
+                float pr = ((float)u[c0] - mid) * sc[c0 / group];
+                float t = kvs_f32_from_bits((kvs_f32_to_bits(pr * 1.5f + 1.0f) & 0xFFFF0000u) | 0x8000u);
+                z[c0 / group] = t - pr;
+            }
+        for (unsigned c0 = 0; c0 < n; c0 += group)
+            dequantize_run(u + c0, group, sc + c0 / group, z + c0 / group, group == 1, mid, row + c0);
+        narrow_row(row, KVS_DTYPE_BFLOAT16, n, want);
+        unsigned off = (unsigned)(lcg(&s) % 2) * 2; /* on a line, or not */
+        int stream = (int)(lcg(&s) % 2);
+        memset(got, 0xA5, sizeof got);
+        K->decode_bf16(in, n, bits, sc, z, group, mid, got + 64 + off, stream);
+        CHECK(memcmp(got + 64 + off, want, 2 * n) == 0);
+        CHECK(got[63 + off] == 0xA5 && got[64 + off + 2 * n] == 0xA5);
+    }
+}
+
 /* ---------------------------------------------------------------------
  * Whole objects through every variant
  * ------------------------------------------------------------------ */
@@ -395,7 +624,7 @@ static void test_objects_every_variant(void)
 {
     const char *const *names = kvs_fp8_isa_names();
     uint64_t s = 23;
-    int compared = 0;
+    int compared = 0, fused_shapes = 0;
     for (int round = 0; round < 160; round++) {
         kvs_intq_params p = {0};
         p.bits = round % 3 == 0 ? 2 + (unsigned)(lcg(&s) % 7) : (unsigned[]){2, 4, 8}[lcg(&s) % 3];
@@ -410,7 +639,12 @@ static void test_objects_every_variant(void)
         p.k_outliers = lcg(&s) % 4 ? 0 : 2;
         kvs_dtype dt = lcg(&s) % 4 ? KVS_DTYPE_BFLOAT16
                                    : (lcg(&s) % 2 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32);
-        int64_t D = p.hadamard ? 16 * (1 + (int64_t)(lcg(&s) % 9)) : 1 + (int64_t)(lcg(&s) % 150);
+        /* a third of them 64 to 192 channels: the fused rows' shapes */
+        int64_t D = p.hadamard     ? 16 * (1 + (int64_t)(lcg(&s) % 9))
+                    : lcg(&s) % 3 ? 1 + (int64_t)(lcg(&s) % 150)
+                                   : 64 * (1 + (int64_t)(lcg(&s) % 3));
+        fused_shapes += D % 64 == 0 && !p.hadamard && dt == KVS_DTYPE_BFLOAT16 && p.bits % 2 == 0 &&
+                        p.bits != 6;
         const int64_t d4[4] = {2, 1 + (int64_t)(lcg(&s) % 2), 1 + (int64_t)(lcg(&s) % 80), D};
         kvs_layout l = {0};
         REQUIRE_OK(kvs_layout_add_group(&l, 4, d4, dt));
@@ -478,6 +712,7 @@ static void test_objects_every_variant(void)
         free(dbuf[1]);
     }
     CHECK(compared >= 160);
+    CHECK(fused_shapes >= 20);
 }
 
 /* A KVSERDE_ISA that cannot run is refused by the int stage as by the fp8
@@ -532,6 +767,9 @@ int main(void)
     RUN(test_pack_unpack);
     RUN(test_dequantize);
     RUN(test_load_scales);
+    RUN(test_fused_encode);
+    RUN(test_fused_encode_channels);
+    RUN(test_fused_decode);
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();
 }

@@ -713,13 +713,18 @@ static const uint8_t *row_src(const enc_job *j, const group_plan *g, uint64_t pi
  * token's source prefetched, line by line (a row is worked on for longer
  * than memory takes to answer; without it the loads of widen_row waited
  * on memory, a sixth of the encoder's time in perf). */
-static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const uint8_t *outl,
-                    unsigned nout, uint64_t t, float *row)
+static void prefetch_next(const enc_job *j, const group_plan *g, uint64_t pi, uint64_t t)
 {
     if (t + 1 < g->T) {
         const uint8_t *next = row_src(j, g, pi, t + 1);
         for (uint64_t o = 0; o < g->D * g->es; o += 64) __builtin_prefetch(next + o);
     }
+}
+
+static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const uint8_t *outl,
+                    unsigned nout, uint64_t t, float *row)
+{
+    prefetch_next(j, g, pi, t);
     if (widen(j->k, row_src(j, g, pi, t), g->dtype, g->D, row))
         for (uint64_t c = 0; c < g->D; c++)
             if (!isfinite(row[c]))
@@ -787,6 +792,31 @@ static void group_minmax(const kvs_intq_kernels *k, const float *x, uint64_t n, 
         }
 }
 
+/* The kernels' fused rows (intq_kernels.h) take bfloat16 rows without
+ * rotation, of 2-, 4- and 8-bit codes, 64 channels at a time (the
+ * encoder's without outliers too: it zeroes them in the float row). */
+static int fused_shape(const kvs_intq_params *p, const group_plan *g)
+{
+    return g->dtype == KVS_DTYPE_BFLOAT16 && !p->hadamard &&
+           (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
+}
+
+static int fused_token(const enc_job *j, const group_plan *g, const role_plan *r)
+{
+    return j->k->encode_token_bf16 && fused_shape(j->p, g) && r->nout == 0 && r->group % 32 == 0 &&
+           g->D % r->group == 0 && g->D / r->group <= KVS_INTQ_FUSED_GROUPS;
+}
+
+static void row_format(const kvs_intq_params *p, uint64_t group, kvs_intq_rowfmt *f)
+{
+    f->group = group;
+    f->zero_point = p->zero_point;
+    f->scale_f16 = p->scale_dtype == KVS_DTYPE_FLOAT16;
+    f->bits = p->bits;
+    f->steps = steps_of(p);
+    code_range(p, &f->lo, &f->hi, &f->mid);
+}
+
 static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi, workspace *w)
 {
     const kvs_intq_params *p = j->p;
@@ -802,6 +832,17 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
     int rc = KVS_OK;
     float lo, hi, mid;
     code_range(p, &lo, &hi, &mid);
+    if (r->axis == KVS_INTQ_TOKEN && fused_token(j, g, r)) {
+        kvs_intq_rowfmt f;
+        row_format(p, r->group, &f);
+        size_t ss = kvs_dtype_size(p->scale_dtype);
+        uint64_t first = t0 * (D / r->group);
+        prefetch_next(j, g, pi, t0);
+        if (j->k->encode_token_bf16(row_src(j, g, pi, t0), D, &f, scales + first * ss,
+                                    zeros + first * ss, codes + t0 * g->row_bytes))
+            return KVS_OK;
+        /* else the row as below, which refuses it or writes it */
+    }
     if (r->axis == KVS_INTQ_TOKEN) {
         float *row = w->rows;
         rc = load_row(j, g, pi, outl, r->nout, t0, row);
@@ -819,6 +860,19 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
             pack_row(j->k, u, D, p->bits, out);
         }
         return rc;
+    }
+    if (r->axis == KVS_INTQ_CHANNEL && j->k->encode_channel_bf16 && fused_shape(p, g) &&
+        r->nout == 0) {
+        kvs_intq_rowfmt f;
+        row_format(p, 1, &f);
+        size_t ss = kvs_dtype_size(p->scale_dtype);
+        /* (the keys in the row buffer: it holds at least D floats) */
+        if (j->k->encode_channel_bf16(row_src(j, g, pi, t0), g->row_stride * g->es, t1 - t0, D,
+                                      &f, scales + bi * D * ss, zeros + bi * D * ss,
+                                      codes + t0 * g->row_bytes, g->row_bytes,
+                                      (int16_t *)w->rows, w->a, w->b, w->c))
+            return KVS_OK;
+        /* else the block as below, which refuses it or writes it */
     }
     /* channel axis: per-channel statistics over the block; tensor: one */
     float *mn = w->a, *mx = w->b;
@@ -1093,20 +1147,24 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
     float lo, hi, mid;
     code_range(p, &lo, &hi, &mid);
     const uint8_t *stored = base + r->off_codes + t * g->row_bytes, *u = stored;
-    if (p->bits != 8) { /* 8-bit codes are read where they are */
-        unpack(j->k, stored, D, p->bits, w->codes);
-        u = w->codes;
-    }
+    uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
+    /* element i's scale: s[i / group] */
+    uint64_t group = r->axis == KVS_INTQ_TOKEN ? r->group : r->axis == KVS_INTQ_CHANNEL ? 1 : D;
     if (r->axis == KVS_INTQ_TOKEN) {
         uint64_t ng = ceil_div(D, r->group), first = t * ng;
         row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, ng, w);
-        dequantize(j->k, u, D, s, z, r->group, mid, row);
-    } else { /* block_scales filled s and z */
-        dequantize(j->k, u, D, s, z, r->axis == KVS_INTQ_CHANNEL ? 1 : D, mid, row);
+    } /* else block_scales filled s and z */
+    if (j->k->decode_bf16 && fused_shape(p, g) && (group == 1 || group % 16 == 0)) {
+        j->k->decode_bf16(stored, D, p->bits, s, z, group, mid, dst, j->stream);
+    } else {
+        if (p->bits != 8) { /* 8-bit codes are read where they are */
+            unpack(j->k, stored, D, p->bits, w->codes);
+            u = w->codes;
+        }
+        dequantize(j->k, u, D, s, z, group, mid, row);
+        if (p->hadamard) hadamard_row(row, D, p->hadamard);
+        narrow(j->k, row, g->dtype, D, dst, j->stream);
     }
-    if (p->hadamard) hadamard_row(row, D, p->hadamard);
-    uint8_t *dst = j->dst + g->src_offset + (pi * g->plane_stride + t * g->row_stride) * g->es;
-    narrow(j->k, row, g->dtype, D, dst, j->stream);
     const uint8_t *val = base + r->off_values + t * r->nout * g->es;
     for (unsigned o = 0; o < r->nout; o++)
         memcpy(dst + get_le16(base + 2 * o) * g->es, val + o * g->es, g->es);

@@ -14,6 +14,12 @@
  * inf, down is 65504, and -inf below -65504); bfloat16 narrowing is the
  * integer rounding of half.h, not vcvtneps2bf16 (which flushes subnormals).
  * Tails use masked loads and stores, so no byte past n is read or written.
+ * The fused rows (encode_token_bf16, encode_channel_bf16, decode_bf16)
+ * are the same operations on values kept in registers: statistics on the
+ * 16-bit patterns (magnitudes or order keys, whose extremes are the
+ * values' extremes) and codes from the even and odd bfloat16 of each
+ * 32-bit lane; what they cannot do exactly they leave to intq.c's
+ * ordinary path, writing nothing.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -109,31 +115,43 @@ KVS_AI __m512 scale_up(__m512 range, __m512 steps)
     }
 }
 
-/* 16 groups (lanes k): 0 if one of them does not fit, else their scales
- * and zero points stored. */
-KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, int zp, int f16,
-                    __m512 steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero)
+/* The scales and zero points of 16 groups (lanes k) with values in
+ * [lo, hi]: their stored bits (*sb, *zb: float16; else s, z are stored),
+ * the divisors (*inv: s, or 1 for s = 0) and zeros (*z); returns 0 if one
+ * of them does not fit. */
+KVS_AI int scales_vec(__m512 lo, __m512 hi, __mmask16 k, int zp, int f16, __m512 steps,
+                      __m256i *sb, __m256i *zb, __m512 *s, __m512 *z, __m512 *inv)
 {
-    __m512 lo = _mm512_maskz_loadu_ps(k, mn + i), hi = _mm512_maskz_loadu_ps(k, mx + i);
-    __m512 z = _mm512_setzero_ps(), range, s;
-    __m256i zb = _mm256_setzero_si256(), sb = _mm256_setzero_si256();
+    __m512 range;
+    *z = _mm512_setzero_ps();
+    *zb = *sb = _mm256_setzero_si256();
     if (zp) {
         if (f16) {
-            zb = _mm512_cvt_roundps_ph(lo, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-            z = _mm512_cvtph_ps(zb);
+            *zb = _mm512_cvt_roundps_ph(lo, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+            *z = _mm512_cvtph_ps(*zb);
         } else {
-            z = lo;
+            *z = lo;
         }
-        range = _mm512_sub_ps(hi, z);
+        range = _mm512_sub_ps(hi, *z);
     } else {
         range = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi));
     }
-    s = scale_up(range, steps);
+    *s = scale_up(range, steps);
     if (f16) {
-        sb = _mm512_cvt_roundps_ph(s, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-        s = _mm512_cvtph_ps(sb);
+        *sb = _mm512_cvt_roundps_ph(*s, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+        *s = _mm512_cvtph_ps(*sb);
     }
-    if ((finite(s) & finite(z) & k) != k) return 0;
+    if ((finite(*s) & finite(*z) & k) != k) return 0;
+    /* a scale of 0 (every value of the group is z) divides by 1 */
+    __mmask16 pos = _mm512_cmp_ps_mask(*s, _mm512_setzero_ps(), _CMP_GT_OQ);
+    *inv = _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), *s);
+    return 1;
+}
+
+/* The stored bytes of scales_vec's 16 groups (lanes k) at group i. */
+KVS_AI void store_scales(uint64_t i, __mmask16 k, int zp, int f16, __m256i sb, __m256i zb,
+                         __m512 s, __m512 z, uint8_t *scales, uint8_t *zeros)
+{
     if (f16) {
         _mm256_mask_storeu_epi16(scales + 2 * i, k, sb);
         if (zp) _mm256_mask_storeu_epi16(zeros + 2 * i, k, zb);
@@ -141,9 +159,20 @@ KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, i
         _mm512_mask_storeu_ps(scales + 4 * i, k, s);
         if (zp) _mm512_mask_storeu_ps(zeros + 4 * i, k, z);
     }
-    /* a scale of 0 (every value of the group is z) divides by 1 */
-    __mmask16 pos = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
-    _mm512_mask_storeu_ps(inv + i, k, _mm512_mask_blend_ps(pos, _mm512_set1_ps(1.0f), s));
+}
+
+/* 16 groups (lanes k): 0 if one of them does not fit, else their scales
+ * and zero points stored. */
+KVS_AI int scales16(const float *mn, const float *mx, uint64_t i, __mmask16 k, int zp, int f16,
+                    __m512 steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero)
+{
+    __m512 s, z, d;
+    __m256i sb, zb;
+    if (!scales_vec(_mm512_maskz_loadu_ps(k, mn + i), _mm512_maskz_loadu_ps(k, mx + i), k, zp,
+                    f16, steps, &sb, &zb, &s, &z, &d))
+        return 0;
+    store_scales(i, k, zp, f16, sb, zb, s, z, scales, zeros);
+    _mm512_mask_storeu_ps(inv + i, k, d);
     _mm512_mask_storeu_ps(zero + i, k, z);
     return 1;
 }
@@ -160,7 +189,7 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
     return n;
 }
 
-/* y / r as far as rint can tell: y x rinv (rinv = 1 / r rounded, a
+/* rint(y / r), with y x rinv for the quotient (rinv = 1 / r rounded, a
  * normal float; 0 where it is not), and the exact quotient only for the
  * lanes where rinv is 0 or the product is within |q| 2^-20 of a
  * half-integer. Why that is exact: with v = y / r, the product is within
@@ -170,30 +199,40 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
  * from the half-integer between its neighbouring integers has v and RN(v)
  * strictly on its side (and no other half-integer within reach below
  * |v| = 2^22; beyond, the codes clamp alike), so rint gives the same
- * integer. An infinite product is never "near" (inf - inf is NaN) and
- * clamps as RN(v) does. */
-KVS_AI __m512 quotient(__m512 y, __m512 r, __m512 rinv)
+ * integer. The distance to that half-integer is 0.5 - |q - rint(q)|, both
+ * steps exact below 2^22 (q - rint(q) is q's fraction; 0.5 minus a
+ * fraction of at least 1/4 is exact, and one below 1/4 leaves more than
+ * |q| 2^-20 there), so the rounding the codes need gives the test too. An
+ * infinite product is never "near" (inf - inf is NaN) and clamps as RN(v)
+ * does. */
+KVS_AI __m512 rounded_quotient(__m512 y, __m512 r, __m512 rinv)
 {
+    enum { rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }; /* a constant, for clang */
     __m512 q = _mm512_mul_ps(y, rinv);
-    __m512 half = _mm512_add_ps(_mm512_roundscale_ps(q, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
-                                _mm512_set1_ps(0.5f));
-    __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, half)),
-                                        _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
+    __m512 qi = _mm512_roundscale_ps(q, rn);
+    __m512 gap = _mm512_sub_ps(_mm512_set1_ps(0.5f), _mm512_abs_ps(_mm512_sub_ps(q, qi)));
+    __mmask16 near = _mm512_cmp_ps_mask(gap, _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
                                         _CMP_LE_OQ) |
                      _mm512_cmp_ps_mask(rinv, _mm512_setzero_ps(), _CMP_EQ_OQ);
-    return near ? _mm512_mask_div_ps(q, near, y, r) : q;
+    return near ? _mm512_mask_roundscale_ps(qi, near, _mm512_mask_div_ps(q, near, y, r), rn) : qi;
 }
 
-/* 16 codes: rint((x - z) / r) clamped to [lo, hi], plus mid (rinv: as
- * quotient's). */
+/* 16 codes as 32-bit lanes: rint((x - z) / r) clamped to [lo, hi], plus
+ * mid (rinv: as rounded_quotient's). */
+KVS_AI __m512i code_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
+                          __m512 mid)
+{
+    __m512 q = rounded_quotient(_mm512_sub_ps(x, z), r, rinv);
+    q = _mm512_max_ps(lo, q); /* q < lo ? lo : q */
+    q = _mm512_min_ps(hi, q); /* q > hi ? hi : q */
+    return _mm512_cvttps_epi32(_mm512_add_ps(q, mid));
+}
+
+/* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
 {
-    __m512 q = _mm512_roundscale_ps(quotient(_mm512_sub_ps(x, z), r, rinv),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    q = _mm512_max_ps(lo, q); /* q < lo ? lo : q */
-    q = _mm512_min_ps(hi, q); /* q > hi ? hi : q */
-    return _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(q, mid)));
+    return _mm512_cvtepi32_epi8(code_lanes(x, r, rinv, z, lo, hi, mid));
 }
 
 /* x[0..n) with one divisor, reciprocal and zero (per_elem 0) or one each
@@ -239,32 +278,41 @@ static void quantize(const float *x, uint64_t n, const float *r, const float *ri
                   0, vlo, vhi, vmid, codes + c0);
 }
 
-/* 1 / r[i] where that is a normal float, else 0 (r > 0). */
+/* 1 / r where that is a normal float, else 0 (r > 0). */
+KVS_AI __m512 reciprocal(__m512 r)
+{
+    __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), r);
+    __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, _mm512_set1_ps(0x1p-126f), _CMP_GE_OQ);
+    return _mm512_maskz_mov_ps(ok, inv);
+}
+
 static void reciprocals(const float *r, uint64_t n, float *out)
 {
-    const __m512 one = _mm512_set1_ps(1.0f), tiny = _mm512_set1_ps(0x1p-126f);
     for (uint64_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
-        __m512 inv = _mm512_div_ps(one, _mm512_maskz_loadu_ps(k, r + i));
-        __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, tiny, _CMP_GE_OQ);
-        _mm512_mask_storeu_ps(out + i, k, _mm512_maskz_mov_ps(ok, inv));
+        /* (masked-off lanes divide 1 by 0: inf, not stored) */
+        _mm512_mask_storeu_ps(out + i, k, reciprocal(_mm512_maskz_loadu_ps(k, r + i)));
     }
 }
 
 /* 4 bits: the codes of a byte as one little-endian 16-bit word, w | w >> 4
  * (as intq.c's pack_codes; codes are below 16). */
+KVS_AI __m512i fold4(__m512i w)
+{
+    return _mm512_or_si512(w, _mm512_srli_epi16(w, 4));
+}
+
 static void pack4(const uint8_t *codes, uint64_t n, uint8_t *out)
 {
     uint64_t pairs = n / 2, i = 0;
     for (; i + 32 <= pairs; i += 32) {
         __m512i w = _mm512_loadu_si512(codes + 2 * i);
         _mm256_storeu_si256((__m256i *)(out + i),
-                            _mm512_cvtepi16_epi8(_mm512_or_si512(w, _mm512_srli_epi16(w, 4))));
+                            _mm512_cvtepi16_epi8(fold4(w)));
     }
     if (i < pairs) {
         __m512i w = _mm512_maskz_loadu_epi16(first32(pairs - i), codes + 2 * i);
-        _mm512_mask_cvtepi16_storeu_epi8(out + i, first32(pairs - i),
-                                         _mm512_or_si512(w, _mm512_srli_epi16(w, 4)));
+        _mm512_mask_cvtepi16_storeu_epi8(out + i, first32(pairs - i), fold4(w));
     }
     if (n & 1) out[n / 2] = codes[n - 1];
 }
@@ -291,6 +339,306 @@ static void pack2(const uint8_t *codes, uint64_t n, uint8_t *out)
         for (unsigned k = 0; quads * 4 + k < n; k++) v |= (unsigned)codes[quads * 4 + k] << (2 * k);
         out[quads] = (uint8_t)v;
     }
+}
+
+/* ---- fused token rows (encode) ---------------------------------------- */
+
+/* bfloat16 bits as signed 16-bit keys in the order of their values (a
+ * negative one's magnitude bits flipped, so -0 sorts just below +0), and
+ * back: the map is its own inverse. */
+KVS_AI __m512i order_key(__m512i h)
+{
+    return _mm512_xor_si512(h, _mm512_srli_epi16(_mm512_srai_epi16(h, 15), 1));
+}
+
+/* The smallest / largest of 32 signed 16-bit lanes (phminposuw finds the
+ * unsigned minimum of 8: the sign bit flipped, or all bits for the max). */
+KVS_AI int16_t hmin16(__m512i v)
+{
+    __m256i a = _mm256_min_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_min_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MIN));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x8000);
+}
+
+KVS_AI int16_t hmax16(__m512i v)
+{
+    __m256i a = _mm256_max_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_max_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MAX));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x7FFF);
+}
+
+/* 16 bfloat16 as float32 lanes. */
+KVS_AI __m512 bf16_to_ps(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+
+/* The statistics of a group in the 16-bit patterns, 32 at a time (no
+ * float row): with a zero point the keys' minimum and maximum, else the
+ * largest magnitude (|x| of a bfloat16 is its low 15 bits, which order as
+ * the values: fabsf of the reference, -0 included). */
+KVS_AI void group_stats16(const uint8_t *p, uint64_t group, int zp, int16_t *mn, int16_t *mx)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i v = _mm512_loadu_si512(p);
+    v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+    __m512i lo = v, hi = v;
+    for (uint64_t j = 32; j < group; j += 32) {
+        v = _mm512_loadu_si512(p + 2 * j);
+        v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+        lo = _mm512_min_epi16(lo, v);
+        hi = _mm512_max_epi16(hi, v);
+    }
+    *mx = hmax16(hi);
+    if (zp) *mn = hmin16(lo);
+}
+
+/* Keys (or magnitudes) of 16 groups back to float32 lanes. */
+KVS_AI __m512 keys_to_ps(__m256i key)
+{
+    __m256i h = _mm256_xor_si256(key, _mm256_srli_epi16(_mm256_srai_epi16(key, 15), 1));
+    return bf16_to_ps(h);
+}
+
+/* The 32 codes of elements e.. e + 31 of src (one group: divisor r,
+ * its reciprocal ri, zero zz) packed `bits` wide at out. A pair of bfloat16 is one 32-bit
+ * lane: the even element is its low half shifted up, the odd one its high
+ * half masked, so the codes come as an even and an odd vector with no
+ * shuffle, and packing is an OR of them (the byte the portable pack_codes
+ * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
+ * limit, with a widening and a narrowing per 16 codes. */
+/* The codes of 32 consecutive elements as an even and an odd vector
+ * (32-bit lanes), packed `bits` wide at out. */
+KVS_AI void pack_pairs(__m512i ev, __m512i od, unsigned bits, uint8_t *out)
+{
+    if (bits == 8) {
+        _mm256_storeu_si256((__m256i *)out,
+                            _mm512_cvtepi32_epi16(_mm512_or_si512(ev, _mm512_slli_epi32(od, 8))));
+    } else if (bits == 4) {
+        _mm_storeu_si128((__m128i *)out,
+                         _mm512_cvtepi32_epi8(_mm512_or_si512(ev, _mm512_slli_epi32(od, 4))));
+    } else { /* two pairs per 64-bit lane: the high one's 4 bits up to bit 4 */
+        __m512i t = _mm512_or_si512(ev, _mm512_slli_epi32(od, 2));
+        _mm_storel_epi64((__m128i *)out,
+                         _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64(t, 28))));
+    }
+}
+
+/* The even and odd elements of 32 bfloat16 as float32 lanes. */
+KVS_AI __m512 even_ps(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+KVS_AI __m512 odd_ps(__m512i v)
+{
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
+                           __m512 lo, __m512 hi, __m512 mid, unsigned bits, uint8_t *out)
+{
+    __m512i v = _mm512_loadu_si512(src + 2 * e);
+    pack_pairs(code_lanes(even_ps(v), r, ri, zz, lo, hi, mid),
+               code_lanes(odd_ps(v), r, ri, zz, lo, hi, mid), bits, out + e * bits / 8);
+}
+
+/* The codes of a row, group by group (bits a constant in each copy, so
+ * the loop has no branch on it). */
+KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                        const float *d, const float *rinv, const float *z, unsigned bits,
+                        uint8_t *out)
+{
+    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
+        const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
+        for (uint64_t e = c0; e < c0 + f->group; e += 32)
+            codes32_packed(src, e, r, ri, zz, lo, hi, mid, bits, out);
+    }
+}
+
+static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                             uint8_t *scales_out, uint8_t *zeros, uint8_t *out)
+{
+    int16_t mn[KVS_INTQ_FUSED_GROUPS], mx[KVS_INTQ_FUSED_GROUPS];
+    float d[KVS_INTQ_FUSED_GROUPS], rinv[KVS_INTQ_FUSED_GROUPS], z[KVS_INTQ_FUSED_GROUPS];
+    __m512 sv[KVS_INTQ_FUSED_GROUPS / 16], zv[KVS_INTQ_FUSED_GROUPS / 16];
+    __m256i sb[KVS_INTQ_FUSED_GROUPS / 16], zb[KVS_INTQ_FUSED_GROUPS / 16];
+    uint64_t ng = n / f->group;
+    int zp = f->zero_point;
+    /* statistics of every group, then their scales; nothing is written
+     * until every group's are known to fit */
+    for (uint64_t k = 0; k < ng; k++) group_stats16(src + 2 * k * f->group, f->group, zp, &mn[k], &mx[k]);
+    for (uint64_t b = 0; b * 16 < ng; b++) {
+        __mmask16 k = ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b);
+        __m256i hi = _mm256_maskz_loadu_epi16(k, mx + 16 * b), lo = hi;
+        /* not finite: a magnitude or key past the largest finite one;
+         * with a zero point, a minimum of +-0 (keys 0 and -1), whose sign
+         * the stored zero point keeps (a maximum of +-0 above a nonzero
+         * minimum gives the same range either way) */
+        __mmask16 bad = _mm256_mask_cmpge_epi16_mask(k, hi, _mm256_set1_epi16(0x7F80));
+        if (zp) {
+            lo = _mm256_maskz_loadu_epi16(k, mn + 16 * b);
+            bad |= _mm256_mask_cmple_epi16_mask(k, lo, _mm256_set1_epi16(-0x7F81));
+            bad |= _mm256_mask_cmplt_epu16_mask(k, _mm256_add_epi16(lo, _mm256_set1_epi16(1)),
+                                                _mm256_set1_epi16(2));
+        }
+        __m512 dv;
+        if (bad || !scales_vec(keys_to_ps(lo), keys_to_ps(hi), k, zp, f->scale_f16,
+                               _mm512_set1_ps(f->steps), &sb[b], &zb[b], &sv[b], &zv[b], &dv))
+            return 0;
+        _mm512_mask_storeu_ps(d + 16 * b, k, dv);
+        _mm512_mask_storeu_ps(z + 16 * b, k, zv[b]);
+        _mm512_mask_storeu_ps(rinv + 16 * b, k, reciprocal(dv));
+    }
+    for (uint64_t b = 0; b * 16 < ng; b++)
+        store_scales(16 * b, ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b), zp, f->scale_f16, sb[b],
+                     zb[b], sv[b], zv[b], scales_out, zeros);
+    switch (f->bits) {
+    case 8: token_codes(src, n, f, d, rinv, z, 8, out); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 4, out); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, out); break;
+    }
+    return 1;
+}
+
+/* The statistics of 32 channels over rows 0..rows of the block, as
+ * group_stats16's (keys or magnitudes). */
+KVS_AI void column_stats16(const uint8_t *src, uint64_t stride, uint64_t rows, int zp,
+                           int16_t *mn, int16_t *mx)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7FFF);
+    __m512i lo = _mm512_set1_epi16(INT16_MAX), hi = _mm512_set1_epi16(INT16_MIN);
+    for (uint64_t t = 0; t < rows; t++) {
+        __m512i v = _mm512_loadu_si512(src + t * stride);
+        v = zp ? order_key(v) : _mm512_and_si512(v, mag);
+        lo = _mm512_min_epi16(lo, v);
+        hi = _mm512_max_epi16(hi, v);
+    }
+    _mm512_storeu_si512(mn, lo);
+    _mm512_storeu_si512(mx, hi);
+}
+
+/* The keys (or magnitudes) of the even / odd ones of 32 channels as
+ * sign-extended 32-bit lanes, and such lanes back to float32 values. */
+KVS_AI __m512i even_keys(__m512i k) { return _mm512_srai_epi32(_mm512_slli_epi32(k, 16), 16); }
+KVS_AI __m512i odd_keys(__m512i k) { return _mm512_srai_epi32(k, 16); }
+KVS_AI __m512 keys32_to_ps(__m512i k)
+{
+    __m512i h = _mm512_xor_si512(k, _mm512_and_si512(_mm512_srai_epi32(k, 15), _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+}
+
+/* The scales of 16 channels (every other one of 32) from their keys (or
+ * magnitudes) lo, hi: 0 where a value is not finite, a zero point's
+ * minimum is +-0 (as in encode_token_bf16) or a scale does not fit. */
+KVS_AI int column_scales16(__m512i lo, __m512i hi, const kvs_intq_rowfmt *f, __m256i *sb,
+                           __m256i *zb, __m512 *s, __m512 *z, __m512 *d)
+{
+    __mmask16 bad = _mm512_cmpge_epi32_mask(hi, _mm512_set1_epi32(0x7F80));
+    if (f->zero_point) {
+        bad |= _mm512_cmple_epi32_mask(lo, _mm512_set1_epi32(-0x7F81));
+        bad |= _mm512_cmplt_epu32_mask(_mm512_add_epi32(lo, _mm512_set1_epi32(1)), _mm512_set1_epi32(2));
+    }
+    int ok = scales_vec(keys32_to_ps(lo), keys32_to_ps(hi), 0xFFFF, f->zero_point, f->scale_f16,
+                        _mm512_set1_ps(f->steps), sb, zb, s, z, d);
+    return ok && !bad;
+}
+
+/* Even and odd lanes (channels c, c + 2, ... and c + 1, c + 3, ...) of
+ * 32-bit values back into channel order. */
+KVS_AI void interleave(__m512i ev, __m512i od, __m512i *first, __m512i *second)
+{
+    const __m512i i0 = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i i1 = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    *first = _mm512_permutex2var_epi32(ev, i0, od);
+    *second = _mm512_permutex2var_epi32(ev, i1, od);
+}
+
+/* The stored scales (and zeros) of channels c.. c + 31 from their even
+ * and odd halves. */
+KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m256i sb[2],
+                                const __m256i zb[2], const __m512 s[2], const __m512 z[2],
+                                uint8_t *scales, uint8_t *zeros)
+{
+    __m512i a, b;
+    if (f->scale_f16) {
+        interleave(_mm512_cvtepu16_epi32(sb[0]), _mm512_cvtepu16_epi32(sb[1]), &a, &b);
+        _mm256_storeu_si256((__m256i *)(scales + 2 * c), _mm512_cvtepi32_epi16(a));
+        _mm256_storeu_si256((__m256i *)(scales + 2 * c + 32), _mm512_cvtepi32_epi16(b));
+        if (!f->zero_point) return;
+        interleave(_mm512_cvtepu16_epi32(zb[0]), _mm512_cvtepu16_epi32(zb[1]), &a, &b);
+        _mm256_storeu_si256((__m256i *)(zeros + 2 * c), _mm512_cvtepi32_epi16(a));
+        _mm256_storeu_si256((__m256i *)(zeros + 2 * c + 32), _mm512_cvtepi32_epi16(b));
+        return;
+    }
+    interleave(_mm512_castps_si512(s[0]), _mm512_castps_si512(s[1]), &a, &b);
+    _mm512_storeu_si512(scales + 4 * c, a);
+    _mm512_storeu_si512(scales + 4 * c + 64, b);
+    if (!f->zero_point) return;
+    interleave(_mm512_castps_si512(z[0]), _mm512_castps_si512(z[1]), &a, &b);
+    _mm512_storeu_si512(zeros + 4 * c, a);
+    _mm512_storeu_si512(zeros + 4 * c + 64, b);
+}
+
+/* The codes of a block's rows, 32 channels at a time from one bfloat16
+ * load (as codes32_packed, with the divisors of the even channels at
+ * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
+KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                         const kvs_intq_rowfmt *f, const float *d, const float *rinv,
+                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes)
+{
+    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    for (uint64_t t = 0; t < rows; t++) {
+        const uint8_t *x = src + t * stride;
+        for (uint64_t c = 0; c < n; c += 32) {
+            __m512i v = _mm512_loadu_si512(x + 2 * c);
+            __m512i ev = code_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
+                                    _mm512_loadu_ps(z + c), lo, hi, mid);
+            __m512i od = code_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
+                                    _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
+                                    lo, hi, mid);
+            pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
+        }
+    }
+}
+
+static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                               const kvs_intq_rowfmt *f, uint8_t *scales_out, uint8_t *zeros,
+                               uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
+                               float *z, float *rinv)
+{
+    int16_t *mn = keys, *mx = keys + n;
+    __m256i sb[2], zb[2];
+    __m512 sv[2], zv[2], dv[2];
+    for (uint64_t c = 0; c < n; c += 32)
+        column_stats16(src + 2 * c, stride, rows, f->zero_point, mn + c, mx + c);
+    /* every channel's scales known to fit before any is stored; then
+     * computed again, for the stored bits */
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t c = 0; c < n; c += 32) {
+            __m512i lo = _mm512_loadu_si512(mn + c), hi = _mm512_loadu_si512(mx + c);
+            /* (both halves computed: the second pass stores both) */
+            int ok = column_scales16(even_keys(lo), even_keys(hi), f, &sb[0], &zb[0], &sv[0],
+                                     &zv[0], &dv[0]);
+            ok &= column_scales16(odd_keys(lo), odd_keys(hi), f, &sb[1], &zb[1], &sv[1], &zv[1],
+                                  &dv[1]);
+            if (pass) {
+                store_column_scales(c, f, sb, zb, sv, zv, scales_out, zeros);
+                continue;
+            }
+            if (!ok) return 0;
+            for (int h = 0; h < 2; h++) {
+                _mm512_storeu_ps(d + c + 16 * h, dv[h]);
+                _mm512_storeu_ps(z + c + 16 * h, zv[h]);
+                _mm512_storeu_ps(rinv + c + 16 * h, reciprocal(dv[h]));
+            }
+        }
+    switch (f->bits) {
+    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes); break;
+    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes); break;
+    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes); break;
+    }
+    return 1;
 }
 
 /* ---- decode ------------------------------------------------------------ */
@@ -415,6 +763,50 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
     if (stream) _mm_sfence();
 }
 
+/* ---- fused rows (decode) ---------------------------------------------- */
+
+/* 16 elements from e on: (u - mid) s + z, as dequantize1, as bfloat16. */
+KVS_AI __m256i decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
+                        __m512 vmid)
+{
+    __m512 vs, vz;
+    if (group == 1) {
+        vs = _mm512_loadu_ps(s + e), vz = _mm512_loadu_ps(z + e);
+    } else {
+        vs = _mm512_set1_ps(s[e / group]), vz = _mm512_set1_ps(z[e / group]);
+    }
+    __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u8));
+    return bf16x16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+}
+
+static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    for (uint64_t i = 0; i < n; i += 64) {
+        __m512i c;
+        if (bits == 8) c = _mm512_loadu_si512(in + i);
+        else if (bits == 4) c = spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)));
+        else c = spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
+        /* two 64-byte lines of bfloat16 */
+        __m512i a = _mm512_inserti64x4(
+            _mm512_castsi256_si512(decode16(_mm512_castsi512_si128(c), s, z, group, i, vmid)),
+            decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, vmid), 1);
+        __m512i b = _mm512_inserti64x4(
+            _mm512_castsi256_si512(decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, vmid)),
+            decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, vmid), 1);
+        if (stream) {
+            _mm512_stream_si512((void *)(dst + 2 * i), a);
+            _mm512_stream_si512((void *)(dst + 2 * i + 64), b);
+        } else {
+            _mm512_storeu_si512(dst + 2 * i, a);
+            _mm512_storeu_si512(dst + 2 * i + 64, b);
+        }
+    }
+    if (stream) _mm_sfence();
+}
+
 static const kvs_intq_kernels avx512_kernels = {
     .isa = "avx512",
     .widen_bf16 = widen_bf16,
@@ -428,6 +820,9 @@ static const kvs_intq_kernels avx512_kernels = {
     .dequantize = dequantize,
     .load_scales = load_scales,
     .narrow_bf16 = narrow_bf16,
+    .encode_token_bf16 = encode_token_bf16,
+    .encode_channel_bf16 = encode_channel_bf16,
+    .decode_bf16 = decode_bf16,
 };
 
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void)

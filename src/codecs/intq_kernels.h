@@ -16,6 +16,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* How the codes of a fused row are made (intq.c's code_range and
+ * steps_of; scale_f16: float16 scales and zeros, else float32). */
+typedef struct kvs_intq_rowfmt {
+    uint64_t group;
+    int zero_point, scale_f16;
+    unsigned bits;
+    float steps, lo, hi, mid;
+} kvs_intq_rowfmt;
+
+/* The most groups of a row encode_token_bf16 takes. */
+#define KVS_INTQ_FUSED_GROUPS 64
+
 typedef struct kvs_intq_kernels {
     const char *isa; /* "scalar", "avx512" */
     /* n bfloat16 (little-endian) -> float32; returns 1 if any is inf or NaN */
@@ -61,6 +73,39 @@ typedef struct kvs_intq_kernels {
      * kvs_fp8_nt_min_bytes() (the fp8 kernels' policy and threshold,
      * applied to the whole object, whose rows are each far smaller). */
     void (*narrow_bf16)(const float *in, uint64_t n, uint8_t *dst, int stream);
+    /* Fused rows: a token's values stay in registers from the bfloat16
+     * source to the packed codes and back (no float row in memory).
+     * encode_token_bf16: one token-axis row of n bfloat16 without outliers
+     * or rotation to the bytes intq.c's block loop writes for it: the
+     * scales (and zero points) of its n / f->group groups at scales /
+     * zeros (as scales()), the codes packed f->bits wide at codes. For
+     * f->bits 2, 4 or 8, n % 64 == 0, f->group % 32 == 0, f->group
+     * dividing n, n / f->group <= KVS_INTQ_FUSED_GROUPS. Returns 1; or 0,
+     * having written nothing, where the row needs the portable code (which
+     * then refuses or writes it): a value not finite, a group minimum of
+     * +-0 with a zero point (the sign of that zero, which the zero point
+     * stores, is the reference's lane order's), a scale or zero that does
+     * not fit. */
+    int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                             uint8_t *scales, uint8_t *zeros, uint8_t *codes);
+    /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
+     * bfloat16 channels (token t at src + t * stride bytes) without
+     * outliers or rotation, likewise: the n channels' scales (and zero
+     * points) over the block at scales / zeros, token t's codes at
+     * codes + t * row_bytes; n % 64 == 0, f->group unused. Work: keys (2n
+     * int16), d, z, rinv (n floats each). Returns 1, or 0 having written
+     * nothing, for the same reasons. */
+    int (*encode_channel_bf16)(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                               const kvs_intq_rowfmt *f, uint8_t *scales, uint8_t *zeros,
+                               uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
+                               float *z, float *rinv);
+    /* decode_bf16: one row of n codes packed `bits` wide (2, 4 or 8) to
+     * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
+     * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
+     * as narrow_bf16's, for a dst on a 64-byte boundary (else ordinary
+     * stores). */
+    void (*decode_bf16)(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
 } kvs_intq_kernels;
 
 /* The AVX-512 variant (F, BW, VL, F16C), compiled in on x86 only. It
