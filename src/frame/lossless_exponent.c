@@ -63,6 +63,7 @@
 #include "codecs/rans_kernels.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
+#include "util/le.h"
 
 #define LLX_RAW 0
 #define LLX_CODED 1
@@ -306,44 +307,6 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         w->group[w->order[0][r]] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
 }
 
-static inline void put32le(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint32_t get32le(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* 8 bytes little-endian: one load or store where the host is (x86-64,
- * aarch64), which GCC does not make of the byte loop at -O2. */
-static inline uint64_t get64le(const uint8_t *p)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-#else
-    return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
-#endif
-}
-
-static inline void put64le(uint8_t *p, uint64_t v)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(p, &v, 8);
-#else
-    put32le(p, (uint32_t)v);
-    put32le(p + 4, (uint32_t)(v >> 32));
-#endif
-}
-
-static inline unsigned get16(const uint8_t *p)
-{
-    return (unsigned)p[0] | (unsigned)p[1] << 8;
-}
-
 /* How many of the n u16 at a equal those at b (n <= KVS_LLX_MAX_PERIOD). */
 static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
@@ -361,7 +324,7 @@ static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
     _mm_storeu_si128((__m128i *)lane, acc);
     for (int l = 0; l < 8; l++) m += lane[l];
 #endif
-    for (; i < n; i++) m += get16(a + 2 * i) == get16(b + 2 * i);
+    for (; i < n; i++) m += get_le16(a + 2 * i) == get_le16(b + 2 * i);
     return m;
 }
 
@@ -413,7 +376,7 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         /* without branches on the data: a hit is a coin toss */
         for (uint32_t j = 0; j < ns; j++) {
             uint32_t c = at_c[j] < len ? at_c[j] : 0;
-            uint32_t key = get16(row + 2 * c) | j << 16;
+            uint32_t key = get_le16(row + 2 * c) | j << 16;
             slot[j] = (key * 0x9E3779B1u) >> (32 - LLX_HASH_BITS);
             uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
             uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
@@ -542,7 +505,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         size_t d = (size_t)w->ref[r] * period;
         for (size_t c = 0; c < len; c++, nfl++) {
             size_t i = i0 + c;
-            unsigned eq = get16(src + 2 * i) == get16(src + 2 * (i - d));
+            unsigned eq = get_le16(src + 2 * i) == get_le16(src + 2 * (i - d));
             uint8_t diff = (uint8_t)(exp[i] - exp[i - d]);
             hd[diff] += !eq;
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | eq << (nfl & 7));
@@ -596,7 +559,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     if (total >= 1 + 2 * k) return 0;
     uint8_t *p = rec;
     *p++ = LLX_REFS;
-    put32le(p, (uint32_t)u), p += 4;
+    put_le32(p, (uint32_t)u), p += 4;
     memcpy(p, w->sm, u), p += u;
     *p++ = (uint8_t)ng;
     if (ng > 1) write_map(w->group, period, per, p), p += map_bytes;
@@ -610,7 +573,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     p += kvs_rans_freqs_write(&td, p);
     *p++ = (uint8_t)flags_coded;
     if (flags_coded) p += kvs_rans_freqs_write(&tf, p);
-    put32le(p, (uint32_t)mf), p += 4;
+    put_le32(p, (uint32_t)mf), p += 4;
     memcpy(p, w->flag_stream, mf), p += mf;
     memcpy(p, w->stream, m), p += m;
     return (size_t)(p - rec);
@@ -690,11 +653,11 @@ static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
     /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
      * bits of u32s -> 56 bits */
     for (; i + 8 <= k; i += 8, o += 7) {
-        uint64_t x = get64le(sm + i) & 0x7F7F7F7F7F7F7F7Fu;
+        uint64_t x = get_le64(sm + i) & 0x7F7F7F7F7F7F7F7Fu;
         x = (x & 0x007F007F007F007Fu) | (x & 0x7F007F007F007F00u) >> 1;
         x = (x & 0x00003FFF00003FFFu) | (x & 0x3FFF00003FFF0000u) >> 2;
         x = (x & 0x000000000FFFFFFFu) | (x & 0x0FFFFFFF00000000u) >> 4;
-        put64le(out + o, x); /* its 8th byte (0) is the next group's first */
+        put_le64(out + o, x); /* its 8th byte (0) is the next group's first */
     }
     for (; i < k; i += 8) {
         size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
@@ -915,7 +878,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     if (!starts_row(period, first, b, "row references")) return KVS_ECORRUPT;
     if (len < 5)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: record of %zu bytes", b, len);
-    size_t u = get32le(rec + 1), at = 5;
+    size_t u = get_le32(rec + 1), at = 5;
     if (u > k || len - at < u)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: block %llu: %zu sign and mantissa bytes of %zu elements, "
@@ -945,7 +908,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
             return kvs_set_error(KVS_ECORRUPT,
                                  "lossless: block %llu: row %zu's reference distance truncated", b,
                                  r);
-        uint32_t d = get16(rec + at);
+        uint32_t d = get_le16(rec + at);
         at += 2;
         if (d < 1 || d > r)
             return kvs_set_error(KVS_ECORRUPT,
@@ -970,7 +933,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     if (len - at < 4)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag stream length truncated",
                              b);
-    size_t mf = get32le(rec + at), nfb = (nfl + 7) / 8;
+    size_t mf = get_le32(rec + at), nfb = (nfl + 7) / 8;
     at += 4;
     if (mf > len - at)
         return kvs_set_error(KVS_ECORRUPT,
@@ -1043,7 +1006,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         /* without branches; sym[s] and sm[s] with s == u are still
          * inside their buffers (u < k, and the group count follows sm) */
         for (; c < n; c++, fbit++) {
-            unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get16(above + 2 * c);
+            unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get_le16(above + 2 * c);
             unsigned e = (sym[s] + (a >> 7)) & 0xFF;
             unsigned v = (unsigned)(sm[s] & 0x80) << 8 | e << 7 | (sm[s] & 0x7Fu);
             v = rep ? a : v;
@@ -1065,11 +1028,11 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
     for (; i + 8 <= k; i += 8, o += 7) {
         /* the 8th byte read is the record's next (its group count at
          * least): the caller checked that it is there */
-        uint64_t x = get64le(in + o) & 0x00FFFFFFFFFFFFFFu;
+        uint64_t x = get_le64(in + o) & 0x00FFFFFFFFFFFFFFu;
         x = (x & 0x000000000FFFFFFFu) | (x & 0x00FFFFFFF0000000u) << 4;
         x = (x & 0x00003FFF00003FFFu) | (x & 0x0FFFC0000FFFC000u) << 2;
         x = (x & 0x007F007F007F007Fu) | (x & 0x3F803F803F803F80u) << 1;
-        put64le(sm + i, x);
+        put_le64(sm + i, x);
     }
     for (; i < k; i += 8) {
         size_t n = k - i < 8 ? k - i : 8, nb = (7 * n + 7) / 8;
