@@ -1071,6 +1071,13 @@ typedef struct dec_job {
     uint8_t *dst;
 } dec_job;
 
+/* A stored scale and zero decode cannot use: a scale not finite or below
+ * 0, a zero not finite (without branches, so a chunk's test vectorizes). */
+static inline int bad_scale(float s, float z)
+{
+    return !(s >= 0) | !(fabsf(s) < INFINITY) | !(fabsf(z) < INFINITY);
+}
+
 /* Everything decode relies on, before dst is touched: outlier indices
  * ascending and below the channel count, scales finite and >= 0, zero
  * points finite. */
@@ -1098,10 +1105,9 @@ static int check_plane(const kvs_intq_kernels *k, const kvs_intq_params *p,
         if (p->zero_point) load_scales(k, base + r->off_zeros + i0 * ss, p->scale_dtype, n, z);
         else memset(z, 0, sizeof(float) * n);
         int bad = 0;
-        for (uint64_t i = 0; i < n; i++)
-            bad |= !(s[i] >= 0) | !(fabsf(s[i]) < INFINITY) | !(fabsf(z[i]) < INFINITY);
+        for (uint64_t i = 0; i < n; i++) bad |= bad_scale(s[i], z[i]);
         for (uint64_t i = 0; i < n && bad; i++)
-            if (!(s[i] >= 0) || !isfinite(s[i]) || !isfinite(z[i]))
+            if (bad_scale(s[i], z[i]))
                 return kvs_set_error(KVS_ECORRUPT,
                                      "int: group %u plane %llu: scale %llu is %g (zero %g); "
                                      "expected a finite scale >= 0 and a finite zero",

@@ -28,8 +28,8 @@
 
 #define KVS_AI static inline __attribute__((always_inline))
 
-/* The mask of the first n (< 16 / 32) lanes. */
-KVS_AI __mmask16 first16(uint64_t n) { return (__mmask16)((1u << n) - 1); }
+/* The mask of the first n lanes (all 16 from n = 16 on; first32: n < 32). */
+KVS_AI __mmask16 first16(uint64_t n) { return (__mmask16)((1u << (n < 16 ? n : 16)) - 1); }
 KVS_AI __mmask32 first32(uint64_t n) { return (__mmask32)((1ull << n) - 1); }
 
 /* Lanes whose value is finite (neither inf nor NaN). */
@@ -41,12 +41,18 @@ KVS_AI __mmask16 finite(__m512 v)
 
 /* ---- encode ------------------------------------------------------------ */
 
+/* 16 bfloat16 as float32 lanes. */
+KVS_AI __m512 bf16_to_ps(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 KVS_AI __mmask16 widen16(const uint8_t *src, __mmask16 k, float *out)
 {
     __m256i h = _mm256_maskz_loadu_epi16(k, src);
     const __m256i exp = _mm256_set1_epi16(0x7F80);
     __mmask16 bad = _mm256_mask_cmpeq_epi16_mask(k, _mm256_and_si256(h, exp), exp);
-    _mm512_mask_storeu_ps(out, k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    _mm512_mask_storeu_ps(out, k, bf16_to_ps(h));
     return bad;
 }
 
@@ -289,7 +295,7 @@ KVS_AI __m512 reciprocal(__m512 r)
 static void reciprocals(const float *r, uint64_t n, float *out)
 {
     for (uint64_t i = 0; i < n; i += 16) {
-        __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
+        __mmask16 k = first16(n - i);
         /* (masked-off lanes divide 1 by 0: inf, not stored) */
         _mm512_mask_storeu_ps(out + i, k, reciprocal(_mm512_maskz_loadu_ps(k, r + i)));
     }
@@ -369,13 +375,6 @@ KVS_AI int16_t hmax16(__m512i v)
     return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x7FFF);
 }
 
-/* 16 bfloat16 as float32 lanes. */
-KVS_AI __m512 bf16_to_ps(__m256i h)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-
 /* The statistics of a group in the 16-bit patterns, 32 at a time (no
  * float row): with a zero point the keys' minimum and maximum, else the
  * largest magnitude (|x| of a bfloat16 is its low 15 bits, which order as
@@ -399,17 +398,9 @@ KVS_AI void group_stats16(const uint8_t *p, uint64_t group, int zp, int16_t *mn,
 /* Keys (or magnitudes) of 16 groups back to float32 lanes. */
 KVS_AI __m512 keys_to_ps(__m256i key)
 {
-    __m256i h = _mm256_xor_si256(key, _mm256_srli_epi16(_mm256_srai_epi16(key, 15), 1));
-    return bf16_to_ps(h);
+    return bf16_to_ps(_mm512_castsi512_si256(order_key(_mm512_castsi256_si512(key))));
 }
 
-/* The 32 codes of elements e.. e + 31 of src (one group: divisor r,
- * its reciprocal ri, zero zz) packed `bits` wide at out. A pair of bfloat16 is one 32-bit
- * lane: the even element is its low half shifted up, the odd one its high
- * half masked, so the codes come as an even and an odd vector with no
- * shuffle, and packing is an OR of them (the byte the portable pack_codes
- * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
- * limit, with a widening and a narrowing per 16 codes. */
 /* The codes of 32 consecutive elements as an even and an odd vector
  * (32-bit lanes), packed `bits` wide at out. */
 KVS_AI void pack_pairs(__m512i ev, __m512i od, unsigned bits, uint8_t *out)
@@ -434,6 +425,13 @@ KVS_AI __m512 odd_ps(__m512i v)
     return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
+/* The 32 codes of elements e.. e + 31 of src (one group: divisor r,
+ * its reciprocal ri, zero zz) packed `bits` wide at out. A pair of bfloat16 is one 32-bit
+ * lane: the even element is its low half shifted up, the odd one its high
+ * half masked, so the codes come as an even and an odd vector with no
+ * shuffle, and packing is an OR of them (the byte the portable pack_codes
+ * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
+ * limit, with a widening and a narrowing per 16 codes. */
 KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
                            __m512 lo, __m512 hi, __m512 mid, unsigned bits, uint8_t *out)
 {
@@ -469,7 +467,7 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
      * until every group's are known to fit */
     for (uint64_t k = 0; k < ng; k++) group_stats16(src + 2 * k * f->group, f->group, zp, &mn[k], &mx[k]);
     for (uint64_t b = 0; b * 16 < ng; b++) {
-        __mmask16 k = ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b);
+        __mmask16 k = first16(ng - 16 * b);
         __m256i hi = _mm256_maskz_loadu_epi16(k, mx + 16 * b), lo = hi;
         /* not finite: a magnitude or key past the largest finite one;
          * with a zero point, a minimum of +-0 (keys 0 and -1), whose sign
@@ -491,7 +489,7 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         _mm512_mask_storeu_ps(rinv + 16 * b, k, reciprocal(dv));
     }
     for (uint64_t b = 0; b * 16 < ng; b++)
-        store_scales(16 * b, ng - 16 * b >= 16 ? 0xFFFF : first16(ng - 16 * b), zp, f->scale_f16, sb[b],
+        store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
     switch (f->bits) {
     case 8: token_codes(src, n, f, d, rinv, z, 8, out); break;
@@ -681,8 +679,16 @@ static void unpack2(const uint8_t *in, uint64_t n, uint8_t *codes)
     for (uint64_t j = quads * 4; j < n; j++) codes[j] = in[j / 4] >> (2 * (j & 3)) & 3;
 }
 
-/* x' = (u - mid) s + z: a multiply, then an add (not fused, as in C);
- * one scale and zero (per_elem 0) or one each (1). */
+/* 16 codes (bytes) as x' = (u - mid) s + z: a multiply, then an add (not
+ * fused, as in C). */
+KVS_AI __m512 dequant16(__m128i u8, __m512 s, __m512 z, __m512 mid)
+{
+    __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u8));
+    return _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, mid), s), z);
+}
+
+/* dequant16 over codes[0..n): one scale and zero (per_elem 0) or one each
+ * (1). */
 KVS_AI void dequantize1(const uint8_t *codes, uint64_t n, const float *s, const float *z,
                         int per_elem, __m512 vmid, float *x)
 {
@@ -690,14 +696,12 @@ KVS_AI void dequantize1(const uint8_t *codes, uint64_t n, const float *s, const 
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         if (per_elem) vs = _mm512_loadu_ps(s + i), vz = _mm512_loadu_ps(z + i);
-        __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + i))));
-        _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+        _mm512_storeu_ps(x + i, dequant16(_mm_loadu_si128((const __m128i *)(codes + i)), vs, vz, vmid));
     }
     if (i < n) {
         __mmask16 k = first16(n - i);
         if (per_elem) vs = _mm512_maskz_loadu_ps(k, s + i), vz = _mm512_maskz_loadu_ps(k, z + i);
-        __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, codes + i)));
-        _mm512_mask_storeu_ps(x + i, k, _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+        _mm512_mask_storeu_ps(x + i, k, dequant16(_mm_maskz_loadu_epi8(k, codes + i), vs, vz, vmid));
     }
 }
 
@@ -716,7 +720,7 @@ static void dequantize(const uint8_t *codes, uint64_t n, const float *s, const f
 static void load_scales(const uint8_t *p, uint64_t n, int f16, float *out)
 {
     for (uint64_t i = 0; i < n; i += 16) {
-        __mmask16 k = n - i >= 16 ? 0xFFFF : first16(n - i);
+        __mmask16 k = first16(n - i);
         __m512 v = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p + 2 * i))
                        : _mm512_maskz_loadu_ps(k, p + 4 * i);
         _mm512_mask_storeu_ps(out + i, k, v);
@@ -765,7 +769,7 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
 
 /* ---- fused rows (decode) ---------------------------------------------- */
 
-/* 16 elements from e on: (u - mid) s + z, as dequantize1, as bfloat16. */
+/* 16 elements from e on: dequant16, as bfloat16. */
 KVS_AI __m256i decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
                         __m512 vmid)
 {
@@ -775,8 +779,7 @@ KVS_AI __m256i decode16(__m128i u8, const float *s, const float *z, uint64_t gro
     } else {
         vs = _mm512_set1_ps(s[e / group]), vz = _mm512_set1_ps(z[e / group]);
     }
-    __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(u8));
-    return bf16x16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(u, vmid), vs), vz));
+    return bf16x16(dequant16(u8, vs, vz, vmid));
 }
 
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
