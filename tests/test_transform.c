@@ -1,8 +1,12 @@
 /* test_transform.c - the calibrated transform (codecs/transform.c), its
  * coefficient coder (codecs/coef_coder.c) and the "transform" typed stage
  * (frame/stage_transform.c), alone and through the pipeline serde. */
+#include <cblas.h>
+#include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,6 +16,7 @@
 #include "codecs/transform.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
+#include "kvs_test_proc.h"
 #include "kvserde/kvserde.h"
 
 #define L 2
@@ -631,6 +636,109 @@ static void test_damaged_payloads_refused(void)
     f.st->type->destroy(f.st);
 }
 
+/* ---- split across workers ---------------------------------------------- */
+
+/* The library's calls of cblas_sgemm land here (this executable's symbol
+ * comes first) and go on to OpenBLAS's: while `watching`, the threads that
+ * made them are counted, to see the streams' products run on two workers. */
+typedef void (*sgemm_fn)(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE,
+                         const enum CBLAS_TRANSPOSE, const blasint, const blasint, const blasint,
+                         const float, const float *, const blasint, const float *, const blasint,
+                         const float, float *, const blasint);
+static atomic_int watching;
+static pthread_t seen[2];
+static atomic_int nseen;
+static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
+static sgemm_fn real_sgemm;
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+static void find_real(void) { *(void **)&real_sgemm = dlsym(RTLD_NEXT, "cblas_sgemm"); }
+
+void cblas_sgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta,
+                 const enum CBLAS_TRANSPOSE tb, const blasint m, const blasint n,
+                 const blasint k, const float alpha, const float *a, const blasint lda,
+                 const float *b, const blasint ldb, const float beta, float *c,
+                 const blasint ldc)
+{
+    if (atomic_load(&watching)) {
+        pthread_mutex_lock(&seen_mu);
+        int i = 0, have = atomic_load(&nseen);
+        while (i < have && !pthread_equal(seen[i], pthread_self())) i++;
+        if (i == have && have < 2) seen[atomic_fetch_add(&nseen, 1)] = pthread_self();
+        pthread_mutex_unlock(&seen_mu);
+    }
+    pthread_once(&real_once, find_real);
+    if (real_sgemm == NULL) abort();
+    real_sgemm(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* An async processor with 2 workers splits one object's streams (K and V of
+ * each layer) across them: the products run on both, and the blob and the
+ * decoded values are the unsplit ones byte for byte. */
+static void test_split_across_workers(void)
+{
+    enum { REPS = 256, T2 = REPS * T, N2 = 2 * L * T2 * H };
+    float *kv = malloc(N2 * sizeof(float)), *chunk = malloc(N * sizeof(float));
+    REQUIRE(kv != NULL && chunk != NULL);
+    for (int c = 0; c < REPS; c++) { /* long streams: each takes milliseconds */
+        make_kv(500 + (uint64_t)c, chunk);
+        for (int st = 0; st < 2 * L; st++)
+            memcpy(kv + ((size_t)st * T2 + (size_t)c * T) * H, chunk + (size_t)st * T * H,
+                   T * H * sizeof(float));
+    }
+    kvs_layout l, bl;
+    layout_4d(&l, L, T2, H, KVS_DTYPE_FLOAT32);
+    kvs_serde_pair sync, p2;
+    REQUIRE(make_pair(path_a, ", \"step\": 0.1", &sync) == KVS_OK);
+    REQUIRE(make_pair(path_a, ", \"step\": 0.1", &p2) == KVS_OK);
+    size_t cap = 0, len = 0;
+    REQUIRE_OK(kvs_estimate_serialized_size(sync.serializer, &l, &cap));
+    uint8_t *want = malloc(cap), *blob = malloc(cap);
+    float *back1 = malloc(N2 * sizeof(float)), *back = malloc(N2 * sizeof(float));
+    REQUIRE(want && blob && back1 && back);
+    kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
+    kvs_memobj in, wmo, bmo, b1mo, bkmo;
+    kvs_memobj_init(&in, kv, N2 * sizeof(float), &l, KVS_FMT_KV_2LTD);
+    kvs_memobj_init(&wmo, want, cap, &bl, KVS_FMT_BINARY);
+    kvs_memobj_init(&bmo, blob, cap, &bl, KVS_FMT_BINARY);
+    kvs_memobj_init(&b1mo, back1, N2 * sizeof(float), &l, KVS_FMT_KV_2LTD);
+    kvs_memobj_init(&bkmo, back, N2 * sizeof(float), &l, KVS_FMT_KV_2LTD);
+    REQUIRE_OK(kvs_serialize(sync.serializer, &in, &wmo, NULL, &len));
+    kvs_memobj_set_used_size(&wmo, len);
+    REQUIRE_OK(kvs_deserialize(sync.deserializer, &wmo, &b1mo, NULL));
+    kvs_processor *p = NULL;
+    REQUIRE_OK(kvs_async_processor_create(p2.serializer, p2.deserializer, 2, &p));
+    REQUIRE_OK(kvs_async_processor_set_split(p, 0, 1));
+    kvs_memobj *ip = &in, *bp = &bmo, *kp = &bkmo;
+    int threads[2] = {0, 0}; /* the most threads seen encoding, decoding */
+    for (int round = 0; round < 20 && (threads[0] < 2 || threads[1] < 2); round++) {
+        kvs_task_id id;
+        kvs_task_result r;
+        memset(blob, 0, cap);
+        atomic_store(&nseen, 0);
+        atomic_store(&watching, 1);
+        REQUIRE_OK(kvs_processor_submit_serialize(p, &ip, 1, &bp, 1, NULL, &id));
+        REQUIRE(kvs_test_proc_wait(p, 1, id, &r) == KVS_OK);
+        atomic_store(&watching, 0);
+        if (atomic_load(&nseen) > threads[0]) threads[0] = atomic_load(&nseen);
+        CHECK(r.state == KVS_TASK_OK);
+        CHECK(bmo.used_size == len && memcmp(blob, want, len) == 0);
+        memset(back, 0, N2 * sizeof(float));
+        atomic_store(&nseen, 0);
+        atomic_store(&watching, 1);
+        REQUIRE_OK(kvs_processor_submit_deserialize(p, &bp, 1, &kp, 1, NULL, &id));
+        REQUIRE(kvs_test_proc_wait(p, 0, id, &r) == KVS_OK);
+        atomic_store(&watching, 0);
+        if (atomic_load(&nseen) > threads[1]) threads[1] = atomic_load(&nseen);
+        CHECK(r.state == KVS_TASK_OK);
+        CHECK(memcmp(back, back1, N2 * sizeof(float)) == 0);
+    }
+    CHECK(threads[0] == 2);
+    CHECK(threads[1] == 2);
+    kvs_processor_destroy(p);
+    kvs_serde_pair_destroy(&sync);
+    free(kv), free(chunk), free(want), free(blob), free(back1), free(back);
+}
+
 int main(void)
 {
     make_files();
@@ -644,6 +752,7 @@ int main(void)
     RUN(test_layouts_refused);
     RUN(test_step_for_a_target);
     RUN(test_damaged_payloads_refused);
+    RUN(test_split_across_workers);
     unlink(path_a);
     unlink(path_b);
     return TEST_SUMMARY();

@@ -322,6 +322,85 @@ static int32_t quantize(float c)
     return (int32_t)((v + ROUND_MAGIC) - ROUND_MAGIC);
 }
 
+/* ---- encode: the streams (K or V of one layer) split across workers ----
+ * Each stream is coded into its own slot of the output (a stream's most:
+ * its classes and T x kept raw i16), so workers never share a byte; the
+ * slots are then closed up in stream order. The bytes do not depend on the
+ * split. */
+
+typedef struct enc_job {
+    const transform_stage *s;
+    const void *src;
+    kvs_dtype dtype;
+    size_t T;
+    uint8_t *out;
+    size_t slots; /* offset of stream 0's slot: the end of the stream table */
+    size_t slot;  /* bytes per slot */
+} enc_job;
+
+/* Stream i into its record and its slot; a, c (T x hidden floats), q (as
+ * many i32) and cls (hidden bytes) are the caller's scratch. */
+static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_t *q,
+                          uint8_t *cls)
+{
+    const kvs_transform *t = j->s->t;
+    size_t h = t->hidden, T = j->T, rows = T * h;
+    int kv = (int)(i / t->layers);
+    uint32_t l = (uint32_t)(i % t->layers);
+    uint8_t *rec = j->out + PAYLOAD_HEADER + i * RECORD_SIZE, *dst = j->out + j->slots + i * j->slot;
+    float delta = layer_step(t, kv, l, j->s->step[kv]);
+    load_rows(j->src, j->dtype, i * rows, rows, a);
+    const float *mean = t->mean[kv] + (size_t)l * h;
+    for (size_t r = 0; r < T; r++)
+        for (size_t e = 0; e < h; e++) a[r * h + e] -= mean[e];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h, 1.0f / delta, a,
+                (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, c, (int)h);
+    for (size_t e = 0; e < rows; e++) q[e] = quantize(c[e]);
+    /* Components are kept up to the last one with a nonzero value: the
+     * trailing ones cost neither bits nor decode time. */
+    uint32_t kept = 0;
+    for (size_t r = 0; r < T; r++)
+        for (size_t k = kept; k < h; k++)
+            if (q[r * h + k] != 0) kept = (uint32_t)k + 1;
+    /* rows of kept values, in place (row r moves down, never up) */
+    for (size_t r = 1; r < T && kept < h; r++)
+        memmove(q + r * kept, q + r * h, kept * sizeof(int32_t));
+    size_t nq = T * kept, written = 0;
+    int mode = MODE_CODED;
+    if (kept) {
+        for (size_t k = 0; k < kept; k++) cls[k] = component_class(q, T, kept, k);
+        memcpy(dst, cls, kept);
+        if (kvs_coef_encode(q, T, kept, cls, dst + kept, nq * 2, &written) != KVS_OK) {
+            mode = MODE_RAW; /* the coder would not save anything */
+            for (size_t e = 0; e < nq; e++) put_le16(dst + kept + 2 * e, (uint16_t)q[e]);
+            written = nq * 2;
+        }
+        written += kept;
+    }
+    put_le16(rec, (uint16_t)kept);
+    rec[2] = (uint8_t)mode;
+    rec[3] = 0;
+    put_le32(rec + 4, (uint32_t)written);
+}
+
+/* Streams [begin, end) / KVS_SPLIT_ALIGN (kvs_serde_parallel_for). */
+static int encode_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    const enc_job *j = ctx;
+    size_t h = j->s->t->hidden, rows = j->T * h;
+    float *a = malloc(rows * sizeof(float)), *c = malloc(rows * sizeof(float));
+    int32_t *q = malloc(rows * sizeof(int32_t));
+    uint8_t *cls = malloc(h);
+    int rc = KVS_OK;
+    if (a == NULL || c == NULL || q == NULL || cls == NULL)
+        rc = kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu coefficients",
+                           j->T, h);
+    for (uint64_t i = begin / KVS_SPLIT_ALIGN; rc == KVS_OK && i < end / KVS_SPLIT_ALIGN; i++)
+        encode_stream(j, (size_t)i, a, c, q, cls);
+    free(a), free(c), free(q), free(cls);
+    return rc;
+}
+
 static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                             size_t cap, size_t *n)
 {
@@ -334,66 +413,108 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
     if (cap < need)
         return kvs_set_error(KVS_ENOSPC, "transform: destination too small: %zu bytes, need %zu",
                              cap, need);
-    size_t h = t->hidden, T = (size_t)tokens, rows = T * h;
-    kvs_dtype dtype = src->layout.groups[0].dtype;
-    float *a = malloc(rows * sizeof(float)), *c = malloc(rows * sizeof(float));
-    /* q holds up to T x hidden values */
-    int32_t *q = malloc(rows * sizeof(int32_t));
-    uint8_t *cls = malloc(h);
-    if (a == NULL || c == NULL || q == NULL || cls == NULL) {
-        free(a), free(c), free(q), free(cls);
-        return kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu coefficients",
-                             T, h);
-    }
+    size_t nstreams = (size_t)2 * t->layers;
     out[0] = PAYLOAD_VERSION;
     out[1] = out[2] = out[3] = 0;
     put_le32(out + 4, t->layers);
-    put_le32(out + 8, (uint32_t)T);
-    put_le32(out + 12, (uint32_t)h);
-    uint8_t *rec = out + PAYLOAD_HEADER;
-    size_t pos = PAYLOAD_HEADER + (size_t)2 * t->layers * RECORD_SIZE;
-    for (int kv = 0; kv < 2; kv++)
-        for (uint32_t l = 0; l < t->layers; l++, rec += RECORD_SIZE) {
-            float delta = layer_step(t, kv, l, s->step[kv]);
-            load_rows(src->data, dtype, ((size_t)kv * t->layers + l) * rows, rows, a);
-            const float *mean = t->mean[kv] + (size_t)l * h;
-            for (size_t r = 0; r < T; r++)
-                for (size_t i = 0; i < h; i++) a[r * h + i] -= mean[i];
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h,
-                        1.0f / delta, a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f,
-                        c, (int)h);
-            for (size_t i = 0; i < rows; i++) q[i] = quantize(c[i]);
-            /* Components are kept up to the last one with a nonzero value:
-             * the trailing ones cost neither bits nor decode time. */
-            uint32_t kept = 0;
-            for (size_t r = 0; r < T; r++)
-                for (size_t j = kept; j < h; j++)
-                    if (q[r * h + j] != 0) kept = (uint32_t)j + 1;
-            /* rows of kept values, in place (row r moves down, never up) */
-            for (size_t r = 1; r < T && kept < h; r++)
-                memmove(q + r * kept, q + r * h, kept * sizeof(int32_t));
-            size_t nq = T * kept, written = 0;
-            int mode = MODE_CODED;
-            if (kept) {
-                for (size_t j = 0; j < kept; j++) cls[j] = component_class(q, T, kept, j);
-                memcpy(out + pos, cls, kept);
-                if (kvs_coef_encode(q, T, kept, cls, out + pos + kept, nq * 2, &written) !=
-                    KVS_OK) {
-                    mode = MODE_RAW; /* the coder would not save anything */
-                    for (size_t i = 0; i < nq; i++)
-                        put_le16(out + pos + kept + 2 * i, (uint16_t)q[i]);
-                    written = nq * 2;
-                }
-                written += kept;
-            }
-            put_le16(rec, (uint16_t)kept);
-            rec[2] = (uint8_t)mode;
-            rec[3] = 0;
-            put_le32(rec + 4, (uint32_t)written);
-            pos += written;
-        }
-    free(a), free(c), free(q), free(cls);
+    put_le32(out + 8, (uint32_t)tokens);
+    put_le32(out + 12, t->hidden);
+    enc_job job = {s,
+                   src->data,
+                   src->layout.groups[0].dtype,
+                   (size_t)tokens,
+                   out,
+                   PAYLOAD_HEADER + nstreams * RECORD_SIZE,
+                   (size_t)tokens * t->hidden * 2 + t->hidden};
+    rc = kvs_serde_parallel_for(nstreams * KVS_SPLIT_ALIGN,
+                                (size_t)kvs_layout_nbytes(&src->layout), encode_range, &job);
+    if (rc) return rc;
+    /* Close up the slots: stream i moves down to its final offset. */
+    size_t pos = job.slots;
+    for (size_t i = 0; i < nstreams; i++) {
+        uint32_t bytes = get_le32(out + PAYLOAD_HEADER + i * RECORD_SIZE + 4);
+        memmove(out + pos, out + job.slots + i * job.slot, bytes);
+        pos += bytes;
+    }
     *n = pos;
+    return KVS_OK;
+}
+
+/* ---- decode: every stream checked, then decoded, then rebuilt ----------
+ * Both passes split the streams across workers; nothing of the destination
+ * is written until every stream has decoded. */
+
+typedef struct dec_job {
+    const kvs_transform *t;
+    const uint8_t *in;
+    float step[2];
+    size_t T;
+    const size_t *pos;  /* stream i's first byte in the payload */
+    const size_t *cpos; /* its first coefficient in coef */
+    float *coef;
+    kvs_dtype dtype;
+    void *dst;
+} dec_job;
+
+/* Pass 1: streams [begin, end) / KVS_SPLIT_ALIGN into their coefficients
+ * (the only step that can still fail). */
+static int decode_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    const dec_job *j = ctx;
+    int rc = KVS_OK;
+    for (uint64_t s = begin / KVS_SPLIT_ALIGN; rc == KVS_OK && s < end / KVS_SPLIT_ALIGN; s++) {
+        size_t i = (size_t)s, pos = j->pos[i];
+        const uint8_t *rec = j->in + PAYLOAD_HEADER + i * RECORD_SIZE;
+        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
+        int kv = (int)(i / j->t->layers);
+        uint32_t l = (uint32_t)(i % j->t->layers);
+        float *coef = j->coef + j->cpos[i];
+        for (uint32_t k = 0; k < kept && rc == KVS_OK; k++)
+            if (j->in[pos + k] >= KVS_COEF_CLASSES)
+                rc = kvs_set_error(KVS_ECORRUPT,
+                                   "transform: payload damaged: %s layer %u component %u has "
+                                   "context class %u, at most %d",
+                                   kv_name[kv], l, k, j->in[pos + k], KVS_COEF_CLASSES - 1);
+        if (rc == KVS_OK && kept && rec[2] == MODE_CODED) {
+            char what[64];
+            snprintf(what, sizeof what, "transform: %s layer %u", kv_name[kv], l);
+            rc = kvs_coef_decode(j->in + pos + kept, bytes - kept, j->T, kept, j->in + pos, coef,
+                                 what);
+        } else if (rc == KVS_OK) {
+            for (size_t e = 0; e < j->T * kept; e++)
+                coef[e] = (float)(int16_t)get_le16(j->in + pos + kept + 2 * e);
+        }
+    }
+    return rc;
+}
+
+/* Pass 2: streams [begin, end) / KVS_SPLIT_ALIGN, the basis product into
+ * the destination. */
+static int rebuild_range(void *ctx, uint64_t begin, uint64_t end)
+{
+    const dec_job *j = ctx;
+    const kvs_transform *t = j->t;
+    size_t h = t->hidden, T = j->T;
+    float *x = malloc(T * h * sizeof(float));
+    if (x == NULL)
+        return kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu values", T, h);
+    for (uint64_t s = begin / KVS_SPLIT_ALIGN; s < end / KVS_SPLIT_ALIGN; s++) {
+        size_t i = (size_t)s;
+        uint32_t kept = get_le16(j->in + PAYLOAD_HEADER + i * RECORD_SIZE);
+        int kv = (int)(i / t->layers);
+        uint32_t l = (uint32_t)(i % t->layers);
+        const float *mean = t->mean[kv] + (size_t)l * h;
+        if (kept)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
+                        layer_step(t, kv, l, j->step[kv]), j->coef + j->cpos[i], (int)kept,
+                        t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
+        else
+            memset(x, 0, T * h * sizeof(float));
+        for (size_t r = 0; r < T; r++)
+            for (size_t e = 0; e < h; e++) x[r * h + e] += mean[e];
+        store_rows(x, T * h, j->dtype, j->dst, i * T * h);
+    }
+    free(x);
     return KVS_OK;
 }
 
@@ -440,98 +561,64 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              get_le32(in + 4), get_le32(in + 8), get_le32(in + 12), t->layers, T, h);
     /* Every record checked, and the streams must account for the payload
      * exactly, before anything is decoded. */
+    size_t *pos = malloc(2 * nstreams * sizeof(size_t)), *cpos = pos + nstreams;
+    if (pos == NULL) return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
     size_t total = table, coefs = 0;
-    for (size_t i = 0; i < nstreams; i++) {
+    for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
         const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
         uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
         const char *who = kv_name[i / t->layers];
         unsigned layer = (unsigned)(i % t->layers);
         if (kept > h || rec[2] > MODE_RAW || rec[3] != 0)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "transform: payload damaged: %s layer %u keeps %u components "
-                                 "(hidden %zu), mode %u, reserved %u",
-                                 who, layer, kept, h, rec[2], rec[3]);
-        if (rec[2] == MODE_RAW && (uint64_t)bytes != (uint64_t)T * kept * 2 + kept)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "transform: payload damaged: %s layer %u raw stream is %u bytes, "
-                                 "%zu x %u coefficients and their classes need %llu",
-                                 who, layer, bytes, T, kept,
-                                 (unsigned long long)T * kept * 2 + kept);
-        if (bytes < kept)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "transform: payload damaged: %s layer %u stream is %u bytes, "
-                                 "shorter than its %u class bytes",
-                                 who, layer, bytes, kept);
-        if (kept == 0 && bytes != 0)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "transform: payload damaged: %s layer %u keeps no component but "
-                                 "has %u stream bytes",
-                                 who, layer, bytes);
-        if (bytes > n - total)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "transform: payload damaged: %s layer %u stream of %u bytes "
-                                 "runs past the %zu-byte payload",
-                                 who, layer, bytes, n);
+            rc = kvs_set_error(KVS_ECORRUPT,
+                               "transform: payload damaged: %s layer %u keeps %u components "
+                               "(hidden %zu), mode %u, reserved %u",
+                               who, layer, kept, h, rec[2], rec[3]);
+        else if (rec[2] == MODE_RAW && (uint64_t)bytes != (uint64_t)T * kept * 2 + kept)
+            rc = kvs_set_error(KVS_ECORRUPT,
+                               "transform: payload damaged: %s layer %u raw stream is %u bytes, "
+                               "%zu x %u coefficients and their classes need %llu",
+                               who, layer, bytes, T, kept,
+                               (unsigned long long)T * kept * 2 + kept);
+        else if (bytes < kept)
+            rc = kvs_set_error(KVS_ECORRUPT,
+                               "transform: payload damaged: %s layer %u stream is %u bytes, "
+                               "shorter than its %u class bytes",
+                               who, layer, bytes, kept);
+        else if (kept == 0 && bytes != 0)
+            rc = kvs_set_error(KVS_ECORRUPT,
+                               "transform: payload damaged: %s layer %u keeps no component but "
+                               "has %u stream bytes",
+                               who, layer, bytes);
+        else if (bytes > n - total)
+            rc = kvs_set_error(KVS_ECORRUPT,
+                               "transform: payload damaged: %s layer %u stream of %u bytes "
+                               "runs past the %zu-byte payload",
+                               who, layer, bytes, n);
+        if (rc) break;
+        pos[i] = total;
+        cpos[i] = coefs;
         total += bytes;
         coefs += T * kept;
     }
-    if (total != n)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "transform: payload damaged: its streams account for %zu of its %zu "
-                             "bytes",
-                             total, n);
-    float *coef = malloc((coefs ? coefs : 1) * sizeof(float));
-    float *x = malloc(T * h * sizeof(float));
-    if (coef == NULL || x == NULL) {
-        free(coef), free(x);
-        return kvs_set_error(KVS_ENOMEM, "transform: out of memory decoding %zu coefficients",
-                             coefs);
-    }
-    /* Pass 1: decode every stream (the only step that can still fail). */
-    size_t pos = table, cpos = 0;
-    for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
-        const uint8_t *rec = in + PAYLOAD_HEADER + i * RECORD_SIZE;
-        uint32_t kept = get_le16(rec), bytes = get_le32(rec + 4);
-        int kv = (int)(i / t->layers);
-        uint32_t l = (uint32_t)(i % t->layers);
-        for (uint32_t j = 0; j < kept && rc == KVS_OK; j++)
-            if (in[pos + j] >= KVS_COEF_CLASSES)
-                rc = kvs_set_error(KVS_ECORRUPT,
-                                   "transform: payload damaged: %s layer %u component %u has "
-                                   "context class %u, at most %d",
-                                   kv_name[kv], l, j, in[pos + j], KVS_COEF_CLASSES - 1);
-        if (rc == KVS_OK && kept && rec[2] == MODE_CODED) {
-            char what[64];
-            snprintf(what, sizeof what, "transform: %s layer %u", kv_name[kv], l);
-            rc = kvs_coef_decode(in + pos + kept, bytes - kept, T, kept, in + pos, coef + cpos,
-                                 what);
-        } else if (rc == KVS_OK) {
-            for (size_t k = 0; k < (size_t)T * kept; k++)
-                coef[cpos + k] = (float)(int16_t)get_le16(in + pos + kept + 2 * k);
-        }
-        pos += bytes;
-        cpos += T * kept;
-    }
-    /* Pass 2: the basis product into dst. */
-    kvs_dtype dtype = dst->layout.groups[0].dtype;
-    cpos = 0;
-    for (size_t i = 0; i < nstreams && rc == KVS_OK; i++) {
-        uint32_t kept = get_le16(in + PAYLOAD_HEADER + i * RECORD_SIZE);
-        int kv = (int)(i / t->layers);
-        uint32_t l = (uint32_t)(i % t->layers);
-        const float *mean = t->mean[kv] + (size_t)l * h;
-        if (kept)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
-                        layer_step(t, kv, l, step[kv]), coef + cpos, (int)kept,
-                        t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
-        else
-            memset(x, 0, T * h * sizeof(float));
-        for (size_t r = 0; r < T; r++)
-            for (size_t j = 0; j < h; j++) x[r * h + j] += mean[j];
-        store_rows(x, T * h, dtype, dst->data, i * T * h);
-        cpos += T * kept;
-    }
-    free(coef), free(x);
+    if (rc == KVS_OK && total != n)
+        rc = kvs_set_error(KVS_ECORRUPT,
+                           "transform: payload damaged: its streams account for %zu of its %zu "
+                           "bytes",
+                           total, n);
+    float *coef = rc ? NULL : malloc((coefs ? coefs : 1) * sizeof(float));
+    if (rc == KVS_OK && coef == NULL)
+        rc = kvs_set_error(KVS_ENOMEM, "transform: out of memory decoding %zu coefficients",
+                           coefs);
+    dec_job job = {t, in, {step[0], step[1]}, T, pos, cpos, coef, dst->layout.groups[0].dtype,
+                   dst->data};
+    size_t nbytes = (size_t)kvs_layout_nbytes(&dst->layout);
+    if (rc == KVS_OK)
+        rc = kvs_serde_parallel_for(nstreams * KVS_SPLIT_ALIGN, nbytes, decode_range, &job);
+    if (rc == KVS_OK)
+        rc = kvs_serde_parallel_for(nstreams * KVS_SPLIT_ALIGN, nbytes, rebuild_range, &job);
+    free(coef);
+    free(pos);
     return rc;
 }
 

@@ -1,0 +1,193 @@
+/* bench_transform_bound.c - what bounds the transform stage's speed on this
+ * machine: the core's peak rate of float32 multiply-adds, OpenBLAS's sgemm
+ * at the stage's own shapes, and from them the highest encode / decode GB/s
+ * of bfloat16 one core could reach if the basis products were all it did.
+ *
+ *   bench_transform_bound [--runs N] [--hidden H] [--tokens T]
+ *
+ * The stage (src/frame/stage_transform.c) projects each [T, H] slice of K
+ * or V onto the H components of its layer's basis (encode: H x H
+ * multiply-adds per row, 2 H flops per element) and rebuilds it from the
+ * `kept` leading components (decode: 2 kept flops per element). Defaults:
+ * T = 256 tokens, H = 256 (kvdata's chunks). `kept` is taken at 147, 183
+ * and 234, the mean kept components of xform-1b / 2b / 4b on kvdata
+ * (docs/fidelity.md). Set OPENBLAS_NUM_THREADS=1 for one core's figures.
+ * Also the AVX512-BF16 dot products' rate where the CPU has them (the
+ * inputs are bfloat16). Reports medians of --runs (default 7); asserts
+ * nothing. */
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_timing.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+/* 12 independent chains in named variables (an array would live in memory
+ * at -O2), more than FMA latency x ports on current cores, so the loop runs
+ * at the multiply-add throughput. */
+#define CHAINS 12
+#define FMA12(fma)                                                                              \
+    do {                                                                                        \
+        a0 = fma(a0, b, c), a1 = fma(a1, b, c), a2 = fma(a2, b, c), a3 = fma(a3, b, c);         \
+        a4 = fma(a4, b, c), a5 = fma(a5, b, c), a6 = fma(a6, b, c), a7 = fma(a7, b, c);         \
+        a8 = fma(a8, b, c), a9 = fma(a9, b, c), a10 = fma(a10, b, c), a11 = fma(a11, b, c);     \
+    } while (0)
+#define SUM12(add) add(add(add(add(a0, a1), add(a2, a3)), add(add(a4, a5), add(a6, a7))), \
+                       add(add(a8, a9), add(a10, a11)))
+
+__attribute__((target("avx512f"))) static double peak_avx512(long iters)
+{
+    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+    /* distinct starts, or the compiler merges the chains into one */
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
+           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+    double t = now_s();
+    for (long k = 0; k < iters; k++) FMA12(_mm512_fmadd_ps);
+    t = now_s() - t;
+    volatile float sink = _mm512_reduce_add_ps(SUM12(_mm512_add_ps));
+    (void)sink;
+    return (double)iters * CHAINS * 16 * 2 / t;
+}
+
+__attribute__((target("avx2,fma"))) static double peak_avx2(long iters)
+{
+    const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    /* distinct starts, or the compiler merges the chains into one */
+    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
+           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
+    double t = now_s();
+    for (long k = 0; k < iters; k++) FMA12(_mm256_fmadd_ps);
+    t = now_s() - t;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, SUM12(_mm256_add_ps));
+    volatile float sink = lanes[0];
+    (void)sink;
+    return (double)iters * CHAINS * 8 * 2 / t;
+}
+
+/* The bfloat16 dot products (each vdpbf16ps: 32 products and 32 sums into
+ * 16 float32 lanes), for comparison: the stage's inputs are bfloat16. */
+__attribute__((target("avx512f,avx512bf16"))) static double peak_bf16dot(long iters)
+{
+    const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
+           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
+           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8),
+           a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+    double t = now_s();
+    for (long k = 0; k < iters; k++) FMA12(_mm512_dpbf16_ps);
+    t = now_s() - t;
+    volatile float sink = _mm512_reduce_add_ps(SUM12(_mm512_add_ps));
+    (void)sink;
+    return (double)iters * CHAINS * 32 * 2 / t;
+}
+
+static double bf16dot_flops(int runs)
+{
+    if (!__builtin_cpu_supports("avx512bf16")) return 0;
+    double v[100];
+    for (int r = 0; r < runs; r++) v[r] = peak_bf16dot(20 * 1000 * 1000);
+    return median(v, runs);
+}
+
+/* The widest multiply-add this CPU has: its name, and flops per second
+ * (median of runs), or 0 when it has none the bench knows. */
+static double peak_flops(int runs, const char **isa)
+{
+    double (*kernel)(long) = NULL;
+    if (__builtin_cpu_supports("avx512f")) *isa = "AVX-512F FMA", kernel = peak_avx512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        *isa = "AVX2 FMA", kernel = peak_avx2;
+    else return *isa = "none measured", 0;
+    double v[100];
+    for (int r = 0; r < runs; r++) v[r] = kernel(20 * 1000 * 1000);
+    return median(v, runs);
+}
+#else
+static double peak_flops(int runs, const char **isa)
+{
+    (void)runs;
+    *isa = "not measured on this architecture";
+    return 0;
+}
+static double bf16dot_flops(int runs)
+{
+    (void)runs;
+    return 0;
+}
+#endif
+
+/* sgemm flops per second at the stage's shape (median of runs): encode is
+ * [T, H] x [H, H]^T, decode [T, kept] x [kept, H]. */
+static double sgemm_flops(int encode, int T, int H, int kept, const float *a, const float *b,
+                          float *c, int runs)
+{
+    double v[100];
+    const int reps = 20;
+    for (int r = 0; r < runs; r++) {
+        double t = now_s();
+        for (int i = 0; i < reps; i++) {
+            if (encode)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, H, H, 1.0f, a, H, b, H,
+                            0.0f, c, H);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, H, kept, 1.0f, a, kept,
+                            b, H, 0.0f, c, H);
+        }
+        v[r] = reps * 2.0 * T * H * (encode ? H : kept) / (now_s() - t);
+    }
+    return median(v, runs);
+}
+
+int main(int argc, char **argv)
+{
+    int runs = 7, H = 256, T = 256;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--runs") == 0) runs = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--hidden") == 0) H = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--tokens") == 0) T = atoi(argv[i + 1]);
+    }
+    if (runs < 1 || runs > 100 || H < 16 || H > 4096 || T < 1 || T > 65536) {
+        fprintf(stderr, "usage: bench_transform_bound [--runs 1-100] [--hidden 16-4096] "
+                        "[--tokens 1-65536]\n");
+        return 2;
+    }
+    float *a = malloc((size_t)T * H * sizeof(float)), *b = malloc((size_t)H * H * sizeof(float)),
+          *c = malloc((size_t)T * H * sizeof(float));
+    if (a == NULL || b == NULL || c == NULL) {
+        fprintf(stderr, "bench_transform_bound: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < (size_t)T * H; i++) a[i] = (float)((i * 2654435761u) % 1000) / 500 - 1;
+    for (size_t i = 0; i < (size_t)H * H; i++) b[i] = (float)((i * 40503u) % 1000) / 16000 - 0.03f;
+
+    const char *isa;
+    double peak = peak_flops(runs, &isa);
+    const char *threads = getenv("OPENBLAS_NUM_THREADS");
+    printf("bench_transform_bound: T %d x hidden %d, median of %d runs, OPENBLAS_NUM_THREADS=%s\n",
+           T, H, runs, threads ? threads : "(unset)");
+    if (peak > 0) printf("core peak, %s: %.1f GFLOP/s\n", isa, peak / 1e9);
+    else printf("core peak: %s\n", isa);
+    double dot = bf16dot_flops(runs);
+    if (dot > 0) printf("AVX512-BF16 dot products: %.1f GFLOP/s\n", dot / 1e9);
+    /* bf16 bytes per second a product rate allows: 2 bytes per element,
+     * 2 x (H or kept) flops per element. */
+    printf("%-22s %10s %14s %16s\n", "product", "flops/elem", "sgemm GFLOP/s",
+           "bound GB/s: sgemm / core peak");
+    double enc = sgemm_flops(1, T, H, H, a, b, c, runs);
+    printf("%-22s %10d %14.1f %10.3f / %.3f\n", "encode (all H)", 2 * H, enc / 1e9,
+           enc / (2.0 * H) * 2 / 1e9, peak / (2.0 * H) * 2 / 1e9);
+    const int kept[] = {147 * H / 256, 183 * H / 256, 234 * H / 256};
+    const char *name[] = {"decode (kept, 1b)", "decode (kept, 2b)", "decode (kept, 4b)"};
+    for (int i = 0; i < 3; i++) {
+        double dec = sgemm_flops(0, T, H, kept[i], a, b, c, runs);
+        printf("%-22s %10d %14.1f %10.3f / %.3f\n", name[i], 2 * kept[i], dec / 1e9,
+               dec / (2.0 * kept[i]) * 2 / 1e9, peak / (2.0 * kept[i]) * 2 / 1e9);
+    }
+    free(a), free(b), free(c);
+    return 0;
+}
