@@ -14,47 +14,7 @@
 #include "codecs/fp8_kernels.h"
 #include "kvserde/error.h"
 #include "kvserde/fp8.h"
-
-/* The variants and the CPU features each needs. __builtin_cpu_supports
- * checks that the OS saves the AVX / AVX-512 register state too; F16C is
- * read from CPUID directly (leaf 1, ECX bit 29) because clang's builtin does
- * not know it. */
-#if KVS_HAVE_X86
-#include <cpuid.h>
-
-static int cpu_has_f16c(void)
-{
-    unsigned eax, ebx, ecx, edx;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-}
-
-static int cpu_has_avx2(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("bmi2") && cpu_has_f16c();
-}
-
-static int cpu_has_avx512(void)
-{
-    __builtin_cpu_init();
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vbmi");
-}
-
-/* AVX512-FP16: CPUID leaf 7, subleaf 0, EDX bit 23 (read directly: the
- * compilers' builtins do not all know it); the OS saving the zmm state is
- * part of the avx512f check. */
-static int cpu_has_avx512fp16(void)
-{
-    unsigned eax, ebx, ecx, edx;
-    return cpu_has_avx512() && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
-           (edx & (1u << 23));
-}
-#endif
+#include "util/cpu_features.h"
 
 /* Every variant, from the portable one to the widest (best_variant takes
  * the last one this CPU runs). */
@@ -65,33 +25,17 @@ const char *const *kvs_fp8_isa_names(void)
     return isa_names;
 }
 
-#if KVS_HAVE_X86
-/* What this CPU runs, read once: CPUID is a trap to the hypervisor on a
- * VM (microseconds each), and kvs_fp8_isa_available() may be called in a
- * loop. */
-static struct {
-    int avx2, avx512, avx512fp16;
-} cpu;
-static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
-
-static void read_cpu(void)
-{
-    cpu.avx2 = cpu_has_avx2();
-    cpu.avx512 = cpu_has_avx512();
-    cpu.avx512fp16 = cpu_has_avx512fp16();
-}
-#endif
-
 /* The variant named, if compiled in and supported here; else NULL. */
 static const kvs_fp8_kernels *variant(const char *name)
 {
     if (strcmp(name, "scalar") == 0) return kvs_fp8_kernels_scalar();
 #if KVS_HAVE_X86
-    pthread_once(&cpu_once, read_cpu);
-    if (strcmp(name, "avx2") == 0) return cpu.avx2 ? kvs_fp8_kernels_avx2() : NULL;
-    if (strcmp(name, "avx512") == 0) return cpu.avx512 ? kvs_fp8_kernels_avx512() : NULL;
+    unsigned cpu = kvs_cpu_features();
+    if (strcmp(name, "avx2") == 0) return cpu & KVS_CPU_AVX2 ? kvs_fp8_kernels_avx2() : NULL;
+    if (strcmp(name, "avx512") == 0)
+        return cpu & KVS_CPU_AVX512 ? kvs_fp8_kernels_avx512() : NULL;
     if (strcmp(name, "avx512fp16") == 0)
-        return cpu.avx512fp16 ? kvs_fp8_kernels_avx512fp16() : NULL;
+        return cpu & KVS_CPU_AVX512FP16 ? kvs_fp8_kernels_avx512fp16() : NULL;
 #endif
     return NULL;
 }

@@ -16,7 +16,7 @@
  * (64 bytes must remain) or per word near the end.
  *
  * The groups of 32 go through rans_avx512.c where the CPU has AVX-512
- * (F, BW, VL) and KVSERDE_ISA does not ask for "scalar" or "avx2"; both
+ * (kvs_cpu_features: KVS_CPU_AVX512) and KVSERDE_ISA does not ask for "scalar" or "avx2"; both
  * produce and accept the same stream, bit for bit (tests/test_rans.c). */
 #include "codecs/rans.h"
 
@@ -31,6 +31,7 @@
 
 #include "codecs/rans_kernels.h"
 #include "kvserde/error.h"
+#include "util/cpu_features.h"
 
 #define RANS_L (1u << 15)
 #define RANS_HI (1u << 31) /* states lie in [RANS_L, RANS_HI) */
@@ -218,21 +219,6 @@ void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned
 
 static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 */
 
-static int simd_available(void)
-{
-#if KVS_HAVE_X86
-    /* what rans_avx512.c is compiled for (CMakeLists.txt), not only what
-     * its intrinsics need: the compiler may use any of it */
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
-#else
-    return 0;
-#endif
-}
-
 #if KVS_HAVE_X86
 static int use_simd(void)
 {
@@ -240,7 +226,7 @@ static int use_simd(void)
     if (s < 0) {
         const char *isa = getenv("KVSERDE_ISA");
         int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
-        s = !forced_off && simd_available();
+        s = !forced_off && (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
         atomic_store_explicit(&simd_state, s, memory_order_relaxed);
     }
     return s;
@@ -258,7 +244,7 @@ int kvs_rans_simd_in_use(void)
 
 int kvs_rans_set_simd(int on)
 {
-    int s = on && simd_available();
+    int s = on && (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
     return s;
 }

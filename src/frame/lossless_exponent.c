@@ -63,6 +63,7 @@
 #include "codecs/rans_kernels.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
+#include "util/cpu_features.h"
 #include "util/le.h"
 
 #define LLX_RAW 0
@@ -173,18 +174,10 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
 #if KVS_HAVE_X86
 /* The rebuild of rows with references: AVX-512 VBMI2 where the CPU has it
  * and the rANS coder uses its AVX-512 kernels (the same set; KVSERDE_ISA and
- * kvs_rans_set_simd choose for both). The CPU is read once: CPUID traps on
- * a VM. */
+ * kvs_rans_set_simd choose for both). */
 static int rows_simd(void)
 {
-    static atomic_int vbmi2 = -1;
-    int v = atomic_load_explicit(&vbmi2, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512vbmi2") != 0;
-        atomic_store_explicit(&vbmi2, v, memory_order_relaxed);
-    }
-    return v && kvs_rans_simd_in_use();
+    return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_simd_in_use();
 }
 #endif
 

@@ -1,0 +1,22 @@
+/* cpu_features.h - internal: the instruction sets this CPU runs, read once
+ * for the whole library (CPUID is a trap to the hypervisor on a VM,
+ * microseconds each, and the kernels' dispatchers ask often).
+ *
+ * Each set is exactly what one family of kernel files is compiled for
+ * (CMakeLists.txt: *_avx2.c, *_avx512.c, *_avx512fp16.c, *_avx512vbmi2.c),
+ * so a file is used only where every instruction the compiler may emit for
+ * it runs. __builtin_cpu_supports also checks that the OS saves the AVX /
+ * AVX-512 register state; F16C and AVX512-FP16 are read from CPUID directly
+ * because not every compiler's builtin knows them. */
+#ifndef KVSERDE_UTIL_CPU_FEATURES_H
+#define KVSERDE_UTIL_CPU_FEATURES_H
+
+#define KVS_CPU_AVX2 1u        /* AVX2, FMA, BMI2, F16C */
+#define KVS_CPU_AVX512 2u      /* KVS_CPU_AVX2 and AVX-512 F, BW, VL, BF16, VBMI */
+#define KVS_CPU_AVX512FP16 4u  /* KVS_CPU_AVX512 and AVX512-FP16 */
+#define KVS_CPU_AVX512VBMI2 8u /* KVS_CPU_AVX512 and AVX512-VBMI2 */
+
+/* The sets above this CPU runs (0 off x86-64). Thread-safe. */
+unsigned kvs_cpu_features(void);
+
+#endif /* KVSERDE_UTIL_CPU_FEATURES_H */
