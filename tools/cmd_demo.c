@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "codecs/half.h"
 #include "commands.h"
 #include "kvserde/kvserde.h"
 
@@ -81,44 +82,11 @@ static float rng_normal(uint64_t *s)
     return (sum / 65536.0f - 2.0f) * 1.7320508f; /* var 4/12 -> 1 */
 }
 
-static uint16_t bf16_from_f32(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7FFF + ((u >> 16) & 1); /* round to nearest even; data is finite */
-    return (uint16_t)(u >> 16);
-}
-
-static float f32_from_bf16(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* float16 via the library's own exact decode of fp8 is not enough here;
- * use the compiler's _Float16 where present, else a portable conversion. */
-static uint16_t f16_from_f32(float f)
-{
-    _Float16 h = (_Float16)f;
-    uint16_t b;
-    memcpy(&b, &h, 2);
-    return b;
-}
-
-static float f32_from_f16(uint16_t b)
-{
-    _Float16 h;
-    memcpy(&h, &b, 2);
-    return (float)h;
-}
-
 static void put_value(void *data, kvs_dtype dtype, size_t i, float v)
 {
     switch (dtype) {
-    case KVS_DTYPE_BFLOAT16: ((uint16_t *)data)[i] = bf16_from_f32(v); break;
-    case KVS_DTYPE_FLOAT16: ((uint16_t *)data)[i] = f16_from_f32(v); break;
+    case KVS_DTYPE_BFLOAT16: ((uint16_t *)data)[i] = kvs_f32_to_bf16(v); break;
+    case KVS_DTYPE_FLOAT16: ((uint16_t *)data)[i] = kvs_f32_to_f16(v); break;
     default: ((float *)data)[i] = v; break;
     }
 }
@@ -126,8 +94,8 @@ static void put_value(void *data, kvs_dtype dtype, size_t i, float v)
 static float get_value(const void *data, kvs_dtype dtype, size_t i)
 {
     switch (dtype) {
-    case KVS_DTYPE_BFLOAT16: return f32_from_bf16(((const uint16_t *)data)[i]);
-    case KVS_DTYPE_FLOAT16: return f32_from_f16(((const uint16_t *)data)[i]);
+    case KVS_DTYPE_BFLOAT16: return kvs_bf16_to_f32(((const uint16_t *)data)[i]);
+    case KVS_DTYPE_FLOAT16: return kvs_f16_to_f32(((const uint16_t *)data)[i]);
     default: return ((const float *)data)[i];
     }
 }
