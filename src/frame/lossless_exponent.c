@@ -99,7 +99,7 @@ struct kvs_llx_scratch {
     uint16_t order[2][KVS_LLX_MAX_PERIOD]; /* channels by mean */
     uint8_t group[KVS_LLX_MAX_PERIOD];
     uint8_t sclass[KVS_LLX_MAX_PERIOD];  /* kind 3: each channel's sign class */
-    uint32_t flips[KVS_LLX_MAX_PERIOD];  /* ... the encoder: its sign flips */
+    uint32_t nib_count[KVS_LLX_MAX_PERIOD][16]; /* ... the encoder: its nibbles' counts */
     kvs_rans_enc_tables enc;
     kvs_rans_dec_tables dec;
 };
@@ -150,7 +150,7 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
     w->sym = malloc(max_k);
     w->sym_ctx = malloc(max_k);
     w->sm = malloc(max_k);
-    w->flags = malloc(max_k / 8 + 1);
+    w->flags = malloc(max_k / 8 + 4); /* encode_refs ORs 3 bytes at a time */
     w->flag_stream = malloc(kvs_rans_bound(max_k / 8 + 1));
     w->ref = malloc((max_k / 2 + 1) * sizeof w->ref[0]); /* rows of period >= 2 */
     w->mark = malloc((max_k / 2 + 2) * sizeof w->mark[0]);
@@ -479,35 +479,55 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
                           size_t nref, uint32_t h[LLX_GROUPS][256], double k1, uint8_t *rec)
 {
     size_t rows = (k + period - 1) / period, u = 0, nfl = 0;
-    uint32_t hd[256], hf[256];
-    memset(hd, 0, sizeof hd);
+    uint32_t hd[256], hf[256], hd4[4][256];
+    memset(hd4, 0, sizeof hd4);
     memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
     uint8_t *fl = w->flags;
-    memset(fl, 0, k / 8 + 1);
+    memset(fl, 0, k / 8 + 4);
+    /* First the estimate's counts (the flags, the differences' histogram,
+     * u), and the symbols only when the estimate wins: most blocks at
+     * level 3 find a few references and then take kind 3. */
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
-        if (w->ref[r] == 0) { /* the exponents under the groups, as kind 1 */
-            memcpy(w->sym + u, exp + i0, len);
-            memcpy(w->sym_ctx + u, ctx + i0, len);
-            memcpy(w->sm + u, sm_all + i0, len);
+        if (w->ref[r] == 0) {
             u += len;
             continue;
         }
-        /* without branches: whether an element repeats is a coin toss */
-        size_t d = (size_t)w->ref[r] * period;
-        for (size_t c = 0; c < len; c++, nfl++) {
+        size_t d = (size_t)w->ref[r] * period, c = 0, same = 0;
+#ifdef __SSE2__
+        /* 16 flags a step from 16-bit compares; an element that repeats
+         * has difference 0, so every difference is counted and hd[0] is
+         * mended after */
+        for (; c + 16 <= len; c += 16, nfl += 16) {
+            const uint8_t *a = src + 2 * (i0 + c), *b = a - 2 * d;
+            __m128i e0 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)a),
+                                         _mm_loadu_si128((const __m128i *)b));
+            __m128i e1 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(a + 16)),
+                                         _mm_loadu_si128((const __m128i *)(b + 16)));
+            uint32_t m = (uint32_t)_mm_movemask_epi8(_mm_packs_epi16(e0, e1)) << (nfl & 7);
+            fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | m);
+            fl[(nfl >> 3) + 1] = (uint8_t)(fl[(nfl >> 3) + 1] | m >> 8);
+            fl[(nfl >> 3) + 2] = (uint8_t)(fl[(nfl >> 3) + 2] | m >> 16);
+            same += (size_t)__builtin_popcount(m);
+            uint8_t df[16];
+            _mm_storeu_si128((__m128i *)df,
+                             _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
+                                          _mm_loadu_si128((const __m128i *)(exp + i0 + c - d))));
+            for (unsigned t = 0; t < 16; t++) hd4[t & 3][df[t]]++;
+        }
+#endif
+        for (; c < len; c++, nfl++) {
             size_t i = i0 + c;
             unsigned eq = get_le16(src + 2 * i) == get_le16(src + 2 * (i - d));
-            uint8_t diff = (uint8_t)(exp[i] - exp[i - d]);
-            hd[diff] += !eq;
+            hd4[0][(uint8_t)(exp[i] - exp[i - d])]++;
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | eq << (nfl & 7));
-            w->sym[u] = diff;
-            w->sym_ctx[u] = LLX_DIFF_CTX;
-            w->sm[u] = sm_all[i];
-            u += !eq;
+            same += eq;
         }
+        hd4[0][0] -= (uint32_t)same;
+        u += len - same;
     }
+    for (int s = 0; s < 256; s++) hd[s] = hd4[0][s] + hd4[1][s] + hd4[2][s] + hd4[3][s];
     size_t nfb = (nfl + 7) / 8;
     for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
     size_t map_bytes = (period + 3) / 4;
@@ -522,6 +542,26 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
                 8.0 * (11 + 4 * KVS_RANS_LANES + (double)u + (double)(rows + 7) / 8 +
                        2.0 * (double)nref);
     if (k2 >= k1) return 0;
+    u = 0;
+    for (size_t r = 0, bit = 0; r < rows; r++) {
+        size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
+        if (w->ref[r] == 0) { /* the exponents under the groups, as kind 1 */
+            memcpy(w->sym + u, exp + i0, len);
+            memcpy(w->sym_ctx + u, ctx + i0, len);
+            memcpy(w->sm + u, sm_all + i0, len);
+            u += len;
+            continue;
+        }
+        /* without branches: whether an element repeats is a coin toss */
+        size_t d = (size_t)w->ref[r] * period;
+        for (size_t c = 0; c < len; c++, bit++) {
+            size_t i = i0 + c;
+            w->sym[u] = (uint8_t)(exp[i] - exp[i - d]);
+            w->sym_ctx[u] = LLX_DIFF_CTX;
+            w->sm[u] = sm_all[i];
+            u += !(fl[bit >> 3] >> (bit & 7) & 1);
+        }
+    }
     unsigned ng = 1u << c2, per = LLX_GROUPS / ng;
     /* the encoder's five contexts: the four fine groups (each with its
      * coarse group's table) and the differences; the decoder's are the G
@@ -610,27 +650,29 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
                         kvs_rans_freqs ts[LLX_SIGN_CLASSES])
 {
     const uint8_t *restrict nib = w->exp + k;
-    uint32_t *restrict flips = w->flips;
-    memset(flips, 0, period * sizeof flips[0]);
+    /* One pass: each channel's 16 nibble counts (neighbouring increments
+     * hit different channels, so they do not wait on each other as one
+     * histogram per class did: that pass was a tenth of level 3's encoder);
+     * its flips and its class's histogram follow from them. */
+    uint32_t(*restrict cnt)[16] = w->nib_count;
+    memset(cnt, 0, period * sizeof cnt[0]);
     for (size_t j = 0; j < n; j += period)
-        for (uint32_t c = 0; c < period; c++) {
-            unsigned x = nib[j + c];
-            flips[c] += (x & 1) + (x >> 1 & 1) + (x >> 2 & 1) + (x >> 3);
-        }
+        for (uint32_t c = 0; c < period; c++) cnt[c][nib[j + c]]++;
     uint64_t rows = (k + period - 1) / period;
-    for (uint32_t c = 0; c < period; c++) {
-        uint64_t f = flips[c];
-        w->sclass[c] =
-            (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
-    }
     uint32_t h[LLX_SIGN_CLASSES][256];
     memset(h, 0, sizeof h);
+    for (uint32_t c = 0; c < period; c++) {
+        uint64_t f = 0;
+        for (unsigned v = 1; v < 16; v++)
+            f += (uint64_t)cnt[c][v] * (unsigned)__builtin_popcount(v);
+        unsigned q = 10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3;
+        w->sclass[c] = (uint8_t)q;
+        for (unsigned v = 0; v < 16; v++) h[q][v] += cnt[c][v];
+    }
+    /* the contexts repeat every period */
     uint8_t *ctx = w->ctx + k;
-    for (size_t j = 0; j < n; j += period)
-        for (uint32_t c = 0; c < period; c++) {
-            ctx[j + c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
-            h[w->sclass[c]][nib[j + c]]++;
-        }
+    for (uint32_t c = 0; c < period && n; c++) ctx[c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
+    for (size_t j = period; j < n; j += period) memcpy(ctx + j, ctx, period);
     double bits = 8.0 * (double)((period + 3) / 4);
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) bits += table_bits(h[q], &ts[q]);
     return bits;
