@@ -206,32 +206,42 @@ static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm
     }
 }
 
+/* An element from its exponent and its sign and mantissa byte. */
+static inline unsigned join1(unsigned e, unsigned sm)
+{
+    return (sm & 0x80) << 8 | e << 7 | (sm & 0x7Fu);
+}
+
+#ifdef __SSE2__
+/* join1 of 16 elements: *v0 the first 8, *v1 the next */
+static inline void join16(__m128i e, __m128i s, __m128i *v0, __m128i *v1)
+{
+    const __m128i zero = _mm_setzero_si128(), m7f = _mm_set1_epi16(0x7F),
+                  m80 = _mm_set1_epi16(0x80);
+    __m128i e0 = _mm_unpacklo_epi8(e, zero), e1 = _mm_unpackhi_epi8(e, zero);
+    __m128i s0 = _mm_unpacklo_epi8(s, zero), s1 = _mm_unpackhi_epi8(s, zero);
+    *v0 = _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(s0, m80), 8),
+                                    _mm_slli_epi16(e0, 7)),
+                       _mm_and_si128(s0, m7f));
+    *v1 = _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(s1, m80), 8),
+                                    _mm_slli_epi16(e1, 7)),
+                       _mm_and_si128(s1, m7f));
+}
+#endif
+
 static void join_fields(const uint8_t *exp, const uint8_t *sm, size_t k, uint8_t *dst)
 {
     size_t i = 0;
 #ifdef __SSE2__
-    const __m128i zero = _mm_setzero_si128(), m7f = _mm_set1_epi16(0x7F),
-                  m80 = _mm_set1_epi16(0x80);
     for (; i + 16 <= k; i += 16) {
-        __m128i e = _mm_loadu_si128((const __m128i *)(exp + i));
-        __m128i s = _mm_loadu_si128((const __m128i *)(sm + i));
-        __m128i e0 = _mm_unpacklo_epi8(e, zero), e1 = _mm_unpackhi_epi8(e, zero);
-        __m128i s0 = _mm_unpacklo_epi8(s, zero), s1 = _mm_unpackhi_epi8(s, zero);
-        __m128i v0 = _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(s0, m80), 8),
-                                               _mm_slli_epi16(e0, 7)),
-                                  _mm_and_si128(s0, m7f));
-        __m128i v1 = _mm_or_si128(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(s1, m80), 8),
-                                               _mm_slli_epi16(e1, 7)),
-                                  _mm_and_si128(s1, m7f));
+        __m128i v0, v1;
+        join16(_mm_loadu_si128((const __m128i *)(exp + i)),
+               _mm_loadu_si128((const __m128i *)(sm + i)), &v0, &v1);
         _mm_storeu_si128((__m128i *)(dst + 2 * i), v0);
         _mm_storeu_si128((__m128i *)(dst + 2 * i + 16), v1);
     }
 #endif
-    for (; i < k; i++) {
-        unsigned v = (unsigned)(sm[i] & 0x80) << 8 | (unsigned)exp[i] << 7 | (sm[i] & 0x7Fu);
-        dst[2 * i] = (uint8_t)v;
-        dst[2 * i + 1] = (uint8_t)(v >> 8);
-    }
+    for (; i < k; i++) put_le16(dst + 2 * i, (uint16_t)join1(exp[i], sm[i]));
 }
 
 /* ctx[i] = group[(phase + i) mod period], row by row. */
@@ -479,8 +489,8 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
                           size_t nref, uint32_t h[LLX_GROUPS][256], double k1, uint8_t *rec)
 {
     size_t rows = (k + period - 1) / period, u = 0, nfl = 0;
-    uint32_t hd[256], hf[256], hd4[4][256];
-    memset(hd4, 0, sizeof hd4);
+    uint32_t hd[256], hf[256], hd16[16][256];
+    memset(hd16, 0, sizeof hd16);
     memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
     uint8_t *fl = w->flags;
@@ -498,7 +508,8 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
 #ifdef __SSE2__
         /* 16 flags a step from 16-bit compares; an element that repeats
          * has difference 0, so every difference is counted and hd[0] is
-         * mended after */
+         * mended after; a histogram per lane, as the differences are
+         * mostly 0 and one counter would chain its increments */
         for (; c + 16 <= len; c += 16, nfl += 16) {
             const uint8_t *a = src + 2 * (i0 + c), *b = a - 2 * d;
             __m128i e0 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)a),
@@ -514,20 +525,23 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             _mm_storeu_si128((__m128i *)df,
                              _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
                                           _mm_loadu_si128((const __m128i *)(exp + i0 + c - d))));
-            for (unsigned t = 0; t < 16; t++) hd4[t & 3][df[t]]++;
+            for (unsigned t = 0; t < 16; t++) hd16[t][df[t]]++;
         }
 #endif
         for (; c < len; c++, nfl++) {
             size_t i = i0 + c;
             unsigned eq = get_le16(src + 2 * i) == get_le16(src + 2 * (i - d));
-            hd4[0][(uint8_t)(exp[i] - exp[i - d])]++;
+            hd16[0][(uint8_t)(exp[i] - exp[i - d])]++;
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | eq << (nfl & 7));
             same += eq;
         }
-        hd4[0][0] -= (uint32_t)same;
+        hd16[0][0] -= (uint32_t)same;
         u += len - same;
     }
-    for (int s = 0; s < 256; s++) hd[s] = hd4[0][s] + hd4[1][s] + hd4[2][s] + hd4[3][s];
+    for (int s = 0; s < 256; s++) {
+        hd[s] = 0;
+        for (int t = 0; t < 16; t++) hd[s] += hd16[t][s];
+    }
     size_t nfb = (nfl + 7) / 8;
     for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
     size_t map_bytes = (period + 3) / 4;
@@ -1043,7 +1057,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         for (; c < n; c++, fbit++) {
             unsigned rep = fl[fbit >> 3] >> (fbit & 7) & 1, a = get_le16(above + 2 * c);
             unsigned e = (sym[s] + (a >> 7)) & 0xFF;
-            unsigned v = (unsigned)(sm[s] & 0x80) << 8 | e << 7 | (sm[s] & 0x7Fu);
+            unsigned v = join1(e, sm[s]);
             v = rep ? a : v;
             out[2 * c] = (uint8_t)v;
             out[2 * c + 1] = (uint8_t)(v >> 8);
@@ -1134,33 +1148,42 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
                                  "lossless: block %llu: sign flip bits past element %zu set", b,
                                  k - 1);
     }
+    /* The elements row by row, each sign its flip XOR the sign above it
+     * (the row above is in dst already): one pass, the signs not stored
+     * apart first. */
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
         uint8_t bit = (uint8_t)(1u << (r % LLX_SIGN_ROWS));
         const uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period;
-        uint8_t *restrict sm = w->sm + i0;
-        const uint8_t *restrict up = r ? sm - period : NULL;
+        const uint8_t *restrict e = w->exp + i0, *restrict sm = w->sm + i0;
+        uint8_t *out = dst + 2 * i0;
+        const uint8_t *up = r ? out - 2 * (size_t)period : NULL;
         size_t c = 0;
 #ifdef __SSE2__
         /* the flip as a byte compare (SSE2 has no byte shift) */
         const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),
-                      m80 = _mm_set1_epi8((char)0x80);
+                      m80 = _mm_set1_epi8((char)0x80), m8000 = _mm_set1_epi16((short)0x8000);
         for (; c + 16 <= n; c += 16) {
             __m128i qv = _mm_loadu_si128((const __m128i *)(q + c));
-            __m128i kept = _mm_cmpeq_epi8(_mm_and_si128(qv, vb), zero);
-            __m128i s = _mm_andnot_si128(kept, m80);
+            __m128i flip = _mm_andnot_si128(_mm_cmpeq_epi8(_mm_and_si128(qv, vb), zero), m80);
+            __m128i v0, v1;
+            join16(_mm_loadu_si128((const __m128i *)(e + c)),
+                   _mm_or_si128(_mm_loadu_si128((const __m128i *)(sm + c)), flip), &v0, &v1);
             if (up) {
-                __m128i above = _mm_loadu_si128((const __m128i *)(up + c));
-                s = _mm_xor_si128(s, _mm_and_si128(above, m80));
+                __m128i a0 = _mm_loadu_si128((const __m128i *)(up + 2 * c));
+                __m128i a1 = _mm_loadu_si128((const __m128i *)(up + 2 * c + 16));
+                v0 = _mm_xor_si128(v0, _mm_and_si128(a0, m8000));
+                v1 = _mm_xor_si128(v1, _mm_and_si128(a1, m8000));
             }
-            __m128i *sc = (__m128i *)(sm + c);
-            _mm_storeu_si128(sc, _mm_or_si128(_mm_loadu_si128(sc), s));
+            _mm_storeu_si128((__m128i *)(out + 2 * c), v0);
+            _mm_storeu_si128((__m128i *)(out + 2 * c + 16), v1);
         }
 #endif
-        for (; c < n; c++)
-            sm[c] = (uint8_t)(sm[c] | ((q[c] & bit ? 0x80 : 0) ^ (up ? up[c] & 0x80 : 0)));
+        for (; c < n; c++) {
+            unsigned v = join1(e[c], sm[c] | (q[c] & bit ? 0x80u : 0));
+            put_le16(out + 2 * c, (uint16_t)(v ^ (up ? get_le16(up + 2 * c) & 0x8000u : 0)));
+        }
     }
-    join_fields(w->exp, w->sm, k, dst);
     return KVS_OK;
 }
 
