@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_mantissas.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
@@ -965,6 +966,102 @@ static const char *kvdata_dir(void)
     return NULL;
 }
 
+
+/* Level 3 with the scalar kernels and with the AVX-512 ones (the rANS
+ * kernels, the BMI2 mantissa packing): the same bytes on every shape and
+ * fill (tails of the 8-element packing: k mod 8 from 1 to 7), and each
+ * decodes the other's. */
+static void test_rans_signs_isas(void)
+{
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_rans_signs_isas: no AVX-512 here: nothing to compare\n");
+        return;
+    }
+    static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
+                                        {9, 13},  {64, 256}, {257, 256}, {513, 128},
+                                        {67, 45}, {1027, 64}};
+    kvs_stage *st3 = rans_stage_at(3);
+    size_t same = 0, runs = 0;
+    for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
+        for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
+            kvs_layout l = {0};
+            REQUIRE(kvs_layout_add_group(&l, 2, shapes[z], KVS_DTYPE_BFLOAT16) == KVS_OK);
+            kvs_memobj *o = new_obj(&l);
+            uint64_t c = (uint64_t)shapes[z][1];
+            if (f == ROWS_COPIED) fill_rows(o, c, 3 + z);
+            else if (f == SIGNS_KEPT) fill_signs(o, c, 9 + z);
+            else fill(o, (enum fill)f, 17 * z + (uint64_t)f);
+            size_t n = (size_t)kvs_layout_nbytes(&l);
+            uint8_t *e[2] = {NULL, NULL}, *back = malloc(n);
+            size_t m[2];
+            for (int simd = 0; simd < 2; simd++) {
+                kvs_rans_set_simd(simd);
+                m[simd] = rans_encode(st3, o->data, n, c, &e[simd]);
+            }
+            int eq = m[0] == m[1] && memcmp(e[0], e[1], m[0]) == 0;
+            if (!eq)
+                fprintf(stderr, "level 3, [%lld, %lld], fill %d: %zu and %zu bytes\n",
+                        (long long)shapes[z][0], (long long)shapes[z][1], f, m[0], m[1]);
+            same += eq;
+            for (int simd = 0; simd < 2; simd++) {
+                kvs_rans_set_simd(simd);
+                size_t got = 0;
+                CHECK(stage_decode(e[!simd], m[!simd], 2, back, n, &got) == KVS_OK && got == n &&
+                      memcmp(back, o->data, n) == 0);
+            }
+            runs++;
+            free(e[0]);
+            free(e[1]);
+            free(back);
+            kvs_memobj_free(o);
+        }
+    CHECK(same == runs);
+    kvs_rans_set_simd(1);
+    kvs_stage_lossless_type.destroy(st3);
+}
+
+/* The BMI2 mantissa packing against the bit string it defines (element i's
+ * bits 0-6 in bits 7i..7i+6), at every start offset 0-7 and counts 0-70:
+ * what it packs and what it writes past (one 0 byte), what it unpacks. */
+static void test_mantissa_kernels(void)
+{
+#if defined(__x86_64__)
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_mantissa_kernels: no AVX-512 here: nothing to compare\n");
+        return;
+    }
+    uint8_t sm[80], in[96], out[96], want[96], back[80];
+    uint64_t s = 12345;
+    size_t bad = 0;
+    for (size_t off = 0; off < 8; off++)
+        for (size_t k = 0; k <= 70; k++) {
+            for (size_t i = 0; i < sizeof sm; i++) sm[i] = (uint8_t)lcg(&s);
+            memset(out, 0xA5, sizeof out);
+            size_t c = kvs_llx_pack7_avx512(sm, k, out + off);
+            bad += c != k / 8 * 8;
+            memset(want, 0, sizeof want);
+            for (size_t i = 0; i < c; i++)
+                for (unsigned t = 0; t < 7; t++)
+                    if (sm[i] >> t & 1) want[(7 * i + t) / 8] |= (uint8_t)(1u << ((7 * i + t) % 8));
+            size_t nb = c / 8 * 7;
+            bad += memcmp(out + off, want, nb) != 0;
+            bad += c && out[off + nb] != 0; /* the byte past them */
+            bad += out[off + nb + (c > 0)] != 0xA5;
+            for (size_t i = 0; i < off; i++) bad += out[i] != 0xA5;
+            /* unpack from the bit string with the next byte's bits set */
+            memcpy(in + off, want, nb);
+            in[off + nb] = 0xFF;
+            memset(back, 0xA5, sizeof back);
+            bad += kvs_llx_unpack7_avx512(in + off, k, back) != c;
+            for (size_t i = 0; i < c; i++) bad += back[i] != (sm[i] & 0x7F);
+            bad += back[c] != 0xA5;
+        }
+    CHECK(bad == 0);
+#else
+    printf("test_mantissa_kernels: not x86: nothing to compare\n");
+#endif
+}
+
 /* The `kv` tensor of a safetensors file: its bytes (malloc'd) and shape. */
 static uint8_t *read_kv(const char *path, int64_t dims[4], size_t *nbytes)
 {
@@ -1146,6 +1243,8 @@ int main(void)
     RUN(test_rans_refs_payload);
     RUN(test_rans_signs_roundtrips);
     RUN(test_rans_signs_payload);
+    RUN(test_rans_signs_isas);
+    RUN(test_mantissa_kernels);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -61,6 +61,7 @@
 
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_mantissas.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 #include "util/cpu_features.h"
@@ -698,7 +699,11 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
  * their bytes are written, below the next 8. */
 static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
 {
-    size_t o = 0, i = 0;
+    size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_pack7_avx512(sm, k, out);
+#endif
+    size_t o = i / 8 * 7;
     /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
      * bits of u32s -> 56 bits */
     for (; i + 8 <= k; i += 8, o += 7) {
@@ -1072,7 +1077,11 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
  * past them. */
 static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned long long b)
 {
-    size_t o = 0, i = 0;
+    size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
+#endif
+    size_t o = i / 8 * 7;
     /* pack_mantissas' steps backwards */
     for (; i + 8 <= k; i += 8, o += 7) {
         /* the 8th byte read is the record's next (its group count at
