@@ -332,6 +332,15 @@ static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
     return m;
 }
 
+/* The set bits of v (the x86-64 baseline has no popcount instruction, and
+ * GCC's builtin is then a call). */
+static inline unsigned popcount32(uint32_t v)
+{
+    v = v - (v >> 1 & 0x55555555u);
+    v = (v & 0x33333333u) + (v >> 2 & 0x33333333u);
+    return ((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u >> 24;
+}
+
 /* The set bits of p[0..n). */
 static size_t bits_set(const uint8_t *p, size_t n)
 {
@@ -521,7 +530,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | m);
             fl[(nfl >> 3) + 1] = (uint8_t)(fl[(nfl >> 3) + 1] | m >> 8);
             fl[(nfl >> 3) + 2] = (uint8_t)(fl[(nfl >> 3) + 2] | m >> 16);
-            same += (size_t)__builtin_popcount(m);
+            same += popcount32(m);
             uint8_t df[16];
             _mm_storeu_si128((__m128i *)df,
                              _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
@@ -679,7 +688,7 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
     for (uint32_t c = 0; c < period; c++) {
         uint64_t f = 0;
         for (unsigned v = 1; v < 16; v++)
-            f += (uint64_t)cnt[c][v] * (unsigned)__builtin_popcount(v);
+            f += (uint64_t)cnt[c][v] * popcount32(v);
         unsigned q = 10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3;
         w->sclass[c] = (uint8_t)q;
         for (unsigned v = 0; v < 16; v++) h[q][v] += cnt[c][v];
