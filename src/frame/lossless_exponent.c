@@ -100,7 +100,7 @@ struct kvs_llx_scratch {
     uint16_t order[2][KVS_LLX_MAX_PERIOD]; /* channels by mean */
     uint8_t group[KVS_LLX_MAX_PERIOD];
     uint8_t sclass[KVS_LLX_MAX_PERIOD];  /* kind 3: each channel's sign class */
-    uint32_t nib_count[KVS_LLX_MAX_PERIOD][16]; /* ... the encoder: its nibbles' counts */
+    uint32_t flips[KVS_LLX_MAX_PERIOD];  /* ... the encoder: its sign flips */
     kvs_rans_enc_tables enc;
     kvs_rans_dec_tables dec;
 };
@@ -674,25 +674,64 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
                         kvs_rans_freqs ts[LLX_SIGN_CLASSES])
 {
     const uint8_t *restrict nib = w->exp + k;
-    /* One pass: each channel's 16 nibble counts (neighbouring increments
-     * hit different channels, so they do not wait on each other as one
-     * histogram per class did: that pass was a tenth of level 3's encoder);
-     * its flips and its class's histogram follow from them. */
-    uint32_t(*restrict cnt)[16] = w->nib_count;
-    memset(cnt, 0, period * sizeof cnt[0]);
-    for (size_t j = 0; j < n; j += period)
-        for (uint32_t c = 0; c < period; c++) cnt[c][nib[j + c]]++;
-    uint64_t rows = (k + period - 1) / period;
-    uint32_t h[LLX_SIGN_CLASSES][256];
-    memset(h, 0, sizeof h);
-    for (uint32_t c = 0; c < period; c++) {
-        uint64_t f = 0;
-        for (unsigned v = 1; v < 16; v++)
-            f += (uint64_t)cnt[c][v] * popcount32(v);
-        unsigned q = 10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3;
-        w->sclass[c] = (uint8_t)q;
-        for (unsigned v = 0; v < 16; v++) h[q][v] += cnt[c][v];
+    uint32_t *restrict flips = w->flips;
+    memset(flips, 0, period * sizeof flips[0]);
+    /* Each channel's flips, the set bits of its nibbles: 16 channels at a
+     * time, summed in bytes over up to 63 nibbles (4 bits each), then
+     * added to the u32 counts. */
+    for (size_t j0 = 0; j0 < n; j0 += 63 * (size_t)period) {
+        size_t j1 = n - j0 < 63 * (size_t)period ? n : j0 + 63 * (size_t)period;
+        uint32_t c = 0;
+#ifdef __SSE2__
+        const __m128i m55 = _mm_set1_epi8(0x55), m33 = _mm_set1_epi8(0x33),
+                      zero = _mm_setzero_si128();
+        for (; c + 16 <= period; c += 16) {
+            __m128i acc = zero;
+            for (size_t j = j0; j < j1; j += period) {
+                __m128i x = _mm_loadu_si128((const __m128i *)(nib + j + c));
+                x = _mm_sub_epi8(x, _mm_and_si128(_mm_srli_epi16(x, 1), m55));
+                x = _mm_add_epi8(_mm_and_si128(x, m33), _mm_and_si128(_mm_srli_epi16(x, 2), m33));
+                acc = _mm_add_epi8(acc, x);
+            }
+            uint8_t a[16];
+            _mm_storeu_si128((__m128i *)a, acc);
+            for (unsigned t = 0; t < 16; t++) flips[c + t] += a[t];
+        }
+#endif
+        for (; c < period; c++)
+            for (size_t j = j0; j < j1; j += period) flips[c] += popcount32(nib[j + c]);
     }
+    uint64_t rows = (k + period - 1) / period;
+    for (uint32_t c = 0; c < period; c++) {
+        uint64_t f = flips[c];
+        w->sclass[c] =
+            (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
+    }
+    /* The histogram of (class, nibble), a partial one per channel mod 16:
+     * most nibbles are 0 in class 0, and one counter would chain its
+     * increments (that pass was a tenth of level 3's encoder). */
+    uint32_t h16[16][LLX_SIGN_CLASSES * 16], h[LLX_SIGN_CLASSES][256];
+    memset(h16, 0, sizeof h16);
+    uint8_t *restrict key = w->ctx + k; /* the class x 16 of each channel, then the contexts */
+    for (uint32_t c = 0; c < period; c++) key[c] = (uint8_t)(w->sclass[c] << 4);
+    for (size_t j = 0; j < n; j += period) {
+        uint32_t c = 0;
+#ifdef __SSE2__
+        /* the keys 16 at a time, then one load and one add per count */
+        for (; c + 16 <= period; c += 16) {
+            uint8_t kb[16];
+            _mm_storeu_si128((__m128i *)kb,
+                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(key + c)),
+                                          _mm_loadu_si128((const __m128i *)(nib + j + c))));
+            for (unsigned t = 0; t < 16; t++) h16[t][kb[t]]++;
+        }
+#endif
+        for (; c < period; c++) h16[c & 15][key[c] | nib[j + c]]++;
+    }
+    memset(h, 0, sizeof h);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
+        for (unsigned v = 0; v < 16; v++)
+            for (unsigned t = 0; t < 16; t++) h[q][v] += h16[t][q << 4 | v];
     /* the contexts repeat every period */
     uint8_t *ctx = w->ctx + k;
     for (uint32_t c = 0; c < period && n; c++) ctx[c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
