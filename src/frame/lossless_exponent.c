@@ -576,9 +576,19 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             u += len;
             continue;
         }
+        size_t d = (size_t)w->ref[r] * period, c = 0;
+#if KVS_HAVE_X86
+        if (rows_simd()) {
+            size_t used = 0;
+            c = kvs_llx_row_split_avx512vbmi2(exp + i0, exp + i0 - d, sm_all + i0, fl, nfb, bit,
+                                              len, LLX_DIFF_CTX, w->sym + u, w->sym_ctx + u,
+                                              w->sm + u, &used);
+            u += used;
+            bit += c;
+        }
+#endif
         /* without branches: whether an element repeats is a coin toss */
-        size_t d = (size_t)w->ref[r] * period;
-        for (size_t c = 0; c < len; c++, bit++) {
+        for (; c < len; c++, bit++) {
             size_t i = i0 + c;
             w->sym[u] = (uint8_t)(exp[i] - exp[i - d]);
             w->sym_ctx[u] = LLX_DIFF_CTX;

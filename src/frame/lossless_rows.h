@@ -16,6 +16,16 @@
 size_t kvs_llx_row_refs_avx512vbmi2(const uint8_t *above, const uint8_t *fl, size_t nfb,
                                     size_t fbit, const uint8_t *sym, const uint8_t *sm, size_t n,
                                     uint8_t *out, size_t *used);
+
+/* The encoder's inverse for elements [0, c) of a row of n (c as above):
+ * each element j whose flag bit fbit + j of fl[0..nfb) is clear appends
+ * exp[j] - above[j] (mod 256) to sym, ctx to sym_ctx and sm[j] to sm_out,
+ * in element order; nothing is written past what is appended. Returns c;
+ * *used = the bytes appended to each. */
+size_t kvs_llx_row_split_avx512vbmi2(const uint8_t *exp, const uint8_t *above, const uint8_t *sm,
+                                     const uint8_t *fl, size_t nfb, size_t fbit, size_t n,
+                                     uint8_t ctx, uint8_t *sym, uint8_t *sym_ctx, uint8_t *sm_out,
+                                     size_t *used);
 #endif
 
 #endif /* KVSERDE_FRAME_LOSSLESS_ROWS_H */

@@ -1,7 +1,9 @@
 /* lossless_rows_avx512vbmi2.c - the rebuild of a row with a reference
  * (record kind 2, lossless_exponent.c) 32 elements at a time, with AVX-512
  * VBMI2's expanding byte loads: the scalar loop takes a flag, a difference
- * and a select per element, as much time as decoding the rANS stream.
+ * and a select per element, as much time as decoding the rANS stream; and
+ * the encoder's inverse, the row's elements not repeated gathered with
+ * compressing byte stores.
  * Compiled with the AVX-512 flags and -mavx512vbmi2 (CMakeLists.txt); the
  * caller checks the CPU. Writes what the scalar loop writes, bit for bit
  * (test_lossless runs both). */
@@ -38,6 +40,29 @@ size_t kvs_llx_row_refs_avx512vbmi2(const uint8_t *above, const uint8_t *fl, siz
                                     _mm512_and_si512(b, m7f));
         _mm512_storeu_si512(out + 2 * c, _mm512_mask_blend_epi16(rep, v, a));
         s += (size_t)__builtin_popcount((unsigned)keep);
+    }
+    *used = s;
+    return c;
+}
+
+size_t kvs_llx_row_split_avx512vbmi2(const uint8_t *exp, const uint8_t *above, const uint8_t *sm,
+                                     const uint8_t *fl, size_t nfb, size_t fbit, size_t n,
+                                     uint8_t ctx, uint8_t *sym, uint8_t *sym_ctx, uint8_t *sm_out,
+                                     size_t *used)
+{
+    const __m256i cv = _mm256_set1_epi8((char)ctx);
+    size_t c = 0, s = 0;
+    for (; c + 32 <= n; c += 32, fbit += 32) {
+        __mmask32 keep = ~flags32(fl, nfb, fbit);
+        unsigned cnt = (unsigned)__builtin_popcount((unsigned)keep);
+        __mmask32 low = _bzhi_u32(~0u, cnt);
+        __m256i d = _mm256_sub_epi8(_mm256_loadu_si256((const __m256i *)(exp + c)),
+                                    _mm256_loadu_si256((const __m256i *)(above + c)));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(sm + c));
+        _mm256_mask_storeu_epi8(sym + s, low, _mm256_maskz_compress_epi8(keep, d));
+        _mm256_mask_storeu_epi8(sm_out + s, low, _mm256_maskz_compress_epi8(keep, b));
+        _mm256_mask_storeu_epi8(sym_ctx + s, low, cv);
+        s += cnt;
     }
     *used = s;
     return c;
