@@ -194,6 +194,20 @@ static void fill_signs(kvs_memobj *o, uint64_t c, uint64_t seed)
     }
 }
 
+/* A bfloat16 object of shape [rows, channels] under fill f of enum fill,
+ * ROWS_COPIED or SIGNS_KEPT. */
+static kvs_memobj *filled_obj(const int64_t shape[2], int f, uint64_t seed)
+{
+    kvs_layout l = {0};
+    if (kvs_layout_add_group(&l, 2, shape, KVS_DTYPE_BFLOAT16) != KVS_OK) abort();
+    kvs_memobj *o = new_obj(&l);
+    uint64_t c = (uint64_t)shape[1];
+    if (f == ROWS_COPIED) fill_rows(o, c, seed);
+    else if (f == SIGNS_KEPT) fill_signs(o, c, seed);
+    else fill(o, (enum fill)f, seed);
+    return o;
+}
+
 /* ---------------------------------------------------------------------
  * Round trips
  * ------------------------------------------------------------------ */
@@ -815,13 +829,9 @@ static void test_rans_signs_roundtrips(void)
     int packed = 0; /* kind 3 records whose mantissas were checked */
     for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
         for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
-            kvs_layout l = {0};
-            REQUIRE(kvs_layout_add_group(&l, 2, shapes[z], KVS_DTYPE_BFLOAT16) == KVS_OK);
-            kvs_memobj *o = new_obj(&l);
+            kvs_memobj *o = filled_obj(shapes[z], f, 13 * z + (uint64_t)f);
+            const kvs_layout l = o->layout;
             uint64_t c = (uint64_t)shapes[z][1];
-            if (f == ROWS_COPIED) fill_rows(o, c, 7 + z);
-            else if (f == SIGNS_KEPT) fill_signs(o, c, 5 + z);
-            else fill(o, (enum fill)f, 13 * z + (uint64_t)f);
             int ok = roundtrip(RANS3_LL, o, NULL);
             if (!ok)
                 fprintf(stderr, "rans level 3: [%lld, %lld], fill %d\n", (long long)shapes[z][0],
@@ -986,14 +996,9 @@ static void test_rans_isas(void)
         kvs_stage *st = rans_stage_at(level);
         for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
             for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
-                kvs_layout l = {0};
-                REQUIRE(kvs_layout_add_group(&l, 2, shapes[z], KVS_DTYPE_BFLOAT16) == KVS_OK);
-                kvs_memobj *o = new_obj(&l);
+                kvs_memobj *o = filled_obj(shapes[z], f, 17 * z + (uint64_t)f);
                 uint64_t c = (uint64_t)shapes[z][1];
-                if (f == ROWS_COPIED) fill_rows(o, c, 3 + z);
-                else if (f == SIGNS_KEPT) fill_signs(o, c, 9 + z);
-                else fill(o, (enum fill)f, 17 * z + (uint64_t)f);
-                size_t n = (size_t)kvs_layout_nbytes(&l);
+                size_t n = (size_t)kvs_layout_nbytes(&o->layout);
                 uint8_t *e[2] = {NULL, NULL}, *back = malloc(n);
                 size_t m[2];
                 for (int simd = 0; simd < 2; simd++) {
