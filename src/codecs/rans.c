@@ -187,7 +187,8 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
                 shift -= 1;
                 bias = start;
             }
-            e->sym[c * 256 + s] = (uint64_t)(bias | f << 13 | shift << 26) << 32 | rcp;
+            e->rcp[c * 256 + s] = rcp;
+            e->info[c * 256 + s] = bias | f << 13 | shift << 26;
             start += f;
         }
     }
@@ -276,9 +277,9 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
         size_t i = g * KVS_RANS_LANES;
         for (int l = KVS_RANS_LANES - 1; l >= 0; l--) {
             unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
-            uint32_t info = KVS_RANS_INFO(e->sym[k]);
+            uint32_t info = e->info[k];
             bad |= (info >> 13 & 0x1FFF) == 0;
-            x[l] = enc_put(x[l], info, KVS_RANS_RCP(e->sym[k]), &p);
+            x[l] = enc_put(x[l], info, e->rcp[k], &p);
         }
     }
     *pp = p;
@@ -298,9 +299,9 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
     /* The symbols after the last whole group, last first; then the groups. */
     for (size_t i = n; i-- > n - n % KVS_RANS_LANES;) {
         unsigned k = CTX_AT(ctx, i, e->top) * 256u + sym[i];
-        uint32_t info = KVS_RANS_INFO(e->sym[k]);
+        uint32_t info = e->info[k];
         nocode |= (info >> 13 & 0x1FFF) == 0;
-        x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, KVS_RANS_RCP(e->sym[k]), &p);
+        x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, e->rcp[k], &p);
     }
     size_t groups = n / KVS_RANS_LANES;
 #if KVS_HAVE_X86
@@ -311,8 +312,7 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
         kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, &p, &nocode);
     if (nocode) {
         size_t at = 0;
-        while (at < n &&
-               KVS_RANS_INFO(e->sym[CTX_AT(ctx, at, e->top) * 256u + sym[at]]) >> 13 & 0x1FFF)
+        while (at < n && e->info[CTX_AT(ctx, at, e->top) * 256u + sym[at]] >> 13 & 0x1FFF)
             at++;
         return kvs_set_error(KVS_EINVAL,
                              "rans: symbol %u at %zu has frequency 0 in the table of context %u",

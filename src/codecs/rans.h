@@ -47,17 +47,14 @@ typedef struct kvs_rans_freqs {
     uint16_t f[256];
 } kvs_rans_freqs;
 
-/* The encoder's per-symbol constants, per context (index ctx * 256 + s),
- * one u64 each so that one load (one gather lane) fetches both: bits 0-31
- * the reciprocal of the frequency f, bits 32-63 (KVS_RANS_INFO) bias (bits
- * 0-12) | f (bits 13-25, 0 = no code) | reciprocal shift (bits 26-29). 16
- * KiB for eight contexts. */
+/* The encoder's per-symbol constants, per context (index ctx * 256 + s):
+ * the reciprocal of the frequency f, and bias (bits 0-12) | f (bits 13-25,
+ * 0 = no code) | reciprocal shift (bits 26-29). 16 KiB for eight contexts. */
 typedef struct kvs_rans_enc_tables {
-    uint64_t sym[KVS_RANS_MAX_CTX * 256];
+    uint32_t rcp[KVS_RANS_MAX_CTX * 256];
+    uint32_t info[KVS_RANS_MAX_CTX * 256];
     uint32_t top; /* the last context with a table: nctx - 1 */
 } kvs_rans_enc_tables;
-#define KVS_RANS_RCP(e) ((uint32_t)(e))
-#define KVS_RANS_INFO(e) ((uint32_t)((e) >> 32))
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
  * slot's symbol (bits 24-31), its frequency - 1 (bits 12-23) and the slot's

@@ -61,13 +61,8 @@ static inline __m512i enc_half(const kvs_rans_enc_tables *e, __m512i X, const ui
 {
     __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sym16));
     if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, e->top, 8));
-    /* each lane's u64 (reciprocal, info): two gathers of 8 loads, not two
-     * of 16 (the loads were what the kernel waited on) */
-    __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(k), (const void *)e->sym, 8);
-    __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(k, 1), (const void *)e->sym, 8);
-    const __m512i lo = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    __m512i rcp = _mm512_permutex2var_epi32(g0, lo, g1);
-    __m512i info = _mm512_permutex2var_epi32(g0, _mm512_add_epi32(lo, _mm512_set1_epi32(1)), g1);
+    __m512i info = _mm512_i32gather_epi32(k, (const void *)e->info, 4);
+    __m512i rcp = _mm512_i32gather_epi32(k, (const void *)e->rcp, 4);
     __m512i f = _mm512_and_si512(_mm512_srli_epi32(info, 13), _mm512_set1_epi32(0x1FFF));
     *bad |= _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512());
     __mmask16 out = _mm512_cmpge_epu32_mask(X, _mm512_slli_epi32(f, KVS_RANS_XMAX_SHIFT));
