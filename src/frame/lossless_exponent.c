@@ -173,9 +173,10 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
 }
 
 #if KVS_HAVE_X86
-/* The rebuild of rows with references: AVX-512 VBMI2 where the CPU has it
- * and the rANS coder uses its AVX-512 kernels (the same set; KVSERDE_ISA and
- * kvs_rans_set_simd choose for both). */
+/* The rebuild of rows with references and the encoder's split of them:
+ * AVX-512 VBMI2 where the CPU has it and the rANS coder uses its AVX-512
+ * kernels (the same set; KVSERDE_ISA and kvs_rans_set_simd choose for
+ * both). */
 static int rows_simd(void)
 {
     return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_simd_in_use();

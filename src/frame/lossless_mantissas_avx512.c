@@ -1,7 +1,7 @@
 /* lossless_mantissas_avx512.c - kind 3's mantissas (lossless_mantissas.h)
  * 8 at a time with one BMI2 pext or pdep (the portable loop takes three
- * shift-and-mask steps each way: the unpacking was a quarter of the
- * decoder's work outside the rANS stream). Compiled with the AVX-512 flags,
+ * shift-and-mask steps each way: the unpacking was a sixth of level 3's
+ * decoding outside the rANS stream). Compiled with the AVX-512 flags,
  * which include -mbmi2 (CMakeLists.txt); the caller uses it with the rANS
  * coder's AVX-512 kernels (the same CPU check and KVSERDE_ISA, and CPUs
  * whose pdep is slow microcode have no AVX-512). Writes what the portable
