@@ -1,8 +1,6 @@
 /* test_transform.c - the calibrated transform (codecs/transform.c), its
  * coefficient coder (codecs/coef_coder.c) and the "transform" typed stage
  * (frame/stage_transform.c), alone and through the pipeline serde. */
-#include <cblas.h>
-#include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -11,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "codecs/blas.h"
 #include "codecs/coef_coder.h"
 #include "codecs/half.h"
 #include "codecs/transform.h"
@@ -638,36 +637,26 @@ static void test_damaged_payloads_refused(void)
 
 /* ---- split across workers ---------------------------------------------- */
 
-/* The library's calls of cblas_sgemm land here (this executable's symbol
- * comes first) and go on to OpenBLAS's: while `watching`, the threads that
- * made them are counted, to see the streams' products run on two workers. */
-typedef void (*sgemm_fn)(const enum CBLAS_ORDER, const enum CBLAS_TRANSPOSE,
-                         const enum CBLAS_TRANSPOSE, const blasint, const blasint, const blasint,
-                         const float, const float *, const blasint, const float *, const blasint,
-                         const float, float *, const blasint);
-static atomic_int watching;
+/* While the test runs, the library's sgemm calls go through counted_sgemm
+ * (the loaded table's entry swapped, blas.h), which counts the threads that
+ * made them and goes on to OpenBLAS's: the streams' products should run on
+ * both workers. */
+static kvs_sgemm_fn real_sgemm;
 static pthread_t seen[2];
 static atomic_int nseen;
 static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
-static sgemm_fn real_sgemm;
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-static void find_real(void) { *(void **)&real_sgemm = dlsym(RTLD_NEXT, "cblas_sgemm"); }
 
-void cblas_sgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta,
-                 const enum CBLAS_TRANSPOSE tb, const blasint m, const blasint n,
-                 const blasint k, const float alpha, const float *a, const blasint lda,
-                 const float *b, const blasint ldb, const float beta, float *c,
-                 const blasint ldc)
+static void counted_sgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta,
+                          const enum CBLAS_TRANSPOSE tb, const blasint m, const blasint n,
+                          const blasint k, const float alpha, const float *a, const blasint lda,
+                          const float *b, const blasint ldb, const float beta, float *c,
+                          const blasint ldc)
 {
-    if (atomic_load(&watching)) {
-        pthread_mutex_lock(&seen_mu);
-        int i = 0, have = atomic_load(&nseen);
-        while (i < have && !pthread_equal(seen[i], pthread_self())) i++;
-        if (i == have && have < 2) seen[atomic_fetch_add(&nseen, 1)] = pthread_self();
-        pthread_mutex_unlock(&seen_mu);
-    }
-    pthread_once(&real_once, find_real);
-    if (real_sgemm == NULL) abort();
+    pthread_mutex_lock(&seen_mu);
+    int i = 0, have = atomic_load(&nseen);
+    while (i < have && !pthread_equal(seen[i], pthread_self())) i++;
+    if (i == have && have < 2) seen[atomic_fetch_add(&nseen, 1)] = pthread_self();
+    pthread_mutex_unlock(&seen_mu);
     real_sgemm(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -708,6 +697,11 @@ static void test_split_across_workers(void)
     kvs_processor *p = NULL;
     REQUIRE_OK(kvs_async_processor_create(p2.serializer, p2.deserializer, 2, &p));
     REQUIRE_OK(kvs_async_processor_set_split(p, 0, 1));
+    const kvs_blas *blas = NULL;
+    REQUIRE_OK(kvs_blas_get("test", &blas));
+    kvs_blas *table = (kvs_blas *)blas; /* not const underneath: blas.h */
+    real_sgemm = table->sgemm;
+    table->sgemm = counted_sgemm;
     kvs_memobj *ip = &in, *bp = &bmo, *kp = &bkmo;
     int threads[2] = {0, 0}; /* the most threads seen encoding, decoding */
     for (int round = 0; round < 20 && (threads[0] < 2 || threads[1] < 2); round++) {
@@ -715,23 +709,20 @@ static void test_split_across_workers(void)
         kvs_task_result r;
         memset(blob, 0, cap);
         atomic_store(&nseen, 0);
-        atomic_store(&watching, 1);
         REQUIRE_OK(kvs_processor_submit_serialize(p, &ip, 1, &bp, 1, NULL, &id));
         REQUIRE(kvs_test_proc_wait(p, 1, id, &r) == KVS_OK);
-        atomic_store(&watching, 0);
         if (atomic_load(&nseen) > threads[0]) threads[0] = atomic_load(&nseen);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(bmo.used_size == len && memcmp(blob, want, len) == 0);
         memset(back, 0, N2 * sizeof(float));
         atomic_store(&nseen, 0);
-        atomic_store(&watching, 1);
         REQUIRE_OK(kvs_processor_submit_deserialize(p, &bp, 1, &kp, 1, NULL, &id));
         REQUIRE(kvs_test_proc_wait(p, 0, id, &r) == KVS_OK);
-        atomic_store(&watching, 0);
         if (atomic_load(&nseen) > threads[1]) threads[1] = atomic_load(&nseen);
         CHECK(r.state == KVS_TASK_OK);
         CHECK(memcmp(back, back1, N2 * sizeof(float)) == 0);
     }
+    table->sgemm = real_sgemm;
     CHECK(threads[0] == 2);
     CHECK(threads[1] == 2);
     kvs_processor_destroy(p);
@@ -739,8 +730,32 @@ static void test_split_across_workers(void)
     free(kv), free(chunk), free(want), free(blob), free(back1), free(back);
 }
 
+/* ---- OpenBLAS is loaded on first use ----------------------------------- */
+
+/* Whether a library whose path contains `name` is mapped into this process. */
+static int mapped(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[4096];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) found = strstr(line, name) != NULL;
+    if (f) fclose(f);
+    return found;
+}
+
+/* Runs first: linking kvserde does not load OpenBLAS (nor start its
+ * threads); the first calibration does. */
+static void test_openblas_loaded_on_first_use(void)
+{
+    CHECK(!mapped("libopenblas"));
+    kvs_transform *t = calibrate(1, 1);
+    CHECK(mapped("libopenblas"));
+    kvs_transform_free(t);
+}
+
 int main(void)
 {
+    RUN(test_openblas_loaded_on_first_use);
     make_files();
     RUN(test_coder_round_trip_exact);
     RUN(test_coder_refusals);

@@ -5,7 +5,6 @@
  * library); its writer is the tool's (`kvserde calibrate`). */
 #include "codecs/transform.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -14,6 +13,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "codecs/blas.h"
 #include "kvserde/error.h"
 
 const char *const kvs_transform_tensor_names[KVS_TRANSFORM_NTENSORS] = {
@@ -273,6 +273,7 @@ struct kvs_calibration {
     double *sum[2]; /* layers x hidden */
     double *sq[2];  /* layers x hidden x hidden: sum of x x^T (upper triangle) */
     double *rows;   /* tokens-block scratch, converted to double */
+    const kvs_blas *blas;
 };
 
 #define CAL_BLOCK 256 /* rows converted and accumulated at a time */
@@ -290,12 +291,15 @@ void kvs_calibration_free(kvs_calibration *c)
 
 int kvs_calibration_new(uint32_t layers, uint32_t hidden, kvs_calibration **out)
 {
+    const kvs_blas *blas;
     int rc = check_dims("calibrate", layers, hidden);
+    if (rc == KVS_OK) rc = kvs_blas_get("calibrate", &blas);
     if (rc) return rc;
     kvs_calibration *c = calloc(1, sizeof *c);
     if (c == NULL) return kvs_set_error(KVS_ENOMEM, "calibrate: out of memory");
     c->layers = layers;
     c->hidden = hidden;
+    c->blas = blas;
     size_t lh = (size_t)layers * hidden;
     int ok = 1;
     for (int kv = 0; kv < 2; kv++) {
@@ -334,8 +338,8 @@ int kvs_calibration_add(kvs_calibration *c, const float *kv, uint64_t tokens)
                     sum[r % h] += v;
                 }
                 /* sq += rows^T rows (upper triangle, row-major) */
-                cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)h, (int)nb, 1.0, c->rows,
-                            (int)h, 1.0, sq, (int)h);
+                c->blas->dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)h, (int)nb, 1.0,
+                               c->rows, (int)h, 1.0, sq, (int)h);
             }
         }
     c->chunks++;
@@ -345,11 +349,6 @@ int kvs_calibration_add(kvs_calibration *c, const float *kv, uint64_t tokens)
 
 uint64_t kvs_calibration_chunks(const kvs_calibration *c) { return c->chunks; }
 uint64_t kvs_calibration_tokens(const kvs_calibration *c) { return c->tokens; }
-
-/* LAPACK's symmetric eigensolver (divide and conquer), from OpenBLAS. */
-extern void dsyevd_(const char *jobz, const char *uplo, const int *n, double *a, const int *lda,
-                    double *w, double *work, const int *lwork, int *iwork, const int *liwork,
-                    int *info);
 
 int kvs_calibration_result(kvs_calibration *c, kvs_transform **out)
 {
@@ -378,7 +377,8 @@ int kvs_calibration_result(kvs_calibration *c, kvs_transform **out)
                 }
             /* Row-major symmetric = column-major symmetric: eigenvectors
              * come back as columns in column-major, i.e. rows of a here. */
-            dsyevd_("V", "U", &n, a, &n, w, work, &lwork, iwork, &liwork, &info);
+            /* LAPACK's symmetric eigensolver (divide and conquer) */
+            c->blas->dsyevd("V", "U", &n, a, &n, w, work, &lwork, iwork, &liwork, &info);
             if (info != 0) {
                 rc = kvs_set_error(KVS_EINVAL,
                                    "calibrate: %s layer %u: the eigendecomposition did not "

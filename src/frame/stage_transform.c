@@ -17,11 +17,11 @@
  * Serves one group of shape [2, layers, tokens, hidden] (KV_2LTD) in
  * bfloat16, float16 or float32, where layers and hidden are the
  * transform's; anything else is refused at encode with the shape wanted. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/blas.h"
 #include "codecs/coef_coder.h"
 #include "codecs/half.h"
 #include "codecs/transform.h"
@@ -166,6 +166,9 @@ static int transform_create(const json_t *config, kvs_stage **out)
     if (rc == KVS_OK) rc = get_number(config, "v_step", step, STEP_MIN, STEP_MAX, &vs);
     if (rc == KVS_OK) rc = get_number(config, "bits", 2.0, 0.05, 16.0, &bits);
     if (rc == KVS_OK) rc = get_number(config, "snr_db", 30.0, 1.0, 120.0, &snr);
+    if (rc) return rc;
+    const kvs_blas *blas; /* refused here, at configuration, if it cannot be loaded */
+    rc = kvs_blas_get("transform", &blas);
     if (rc) return rc;
     transform_stage *s = calloc(1, sizeof *s);
     if (s == NULL) return kvs_set_error(KVS_ENOMEM, "transform: out of memory");
@@ -330,6 +333,7 @@ static int32_t quantize(float c)
 
 typedef struct enc_job {
     const transform_stage *s;
+    const kvs_blas *blas;
     const void *src;
     kvs_dtype dtype;
     size_t T;
@@ -353,8 +357,8 @@ static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_
     const float *mean = t->mean[kv] + (size_t)l * h;
     for (size_t r = 0; r < T; r++)
         for (size_t e = 0; e < h; e++) a[r * h + e] -= mean[e];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h, 1.0f / delta, a,
-                (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, c, (int)h);
+    j->blas->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h, 1.0f / delta,
+                   a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, c, (int)h);
     for (size_t e = 0; e < rows; e++) q[e] = quantize(c[e]);
     /* Components are kept up to the last one with a nonzero value: the
      * trailing ones cost neither bits nor decode time. */
@@ -407,7 +411,9 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
     const transform_stage *s = KVS_CONTAINER_OF(self, const transform_stage, base);
     const kvs_transform *t = s->t;
     uint64_t tokens = 0; /* set by check_layout (-O3 cannot tell) */
+    const kvs_blas *blas = NULL;
     int rc = check_layout(t, &src->layout, "the source", &tokens);
+    if (rc == KVS_OK) rc = kvs_blas_get("transform", &blas);
     if (rc) return rc;
     size_t need = payload_bound(t, tokens);
     if (cap < need)
@@ -420,6 +426,7 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
     put_le32(out + 8, (uint32_t)tokens);
     put_le32(out + 12, t->hidden);
     enc_job job = {s,
+                   blas,
                    src->data,
                    src->layout.groups[0].dtype,
                    (size_t)tokens,
@@ -446,6 +453,7 @@ static int transform_encode(const kvs_stage *self, const kvs_memobj *src, uint8_
 
 typedef struct dec_job {
     const kvs_transform *t;
+    const kvs_blas *blas;
     const uint8_t *in;
     float step[2];
     size_t T;
@@ -505,9 +513,9 @@ static int rebuild_range(void *ctx, uint64_t begin, uint64_t end)
         uint32_t l = (uint32_t)(i % t->layers);
         const float *mean = t->mean[kv] + (size_t)l * h;
         if (kept)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
-                        layer_step(t, kv, l, j->step[kv]), j->coef + j->cpos[i], (int)kept,
-                        t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
+            j->blas->sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
+                           layer_step(t, kv, l, j->step[kv]), j->coef + j->cpos[i], (int)kept,
+                           t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
         else
             memset(x, 0, T * h * sizeof(float));
         for (size_t r = 0; r < T; r++)
@@ -537,7 +545,9 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              (unsigned long long)fp, (unsigned long long)t->fingerprint);
     float step[2] = {get_le_float(params + 8), get_le_float(params + 12)};
     uint64_t tokens = 0; /* set by check_layout (-O3 cannot tell) */
+    const kvs_blas *blas = NULL;
     int rc = check_layout(t, &dst->layout, "the destination", &tokens);
+    if (rc == KVS_OK) rc = kvs_blas_get("transform", &blas);
     if (rc) return rc;
     if (dst->capacity < kvs_layout_nbytes(&dst->layout))
         return kvs_set_error(KVS_ENOSPC, "transform: destination holds %zu bytes, need %llu",
@@ -610,8 +620,8 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
     if (rc == KVS_OK && coef == NULL)
         rc = kvs_set_error(KVS_ENOMEM, "transform: out of memory decoding %zu coefficients",
                            coefs);
-    dec_job job = {t, in, {step[0], step[1]}, T, pos, cpos, coef, dst->layout.groups[0].dtype,
-                   dst->data};
+    dec_job job = {t, blas, in, {step[0], step[1]}, T, pos, cpos, coef,
+                   dst->layout.groups[0].dtype, dst->data};
     size_t nbytes = (size_t)kvs_layout_nbytes(&dst->layout);
     if (rc == KVS_OK)
         rc = kvs_serde_parallel_for(nstreams * KVS_SPLIT_ALIGN, nbytes, decode_range, &job);
