@@ -748,6 +748,12 @@ static void test_clones_match_portable(void)
         p.scale_dtype = lcg(&seed) % 2 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
         p.hadamard = lcg(&seed) % 2 ? 0 : 1u << (1 + lcg(&seed) % 5);
         p.k_outliers = (unsigned)(lcg(&seed) % 4);
+        /* all levels or 2 fewer (a valid count either way: the stage
+         * checks it before the quantizer runs, and the kernels rely on
+         * codes within [-255, 255]) */
+        unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
+        p.levels = most > 3 && lcg(&seed) % 2 ? most - 2 : most;
+        REQUIRE_OK(ref_intq_check(&p, KVS_EINVAL, "test"));
         static const kvs_dtype dts[3] = {KVS_DTYPE_BFLOAT16, KVS_DTYPE_FLOAT16,
                                          KVS_DTYPE_FLOAT32};
         kvs_dtype dt = dts[lcg(&seed) % 3];

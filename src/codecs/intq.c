@@ -801,6 +801,9 @@ static int fused_shape(const kvs_intq_params *p, const group_plan *g)
            (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
 }
 
+#ifndef TOKEN_AHEAD
+#define TOKEN_AHEAD 2
+#endif
 static int fused_token(const enc_job *j, const group_plan *g, const role_plan *r)
 {
     return j->k->encode_token_bf16 && fused_shape(j->p, g) && r->nout == 0 && r->group % 32 == 0 &&
@@ -837,9 +840,9 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         row_format(p, r->group, &f);
         size_t ss = kvs_dtype_size(p->scale_dtype);
         uint64_t first = t0 * (D / r->group);
-        prefetch_next(j, g, pi, t0);
+        const uint8_t *ahead = t0 + TOKEN_AHEAD < g->T ? row_src(j, g, pi, t0 + TOKEN_AHEAD) : NULL;
         if (j->k->encode_token_bf16(row_src(j, g, pi, t0), D, &f, scales + first * ss,
-                                    zeros + first * ss, codes + t0 * g->row_bytes))
+                                    zeros + first * ss, codes + t0 * g->row_bytes, ahead))
             return KVS_OK;
         /* else the row as below, which refuses it or writes it */
     }
@@ -866,11 +869,12 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         kvs_intq_rowfmt f;
         row_format(p, 1, &f);
         size_t ss = kvs_dtype_size(p->scale_dtype);
+        const uint8_t *ahead = t1 + (t1 - t0) <= g->T ? row_src(j, g, pi, t1) : NULL;
         /* (the keys in the row buffer: it holds at least D floats) */
         if (j->k->encode_channel_bf16(row_src(j, g, pi, t0), g->row_stride * g->es, t1 - t0, D,
                                       &f, scales + bi * D * ss, zeros + bi * D * ss,
                                       codes + t0 * g->row_bytes, g->row_bytes,
-                                      (int16_t *)w->rows, w->a, w->b, w->c))
+                                      (int16_t *)w->rows, w->a, w->b, w->c, ahead))
             return KVS_OK;
         /* else the block as below, which refuses it or writes it */
     }

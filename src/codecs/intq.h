@@ -68,7 +68,9 @@ int kvs_intq_check(const kvs_intq_params *p, int code, const char *who);
  * not divide a group's channels (KVS_EINVAL). */
 int kvs_intq_bound(const kvs_intq_params *p, const kvs_layout *layout, size_t *nbytes);
 
-/* Quantize src into out[0..cap); *n = bytes written. Refuses non-finite
+/* Quantize src into out[0..cap); *n = bytes written; p must have passed
+ * kvs_intq_check (the kernels rely on its levels: codes within
+ * [-255, 255]). Refuses non-finite
  * elements and scales that float16 cannot hold (KVS_EINVAL). Splits the
  * work with kvs_serde_parallel_for. */
 int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,

@@ -49,8 +49,8 @@ typedef struct kvs_intq_kernels {
      * caller then runs the portable code from there, which says so. */
     uint64_t (*scales)(const float *mn, const float *mx, uint64_t n, int zero_point, int scale_f16,
                   float steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero);
-    /* 1 / r[i] rounded where that is a normal float, else 0, for quantize
-     * (r > 0) */
+    /* 1 / r[i] rounded where that is a normal float, else NaN, for
+     * quantize (r > 0) */
     void (*reciprocals)(const float *r, uint64_t n, float *out);
     /* intq.c's quantize_run, element i with r[i / group], z[i / group];
      * rinv: NULL or reciprocals() of r, which then saves most divisions */
@@ -87,7 +87,8 @@ typedef struct kvs_intq_kernels {
      * stores, is the reference's lane order's), a scale or zero that does
      * not fit. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
-                             uint8_t *scales, uint8_t *zeros, uint8_t *codes);
+                             uint8_t *scales, uint8_t *zeros, uint8_t *codes,
+                             const uint8_t *ahead);
     /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
      * bfloat16 channels (token t at src + t * stride bytes) without
      * outliers or rotation, likewise: the n channels' scales (and zero
@@ -98,7 +99,7 @@ typedef struct kvs_intq_kernels {
     int (*encode_channel_bf16)(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                                const kvs_intq_rowfmt *f, uint8_t *scales, uint8_t *zeros,
                                uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
-                               float *z, float *rinv);
+                               float *z, float *rinv, const uint8_t *ahead);
     /* decode_bf16: one row of n codes packed `bits` wide (2, 4 or 8) to
      * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
      * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
