@@ -665,6 +665,9 @@ typedef struct enc_job {
     const plan *pl;
     const uint8_t *src;
     uint8_t *out;
+    kvs_intq_feed feed; /* NULL, or kvs_intq_encode_fed's */
+    void *state;
+    uint64_t fed; /* payload bytes fed so far */
 } enc_job;
 
 typedef struct workspace {
@@ -942,18 +945,35 @@ static uint64_t max_channels(const plan *pl)
     return d;
 }
 
+/* The payload up to the end of plane pi of g to the feed: the planes are
+ * stored in the order of the items (make_plan, locate), so once the last
+ * block of a plane is done, every byte before its end is final. */
+static void feed_through_plane(enc_job *j, const group_plan *g, uint64_t pi)
+{
+    uint64_t end = plane_payload(g, pi) + g->role[plane_role(g, pi)].bytes;
+    j->feed(j->state, j->out + j->fed, (size_t)(end - j->fed));
+    j->fed = end;
+}
+
 static int encode_range(void *ctx, uint64_t begin, uint64_t end)
 {
-    const enc_job *j = ctx;
+    enc_job *j = ctx;
     workspace w;
     int rc = ws_alloc(&w, max_channels(j->pl), block_rows_held(j->pl));
     if (rc) return rc;
+    /* fed plane by plane only by a worker that has the whole object (other
+     * workers' planes are not known to be done; kvs_intq_encode_fed then
+     * feeds everything at the end) */
+    int feeds = j->feed && begin == 0 && end == j->pl->nitems;
     for (uint64_t it = begin; it < end && rc == KVS_OK; it++) {
         uint32_t gi;
         uint64_t pi, bi;
         locate(j->pl, it, &gi, &pi, &bi);
-        w.nrows = rows_held(&j->pl->g[gi], plane_role(&j->pl->g[gi], pi));
+        const group_plan *g = &j->pl->g[gi];
+        w.nrows = rows_held(g, plane_role(g, pi));
         rc = encode_block(j, gi, pi, bi, &w);
+        if (rc == KVS_OK && feeds && bi + 1 == g->role[plane_role(g, pi)].nblocks)
+            feed_through_plane(j, g, pi);
     }
     ws_free(&w);
     return rc;
@@ -1019,6 +1039,12 @@ static int outliers_range(void *ctx, uint64_t begin, uint64_t end)
 int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
                     size_t *n)
 {
+    return kvs_intq_encode_fed(p, src, out, cap, n, NULL, NULL);
+}
+
+int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
+                        size_t cap, size_t *n, kvs_intq_feed feed, void *state)
+{
     plan *pl = malloc(sizeof *pl);
     if (pl == NULL) return kvs_set_error(KVS_ENOMEM, "int: out of memory");
     unsigned fmt = known_format(src->format) ? (unsigned)src->format : KVS_FMT_UNDEFINED;
@@ -1026,7 +1052,7 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     if (rc == KVS_OK && cap < pl->bytes)
         rc = kvs_set_error(KVS_ENOSPC, "int: destination too small: %zu bytes, need %llu", cap,
                            (unsigned long long)pl->bytes);
-    enc_job j = {NULL, p, pl, src->data, out};
+    enc_job j = {NULL, p, pl, src->data, out, feed, state, 0};
     if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc) {
         free(pl);
@@ -1040,6 +1066,7 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     size_t nbytes = (size_t)kvs_layout_nbytes(&src->layout);
     if (nk) rc = kvs_serde_parallel_for(nk, nbytes, outliers_range, &j);
     if (rc == KVS_OK) rc = kvs_serde_parallel_for(pl->nitems, nbytes, encode_range, &j);
+    if (rc == KVS_OK && feed) feed(state, out + j.fed, (size_t)(pl->bytes - j.fed));
     if (rc == KVS_OK) *n = (size_t)pl->bytes;
     free(pl);
     return rc;

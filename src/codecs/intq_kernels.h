@@ -109,7 +109,8 @@ typedef struct kvs_intq_kernels {
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
 } kvs_intq_kernels;
 
-/* The AVX-512 variant (F, BW, VL, F16C), compiled in on x86 only. It
+/* The AVX-512 variant (F, BW, VL, BF16, F16C; the fp8 dispatcher's
+ * avx512 check covers them), compiled in on x86 only. It
  * does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
 
