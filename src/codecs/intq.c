@@ -804,9 +804,12 @@ static int fused_shape(const kvs_intq_params *p, const group_plan *g)
            (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
 }
 
-#ifndef TOKEN_AHEAD
+/* The fused token rows prefetch the row this many on (intq_kernels.h's
+ * `ahead`), line by line as they work: 2 was a little faster than 1 in
+ * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
+ * burst of prefetches before the row that prefetch_next issues (its
+ * prefetcht0 waited for fill buffers: a sixth of the encoder's time). */
 #define TOKEN_AHEAD 2
-#endif
 static int fused_token(const enc_job *j, const group_plan *g, const role_plan *r)
 {
     return j->k->encode_token_bf16 && fused_shape(j->p, g) && r->nout == 0 && r->group % 32 == 0 &&

@@ -12,7 +12,8 @@
  * direction, which is what the portable code's round-to-nearest-then-step
  * gives for every finite float32 (overflow included: up past 65504 is
  * inf, down is 65504, and -inf below -65504); bfloat16 narrowing is the
- * integer rounding of half.h, not vcvtneps2bf16 (which flushes subnormals).
+ * integer rounding of half.h, or in the fused decoder vcvtne2ps2bf16 for
+ * a line with no subnormal value (which that instruction reads as 0).
  * Tails use masked loads and stores, so no byte past n is read or written.
  * The fused rows (encode_token_bf16, encode_channel_bf16, decode_bf16)
  * are the same operations on values kept in registers: statistics on the

@@ -85,7 +85,9 @@ typedef struct kvs_intq_kernels {
      * then refuses or writes it): a value not finite, a group minimum of
      * +-0 with a zero point (the sign of that zero, which the zero point
      * stores, is the reference's lane order's), a scale or zero that does
-     * not fit. */
+     * not fit. ahead: NULL, or a row of n bfloat16 the kernel prefetches
+     * (into L1) line by line as it makes the codes, one line per line of
+     * src, so the next rows' loads overlap this row's arithmetic. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales, uint8_t *zeros, uint8_t *codes,
                              const uint8_t *ahead);
@@ -95,7 +97,9 @@ typedef struct kvs_intq_kernels {
      * points) over the block at scales / zeros, token t's codes at
      * codes + t * row_bytes; n % 64 == 0, f->group unused. Work: keys (2n
      * int16), d, z, rinv (n floats each). Returns 1, or 0 having written
-     * nothing, for the same reasons. */
+     * nothing, for the same reasons. ahead: NULL, or the next block (rows
+     * tokens at the same stride), prefetched into L2 line by line as the
+     * codes are made, for the statistics pass that reads it next. */
     int (*encode_channel_bf16)(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                                const kvs_intq_rowfmt *f, uint8_t *scales, uint8_t *zeros,
                                uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
