@@ -12,15 +12,19 @@
 #define kvs_intq_check ref_intq_check
 #define kvs_intq_bound ref_intq_bound
 #define kvs_intq_encode ref_intq_encode
+#define kvs_intq_encode_fed ref_intq_encode_fed
 #define kvs_intq_decode ref_intq_decode
 #include "codecs/intq.c"
 #undef kvs_intq_check
 #undef kvs_intq_bound
 #undef kvs_intq_encode
+#undef kvs_intq_encode_fed
 #undef kvs_intq_decode
 /* the library's */
 int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
                     size_t *n);
 int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_memobj *dst);
+int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
+                        size_t cap, size_t *n, kvs_intq_feed feed, void *state);
 
 #endif /* KVS_TEST_INTQ_REF_H */

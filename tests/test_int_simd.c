@@ -456,7 +456,7 @@ static void test_fused_encode(void)
         int rw = ref_token_row(&p, src, n, group, sc[0], zr[0], cd[0]);
         kvs_intq_rowfmt f;
         row_format(&p, group, &f);
-        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1]);
+        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1], NULL);
         if (rg) { /* the reference's bytes, and none past them */
             fused++;
             CHECK_EQ_INT(rw, 0);
@@ -538,7 +538,7 @@ static void test_fused_encode_channels(void)
         kvs_intq_rowfmt f;
         row_format(&p, 1, &f);
         int rg = K->encode_channel_bf16(src, 2 * n, rows, n, &f, sc[1], zr[1], cd[1], row_bytes,
-                                        keys, d, z, rinv);
+                                        keys, d, z, rinv, NULL);
         if (rg) {
             fused++;
             CHECK_EQ_INT(rw, 0);

@@ -729,6 +729,66 @@ static void test_split_across_workers(void)
     kvs_memobj_free(src);
 }
 
+/* kvs_intq_encode_fed on one worker (a small object): the payload fed in
+ * order, each byte once, plane by plane (so a check reads each plane
+ * while it is in cache) and then the empty rest; the same payload as
+ * kvs_intq_encode. 3 layers of K and V: 6 planes; K blocks of 64 of the
+ * 130 tokens (the last one short). */
+typedef struct feed_log {
+    const uint8_t *base;
+    size_t next, sizes[16];
+    int calls, out_of_order;
+} feed_log;
+
+static void log_feed(void *state, const uint8_t *bytes, size_t n)
+{
+    feed_log *l = state;
+    l->out_of_order |= bytes != l->base + l->next;
+    if (l->calls < 16) l->sizes[l->calls] = n;
+    l->next += n;
+    l->calls++;
+}
+
+static void test_encode_fed(void)
+{
+    kvs_intq_params p;
+    memset(&p, 0, sizeof p);
+    p.bits = 4;
+    p.axis[0] = KVS_INTQ_CHANNEL;
+    p.axis[1] = KVS_INTQ_TOKEN;
+    p.group[0] = p.group[1] = 64;
+    p.zero_point = 1;
+    p.scale_dtype = KVS_DTYPE_FLOAT16;
+    p.levels = 16;
+    REQUIRE_OK(ref_intq_check(&p, KVS_EINVAL, "test"));
+    const int64_t d4[4] = {2, 3, 130, 128};
+    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
+    fill(o, 5, 3.0f);
+    size_t bound, n1, n2;
+    REQUIRE_OK(ref_intq_bound(&p, &o->layout, &bound));
+    uint8_t *x = malloc(bound), *y = malloc(bound);
+    feed_log log = {x, 0, {0}, 0, 0};
+    REQUIRE_OK(kvs_intq_encode_fed(&p, o, x, bound, &n1, log_feed, &log));
+    REQUIRE_OK(kvs_intq_encode(&p, o, y, bound, &n2));
+    CHECK(n1 == n2 && memcmp(x, y, n1) == 0);
+    CHECK_EQ_U64(log.next, n1);
+    CHECK_EQ_INT(log.out_of_order, 0);
+    CHECK_EQ_INT(log.calls, 7);
+    /* K plane: 3 blocks x 128 channels of float16 scales and zeros, then
+     * 130 x 64 bytes of codes; the payload header (4 bytes) with the first.
+     * V plane: 130 x 2 groups of scales and zeros, the same codes. */
+    const size_t k_plane = 3 * 128 * 2 * 2 + 130 * 64, v_plane = 130 * 2 * 2 * 2 + 130 * 64;
+    CHECK_EQ_U64(log.sizes[0], 4 + k_plane);
+    CHECK_EQ_U64(log.sizes[1], k_plane);
+    CHECK_EQ_U64(log.sizes[2], k_plane);
+    CHECK_EQ_U64(log.sizes[3], v_plane);
+    CHECK_EQ_U64(log.sizes[5], v_plane);
+    CHECK_EQ_U64(log.sizes[6], 0);
+    free(x);
+    free(y);
+    kvs_memobj_free(o);
+}
+
 /* The library's kernels (AVX2 clones on a CPU that has AVX2, the AVX-512
  * kernels on one with AVX-512) and the portable build of the same source: the same payload and the same
  * decoded bytes, over random configurations, dtypes and shapes. */
@@ -748,6 +808,12 @@ static void test_clones_match_portable(void)
         p.scale_dtype = lcg(&seed) % 2 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
         p.hadamard = lcg(&seed) % 2 ? 0 : 1u << (1 + lcg(&seed) % 5);
         p.k_outliers = (unsigned)(lcg(&seed) % 4);
+        /* all levels or 2 fewer (a valid count either way: the stage
+         * checks it before the quantizer runs, and the kernels rely on
+         * codes within [-255, 255]) */
+        unsigned most = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
+        p.levels = most > 3 && lcg(&seed) % 2 ? most - 2 : most;
+        REQUIRE_OK(ref_intq_check(&p, KVS_EINVAL, "test"));
         static const kvs_dtype dts[3] = {KVS_DTYPE_BFLOAT16, KVS_DTYPE_FLOAT16,
                                          KVS_DTYPE_FLOAT32};
         kvs_dtype dt = dts[lcg(&seed) % 3];
@@ -849,6 +915,7 @@ int main(void)
     RUN(test_frame_params_refused);
     RUN(test_damaged_payloads);
     RUN(test_split_across_workers);
+    RUN(test_encode_fed);
     RUN(test_clones_match_portable);
     RUN(test_kvdata);
     return TEST_SUMMARY();

@@ -665,6 +665,9 @@ typedef struct enc_job {
     const plan *pl;
     const uint8_t *src;
     uint8_t *out;
+    kvs_intq_feed feed; /* NULL, or kvs_intq_encode_fed's */
+    void *state;
+    uint64_t fed; /* payload bytes fed so far */
 } enc_job;
 
 typedef struct workspace {
@@ -801,6 +804,12 @@ static int fused_shape(const kvs_intq_params *p, const group_plan *g)
            (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
 }
 
+/* The fused token rows prefetch the row this many on (intq_kernels.h's
+ * `ahead`), line by line as they work: 2 was a little faster than 1 in
+ * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
+ * burst of prefetches before the row that prefetch_next issues (its
+ * prefetcht0 waited for fill buffers: a sixth of the encoder's time). */
+#define TOKEN_AHEAD 2
 static int fused_token(const enc_job *j, const group_plan *g, const role_plan *r)
 {
     return j->k->encode_token_bf16 && fused_shape(j->p, g) && r->nout == 0 && r->group % 32 == 0 &&
@@ -837,9 +846,9 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         row_format(p, r->group, &f);
         size_t ss = kvs_dtype_size(p->scale_dtype);
         uint64_t first = t0 * (D / r->group);
-        prefetch_next(j, g, pi, t0);
+        const uint8_t *ahead = t0 + TOKEN_AHEAD < g->T ? row_src(j, g, pi, t0 + TOKEN_AHEAD) : NULL;
         if (j->k->encode_token_bf16(row_src(j, g, pi, t0), D, &f, scales + first * ss,
-                                    zeros + first * ss, codes + t0 * g->row_bytes))
+                                    zeros + first * ss, codes + t0 * g->row_bytes, ahead))
             return KVS_OK;
         /* else the row as below, which refuses it or writes it */
     }
@@ -866,11 +875,12 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         kvs_intq_rowfmt f;
         row_format(p, 1, &f);
         size_t ss = kvs_dtype_size(p->scale_dtype);
+        const uint8_t *ahead = t1 + (t1 - t0) <= g->T ? row_src(j, g, pi, t1) : NULL;
         /* (the keys in the row buffer: it holds at least D floats) */
         if (j->k->encode_channel_bf16(row_src(j, g, pi, t0), g->row_stride * g->es, t1 - t0, D,
                                       &f, scales + bi * D * ss, zeros + bi * D * ss,
                                       codes + t0 * g->row_bytes, g->row_bytes,
-                                      (int16_t *)w->rows, w->a, w->b, w->c))
+                                      (int16_t *)w->rows, w->a, w->b, w->c, ahead))
             return KVS_OK;
         /* else the block as below, which refuses it or writes it */
     }
@@ -938,18 +948,35 @@ static uint64_t max_channels(const plan *pl)
     return d;
 }
 
+/* The payload up to the end of plane pi of g to the feed: the planes are
+ * stored in the order of the items (make_plan, locate), so once the last
+ * block of a plane is done, every byte before its end is final. */
+static void feed_through_plane(enc_job *j, const group_plan *g, uint64_t pi)
+{
+    uint64_t end = plane_payload(g, pi) + g->role[plane_role(g, pi)].bytes;
+    j->feed(j->state, j->out + j->fed, (size_t)(end - j->fed));
+    j->fed = end;
+}
+
 static int encode_range(void *ctx, uint64_t begin, uint64_t end)
 {
-    const enc_job *j = ctx;
+    enc_job *j = ctx;
     workspace w;
     int rc = ws_alloc(&w, max_channels(j->pl), block_rows_held(j->pl));
     if (rc) return rc;
+    /* fed plane by plane only by a worker that has the whole object (other
+     * workers' planes are not known to be done; kvs_intq_encode_fed then
+     * feeds everything at the end) */
+    int feeds = j->feed && begin == 0 && end == j->pl->nitems;
     for (uint64_t it = begin; it < end && rc == KVS_OK; it++) {
         uint32_t gi;
         uint64_t pi, bi;
         locate(j->pl, it, &gi, &pi, &bi);
-        w.nrows = rows_held(&j->pl->g[gi], plane_role(&j->pl->g[gi], pi));
+        const group_plan *g = &j->pl->g[gi];
+        w.nrows = rows_held(g, plane_role(g, pi));
         rc = encode_block(j, gi, pi, bi, &w);
+        if (rc == KVS_OK && feeds && bi + 1 == g->role[plane_role(g, pi)].nblocks)
+            feed_through_plane(j, g, pi);
     }
     ws_free(&w);
     return rc;
@@ -1015,6 +1042,12 @@ static int outliers_range(void *ctx, uint64_t begin, uint64_t end)
 int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
                     size_t *n)
 {
+    return kvs_intq_encode_fed(p, src, out, cap, n, NULL, NULL);
+}
+
+int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
+                        size_t cap, size_t *n, kvs_intq_feed feed, void *state)
+{
     plan *pl = malloc(sizeof *pl);
     if (pl == NULL) return kvs_set_error(KVS_ENOMEM, "int: out of memory");
     unsigned fmt = known_format(src->format) ? (unsigned)src->format : KVS_FMT_UNDEFINED;
@@ -1022,7 +1055,7 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     if (rc == KVS_OK && cap < pl->bytes)
         rc = kvs_set_error(KVS_ENOSPC, "int: destination too small: %zu bytes, need %llu", cap,
                            (unsigned long long)pl->bytes);
-    enc_job j = {NULL, p, pl, src->data, out};
+    enc_job j = {NULL, p, pl, src->data, out, feed, state, 0};
     if (rc == KVS_OK) rc = kernels_get(&j.k);
     if (rc) {
         free(pl);
@@ -1036,6 +1069,7 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
     size_t nbytes = (size_t)kvs_layout_nbytes(&src->layout);
     if (nk) rc = kvs_serde_parallel_for(nk, nbytes, outliers_range, &j);
     if (rc == KVS_OK) rc = kvs_serde_parallel_for(pl->nitems, nbytes, encode_range, &j);
+    if (rc == KVS_OK && feed) feed(state, out + j.fed, (size_t)(pl->bytes - j.fed));
     if (rc == KVS_OK) *n = (size_t)pl->bytes;
     free(pl);
     return rc;

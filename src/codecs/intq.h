@@ -68,11 +68,23 @@ int kvs_intq_check(const kvs_intq_params *p, int code, const char *who);
  * not divide a group's channels (KVS_EINVAL). */
 int kvs_intq_bound(const kvs_intq_params *p, const kvs_layout *layout, size_t *nbytes);
 
-/* Quantize src into out[0..cap); *n = bytes written. Refuses non-finite
+/* Quantize src into out[0..cap); *n = bytes written; p must have passed
+ * kvs_intq_check (the kernels rely on its levels: codes within
+ * [-255, 255]). Refuses non-finite
  * elements and scales that float16 cannot hold (KVS_EINVAL). Splits the
  * work with kvs_serde_parallel_for. */
 int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out, size_t cap,
                     size_t *n);
+
+/* Receives the payload's bytes in order, each once (a check's stream). */
+typedef void (*kvs_intq_feed)(void *state, const uint8_t *bytes, size_t n);
+
+/* kvs_intq_encode, and the payload fed to feed(state, ...) in order and
+ * exactly once on success: plane by plane as each is finished (while it
+ * is in cache) when one worker encodes the whole object, else all of it
+ * after the last worker (the same bytes either way). */
+int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
+                        size_t cap, size_t *n, kvs_intq_feed feed, void *state);
 
 /* Dequantize in[0..n) into dst (its layout and dtypes). Every size, index
  * and scale is checked before the first byte of dst is written

@@ -12,7 +12,8 @@
  * direction, which is what the portable code's round-to-nearest-then-step
  * gives for every finite float32 (overflow included: up past 65504 is
  * inf, down is 65504, and -inf below -65504); bfloat16 narrowing is the
- * integer rounding of half.h, not vcvtneps2bf16 (which flushes subnormals).
+ * integer rounding of half.h, or in the fused decoder vcvtne2ps2bf16 for
+ * a line with no subnormal value (which that instruction reads as 0).
  * Tails use masked loads and stores, so no byte past n is read or written.
  * The fused rows (encode_token_bf16, encode_channel_bf16, decode_bf16)
  * are the same operations on values kept in registers: statistics on the
@@ -196,30 +197,31 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
 }
 
 /* rint(y / r), with y x rinv for the quotient (rinv = 1 / r rounded, a
- * normal float; 0 where it is not), and the exact quotient only for the
- * lanes where rinv is 0 or the product is within |q| 2^-20 of a
- * half-integer. Why that is exact: with v = y / r, the product is within
- * |v| 2^-23 (1 + 2^-24) of v (two roundings of 2^-24 each; a subnormal
- * product is within 2^-150 of v and far from a half), and RN(v), what the
- * portable code rounds, within |v| 2^-24. A product farther than |q| 2^-20
- * from the half-integer between its neighbouring integers has v and RN(v)
- * strictly on its side (and no other half-integer within reach below
- * |v| = 2^22; beyond, the codes clamp alike), so rint gives the same
- * integer. The distance to that half-integer is 0.5 - |q - rint(q)|, both
- * steps exact below 2^22 (q - rint(q) is q's fraction; 0.5 minus a
- * fraction of at least 1/4 is exact, and one below 1/4 leaves more than
- * |q| 2^-20 there), so the rounding the codes need gives the test too. An
- * infinite product is never "near" (inf - inf is NaN) and clamps as RN(v)
- * does. */
+ * normal float; NaN where it is not), and the exact quotient only for the
+ * lanes where the product q is NaN or inf or within 2^-12 of a
+ * half-integer, for codes clamped to [lo, hi] with |lo|, |hi| <= 255
+ * (code_range: levels <= 256). Why that is exact: with v = y / r, q is
+ * within |v| 2^-23 (1 + 2^-24) of v (two roundings of 2^-24 each; a
+ * subnormal product is within 2^-150 of v and far from a half), and RN(v),
+ * what the portable code rounds, within |v| 2^-24. Where |q| >= 256, v and
+ * RN(v) are past 255.5 on q's side, so both codes clamp to the same bound.
+ * Where |q| < 256, a q farther than 2^-12 > |q| 2^-20 from the
+ * half-integer between its neighbouring integers has v and RN(v) strictly
+ * on its side, so rint gives the same integer. That distance is
+ * 0.5 - |q - rint(q)|, and |q - rint(q)| (q's fraction, exact) is compared
+ * with 0.5 - 2^-12 (a float) directly: the test is one subtraction and one
+ * comparison, with rint(q) the rounding the codes need anyway. A NaN
+ * (rinv NaN) or inf product fails "farther than" (unordered) and is
+ * divided. (Before 2026-12-01 the test was |q| 2^-20, a product and two
+ * more operations per 16 codes; the constant holds more lanes near, which
+ * divide: the same codes.) */
 KVS_AI __m512 rounded_quotient(__m512 y, __m512 r, __m512 rinv)
 {
     enum { rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }; /* a constant, for clang */
     __m512 q = _mm512_mul_ps(y, rinv);
     __m512 qi = _mm512_roundscale_ps(q, rn);
-    __m512 gap = _mm512_sub_ps(_mm512_set1_ps(0.5f), _mm512_abs_ps(_mm512_sub_ps(q, qi)));
-    __mmask16 near = _mm512_cmp_ps_mask(gap, _mm512_mul_ps(_mm512_abs_ps(q), _mm512_set1_ps(0x1p-20f)),
-                                        _CMP_LE_OQ) |
-                     _mm512_cmp_ps_mask(rinv, _mm512_setzero_ps(), _CMP_EQ_OQ);
+    __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(q, qi)),
+                                        _mm512_set1_ps(0.5f - 0x1p-12f), _CMP_NLT_UQ);
     return near ? _mm512_mask_roundscale_ps(qi, near, _mm512_mask_div_ps(q, near, y, r), rn) : qi;
 }
 
@@ -248,7 +250,7 @@ KVS_AI void quantize1(const float *x, uint64_t n, const float *r, const float *r
                       uint8_t *codes)
 {
     __m512 vr = _mm512_set1_ps(r[0]), vz = _mm512_set1_ps(z[0]);
-    __m512 vinv = _mm512_set1_ps(rinv ? rinv[0] : 0.0f);
+    __m512 vinv = _mm512_set1_ps(rinv ? rinv[0] : __builtin_nanf("")); /* NaN: divide */
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         if (per_elem) {
@@ -284,12 +286,13 @@ static void quantize(const float *x, uint64_t n, const float *r, const float *ri
                   0, vlo, vhi, vmid, codes + c0);
 }
 
-/* 1 / r where that is a normal float, else 0 (r > 0). */
+/* 1 / r where that is a normal float, else NaN (r > 0): a product by it
+ * is NaN, which rounded_quotient divides. */
 KVS_AI __m512 reciprocal(__m512 r)
 {
     __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), r);
     __mmask16 ok = finite(inv) & _mm512_cmp_ps_mask(inv, _mm512_set1_ps(0x1p-126f), _CMP_GE_OQ);
-    return _mm512_maskz_mov_ps(ok, inv);
+    return _mm512_mask_mov_ps(_mm512_set1_ps(__builtin_nanf("")), ok, inv);
 }
 
 static void reciprocals(const float *r, uint64_t n, float *out)
@@ -444,18 +447,21 @@ KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, 
  * the loop has no branch on it). */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
-                        uint8_t *out)
+                        uint8_t *out, const uint8_t *ahead)
 {
     const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
         const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
-        for (uint64_t e = c0; e < c0 + f->group; e += 32)
+        for (uint64_t e = c0; e < c0 + f->group; e += 32) {
+            if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
             codes32_packed(src, e, r, ri, zz, lo, hi, mid, bits, out);
+        }
     }
 }
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
-                             uint8_t *scales_out, uint8_t *zeros, uint8_t *out)
+                             uint8_t *scales_out, uint8_t *zeros, uint8_t *out,
+                             const uint8_t *ahead)
 {
     int16_t mn[KVS_INTQ_FUSED_GROUPS], mx[KVS_INTQ_FUSED_GROUPS];
     float d[KVS_INTQ_FUSED_GROUPS], rinv[KVS_INTQ_FUSED_GROUPS], z[KVS_INTQ_FUSED_GROUPS];
@@ -492,9 +498,9 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
     switch (f->bits) {
-    case 8: token_codes(src, n, f, d, rinv, z, 8, out); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 4, out); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, out); break;
+    case 8: token_codes(src, n, f, d, rinv, z, 8, out, ahead); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 4, out, ahead); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, out, ahead); break;
     }
     return 1;
 }
@@ -583,12 +589,14 @@ KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m2
  * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
 KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                          const kvs_intq_rowfmt *f, const float *d, const float *rinv,
-                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes)
+                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes,
+                         const uint8_t *ahead)
 {
     const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
     for (uint64_t t = 0; t < rows; t++) {
         const uint8_t *x = src + t * stride;
         for (uint64_t c = 0; c < n; c += 32) {
+            if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
             __m512i v = _mm512_loadu_si512(x + 2 * c);
             __m512i ev = code_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
                                     _mm512_loadu_ps(z + c), lo, hi, mid);
@@ -603,7 +611,7 @@ KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uin
 static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                                const kvs_intq_rowfmt *f, uint8_t *scales_out, uint8_t *zeros,
                                uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
-                               float *z, float *rinv)
+                               float *z, float *rinv, const uint8_t *ahead)
 {
     int16_t *mn = keys, *mx = keys + n;
     __m256i sb[2], zb[2];
@@ -632,9 +640,9 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
             }
         }
     switch (f->bits) {
-    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes); break;
-    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes); break;
-    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes); break;
+    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes, ahead); break;
+    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes, ahead); break;
+    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes, ahead); break;
     }
     return 1;
 }
@@ -769,17 +777,36 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
 
 /* ---- fused rows (decode) ---------------------------------------------- */
 
-/* 16 elements from e on: dequant16, as bfloat16. */
-KVS_AI __m256i decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
-                        __m512 vmid)
+/* 16 elements from e on: dequant16 with their own scales and zeros
+ * (group 1) or their group's, group *k, whose 16-element chunks left are
+ * counted in *left (group a multiple of 16): a counter, not a division by
+ * the group size per 16 elements (a 64-bit div, which perf showed). */
+KVS_AI __m512 decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
+                       uint64_t *k, uint64_t *left, __m512 vmid)
 {
-    __m512 vs, vz;
-    if (group == 1) {
-        vs = _mm512_loadu_ps(s + e), vz = _mm512_loadu_ps(z + e);
-    } else {
-        vs = _mm512_set1_ps(s[e / group]), vz = _mm512_set1_ps(z[e / group]);
-    }
-    return bf16x16(dequant16(u8, vs, vz, vmid));
+    if (group == 1) return dequant16(u8, _mm512_loadu_ps(s + e), _mm512_loadu_ps(z + e), vmid);
+    __m512 x = dequant16(u8, _mm512_set1_ps(s[*k]), _mm512_set1_ps(z[*k]), vmid);
+    if (--*left == 0) ++*k, *left = group / 16;
+    return x;
+}
+
+/* 32 float32 (a: elements 0-15, b: 16-31) as one line of bfloat16:
+ * vcvtne2ps2bf16, one instruction where bf16x16 takes nine and a
+ * narrowing each, gives bf16x16's bits (round to nearest even, a NaN
+ * quieted alike) except for a subnormal input, which it reads as 0; a
+ * line with one takes bf16x16. (A normal float32 never rounds to a
+ * subnormal bfloat16: the exponent ranges are the same.) */
+KVS_AI __m512i bf16x32(__m512 a, __m512 b)
+{
+    /* subnormal: 2 x bits (the sign shifted out) from 2 to 0xFFFFFE, so
+     * 2 x bits - 1 below 0xFFFFFF unsigned (0 wraps to the top) */
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i ia = _mm512_castps_si512(a), ib = _mm512_castps_si512(b);
+    __m512i low = _mm512_min_epu32(_mm512_sub_epi32(_mm512_add_epi32(ia, ia), one),
+                                   _mm512_sub_epi32(_mm512_add_epi32(ib, ib), one));
+    if (_mm512_cmplt_epu32_mask(low, _mm512_set1_epi32(0xFFFFFF)))
+        return _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16(a)), bf16x16(b), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 }
 
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
@@ -787,18 +814,18 @@ static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const floa
 {
     const __m512 vmid = _mm512_set1_ps(mid);
     stream = stream && (uintptr_t)dst % 64 == 0;
+    uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
     for (uint64_t i = 0; i < n; i += 64) {
         __m512i c;
         if (bits == 8) c = _mm512_loadu_si512(in + i);
         else if (bits == 4) c = spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)));
         else c = spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
         /* two 64-byte lines of bfloat16 */
-        __m512i a = _mm512_inserti64x4(
-            _mm512_castsi256_si512(decode16(_mm512_castsi512_si128(c), s, z, group, i, vmid)),
-            decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, vmid), 1);
-        __m512i b = _mm512_inserti64x4(
-            _mm512_castsi256_si512(decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, vmid)),
-            decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, vmid), 1);
+        __m512 x0 = decode16(_mm512_castsi512_si128(c), s, z, group, i, &k, &left, vmid);
+        __m512 x1 = decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, &k, &left, vmid);
+        __m512 x2 = decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, &k, &left, vmid);
+        __m512 x3 = decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, &k, &left, vmid);
+        __m512i a = bf16x32(x0, x1), b = bf16x32(x2, x3);
         if (stream) {
             _mm512_stream_si512((void *)(dst + 2 * i), a);
             _mm512_stream_si512((void *)(dst + 2 * i + 64), b);

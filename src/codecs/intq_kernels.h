@@ -49,8 +49,8 @@ typedef struct kvs_intq_kernels {
      * caller then runs the portable code from there, which says so. */
     uint64_t (*scales)(const float *mn, const float *mx, uint64_t n, int zero_point, int scale_f16,
                   float steps, uint8_t *scales, uint8_t *zeros, float *inv, float *zero);
-    /* 1 / r[i] rounded where that is a normal float, else 0, for quantize
-     * (r > 0) */
+    /* 1 / r[i] rounded where that is a normal float, else NaN, for
+     * quantize (r > 0) */
     void (*reciprocals)(const float *r, uint64_t n, float *out);
     /* intq.c's quantize_run, element i with r[i / group], z[i / group];
      * rinv: NULL or reciprocals() of r, which then saves most divisions */
@@ -85,20 +85,25 @@ typedef struct kvs_intq_kernels {
      * then refuses or writes it): a value not finite, a group minimum of
      * +-0 with a zero point (the sign of that zero, which the zero point
      * stores, is the reference's lane order's), a scale or zero that does
-     * not fit. */
+     * not fit. ahead: NULL, or a row of n bfloat16 the kernel prefetches
+     * (into L1) line by line as it makes the codes, one line per line of
+     * src, so the next rows' loads overlap this row's arithmetic. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
-                             uint8_t *scales, uint8_t *zeros, uint8_t *codes);
+                             uint8_t *scales, uint8_t *zeros, uint8_t *codes,
+                             const uint8_t *ahead);
     /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
      * bfloat16 channels (token t at src + t * stride bytes) without
      * outliers or rotation, likewise: the n channels' scales (and zero
      * points) over the block at scales / zeros, token t's codes at
      * codes + t * row_bytes; n % 64 == 0, f->group unused. Work: keys (2n
      * int16), d, z, rinv (n floats each). Returns 1, or 0 having written
-     * nothing, for the same reasons. */
+     * nothing, for the same reasons. ahead: NULL, or the next block (rows
+     * tokens at the same stride), prefetched into L2 line by line as the
+     * codes are made, for the statistics pass that reads it next. */
     int (*encode_channel_bf16)(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                                const kvs_intq_rowfmt *f, uint8_t *scales, uint8_t *zeros,
                                uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
-                               float *z, float *rinv);
+                               float *z, float *rinv, const uint8_t *ahead);
     /* decode_bf16: one row of n codes packed `bits` wide (2, 4 or 8) to
      * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
      * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
@@ -108,7 +113,8 @@ typedef struct kvs_intq_kernels {
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
 } kvs_intq_kernels;
 
-/* The AVX-512 variant (F, BW, VL, F16C), compiled in on x86 only. It
+/* The AVX-512 variant (F, BW, VL, BF16, F16C; the fp8 dispatcher's
+ * avx512 check covers them), compiled in on x86 only. It
  * does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
 

@@ -291,6 +291,33 @@ static int fused_feed(const kvs_stage_type *t, void *state, uint8_t *p, size_t n
     return t->stream_update(state, p, p, n);
 }
 
+/* Stage 1 is a check the typed stage can feed as it writes
+ * (typed_encode_check) and nothing is fused by ranges. */
+static int checked_as_written(const pipeline_serializer *self)
+{
+    return self->nstages > 1 && self->stages[0]->type->typed_encode_check &&
+           self->stages[1]->type->kind == KVS_STAGE_CHECK;
+}
+
+/* The typed stage into out, feeding stage 1's digest as it writes; the
+ * digest appended: *n = the payload and the digest. */
+static int encode_checked(const pipeline_serializer *self, const kvs_memobj *src, uint8_t *out,
+                          size_t cap, size_t *n)
+{
+    const kvs_stage *typed = self->stages[0];
+    const kvs_stage_type *check = self->stages[1]->type;
+    void *state = NULL;
+    int rc = check->check_stream_new(&state);
+    if (rc == KVS_OK) rc = typed->type->typed_encode_check(typed, src, out, cap, n, check, state);
+    if (rc) {
+        fused_state_drop(check, state);
+        return rc;
+    }
+    check->check_stream_final(state, out + *n);
+    *n += check->digest_size;
+    return KVS_OK;
+}
+
 /* The typed stage into `out` in blocks of FUSE_BLOCK_DEFAULT bytes, each block run
  * through stages 1..k-1 (fused_end) in order while it is in cache: checks
  * add it to their digest, streamed transforms rewrite it in place. Then, in
@@ -405,10 +432,14 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
     int header_done = 0;
     size_t n;
     uint32_t k = fused_end(self);
-    if (k > 1)
+    if (k > 1) {
         rc = run_fused(self, k, &bp, src, key, header, h, &header_done, cur, &n);
-    else
+    } else if (checked_as_written(self)) {
+        rc = encode_checked(self, src, cur, bound, &n);
+        k = 2;
+    } else {
         rc = self->stages[0]->type->typed_encode(self->stages[0], src, cur, bound, &n);
+    }
     for (uint32_t i = k; rc == KVS_OK && i < self->nstages; i++) {
         const kvs_stage *st = self->stages[i];
         const kvs_stage_type *t = st->type;

@@ -101,6 +101,15 @@ struct kvs_stage_type {
      * that follow (pipeline.c). NULL where it would not save a pass. */
     int (*typed_encode_range_copy)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                                    uint8_t *copy, uint64_t begin, uint64_t end);
+    /* Optional: typed_encode, and its output fed in order, each byte once,
+     * to `check`'s stream (check_stream_update(state, ...)) as parts of it
+     * are finished, while they are in cache: for a stage whose output
+     * cannot be produced by ranges (typed_encode_range) but in parts
+     * that end in order (int: plane by plane). The pipeline then writes
+     * the digest instead of reading the payload again. */
+    int (*typed_encode_check)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                              size_t cap, size_t *n, const kvs_stage_type *check,
+                              void *state);
     /* Decode in[0..n) into dst, with the parameters read from the frame
      * and what the reader was configured with (ctx: its transform).
      * Checks the parameters and that n is exactly what dst's layout needs

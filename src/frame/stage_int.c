@@ -110,6 +110,13 @@ static int int_encode(const kvs_stage *self, const kvs_memobj *src, uint8_t *out
     return kvs_intq_encode(&s->p, src, out, cap, n);
 }
 
+static int int_encode_check(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
+                            size_t cap, size_t *n, const kvs_stage_type *check, void *state)
+{
+    const int_stage *s = KVS_CONTAINER_OF(self, const int_stage, base);
+    return kvs_intq_encode_fed(&s->p, src, out, cap, n, check->check_stream_update, state);
+}
+
 static int int_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                       const uint8_t *in, size_t n, kvs_memobj *dst)
 {
@@ -177,6 +184,7 @@ const kvs_stage_type kvs_stage_int_type = {
     .create = int_create,
     .typed_bound = int_bound,
     .typed_encode = int_encode,
+    .typed_encode_check = int_encode_check,
     .typed_decode = int_decode,
     .params_size = int_params_size,
     .write_params = int_write_params,
