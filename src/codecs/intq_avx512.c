@@ -236,6 +236,22 @@ KVS_AI __m512i code_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, 
     return _mm512_cvttps_epi32(_mm512_add_ps(q, mid));
 }
 
+/* code_lanes for the fused rows, which need no clamp: there every y =
+ * x - z lies in [-range, range] (in [0, range] with a zero point: z <= the
+ * group's minimum, and a float difference keeps the order) and the
+ * divisor r >= range / steps (1 - 2^-24) - 2^-150 / steps (scale_up's
+ * check s x steps >= range, rounded; float16 scales only larger); range,
+ * a nonzero bfloat16 difference, is at least 2^-133, so |y / r| < steps +
+ * 2^-9, steps <= 255, and the product and the division (within 2^-22 of
+ * it) round to at most steps = hi = -lo: the clamps never act. A zero point
+ * has mid 0; without one z is 0 and x - 0 is x (-0 included). zp: a
+ * constant in each copy. */
+KVS_AI __m512i fused_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 mid, int zp)
+{
+    if (zp) return _mm512_cvttps_epi32(rounded_quotient(_mm512_sub_ps(x, z), r, rinv));
+    return _mm512_cvttps_epi32(_mm512_add_ps(rounded_quotient(x, r, rinv), mid));
+}
+
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
@@ -436,25 +452,25 @@ KVS_AI __m512 odd_ps(__m512i v)
  * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
  * limit, with a widening and a narrowing per 16 codes. */
 KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
-                           __m512 lo, __m512 hi, __m512 mid, unsigned bits, uint8_t *out)
+                           __m512 mid, unsigned bits, int zp, uint8_t *out)
 {
     __m512i v = _mm512_loadu_si512(src + 2 * e);
-    pack_pairs(code_lanes(even_ps(v), r, ri, zz, lo, hi, mid),
-               code_lanes(odd_ps(v), r, ri, zz, lo, hi, mid), bits, out + e * bits / 8);
+    pack_pairs(fused_lanes(even_ps(v), r, ri, zz, mid, zp),
+               fused_lanes(odd_ps(v), r, ri, zz, mid, zp), bits, out + e * bits / 8);
 }
 
 /* The codes of a row, group by group (bits a constant in each copy, so
  * the loop has no branch on it). */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
-                        uint8_t *out, const uint8_t *ahead)
+                        int zp, uint8_t *out, const uint8_t *ahead)
 {
-    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
         const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
         for (uint64_t e = c0; e < c0 + f->group; e += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
-            codes32_packed(src, e, r, ri, zz, lo, hi, mid, bits, out);
+            codes32_packed(src, e, r, ri, zz, mid, bits, zp, out);
         }
     }
 }
@@ -497,10 +513,13 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     for (uint64_t b = 0; b * 16 < ng; b++)
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
-    switch (f->bits) {
-    case 8: token_codes(src, n, f, d, rinv, z, 8, out, ahead); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 4, out, ahead); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, out, ahead); break;
+    switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
+    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead); break;
+    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead); break;
+    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead); break;
+    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead); break;
     }
     return 1;
 }
@@ -589,20 +608,20 @@ KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m2
  * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
 KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                          const kvs_intq_rowfmt *f, const float *d, const float *rinv,
-                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes,
-                         const uint8_t *ahead)
+                         const float *z, unsigned bits, int zp, uint8_t *codes,
+                         uint64_t row_bytes, const uint8_t *ahead)
 {
-    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t t = 0; t < rows; t++) {
         const uint8_t *x = src + t * stride;
         for (uint64_t c = 0; c < n; c += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
             __m512i v = _mm512_loadu_si512(x + 2 * c);
-            __m512i ev = code_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
-                                    _mm512_loadu_ps(z + c), lo, hi, mid);
-            __m512i od = code_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
-                                    _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
-                                    lo, hi, mid);
+            __m512i ev = fused_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
+                                     _mm512_loadu_ps(z + c), mid, zp);
+            __m512i od = fused_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
+                                     _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
+                                     mid, zp);
             pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
         }
     }
@@ -639,10 +658,13 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
                 _mm512_storeu_ps(rinv + c + 16 * h, reciprocal(dv[h]));
             }
         }
-    switch (f->bits) {
-    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes, ahead); break;
-    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes, ahead); break;
-    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes, ahead); break;
+    switch (f->bits * 2 + (f->zero_point != 0)) { /* as encode_token_bf16's */
+    case 16: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 0, codes, row_bytes, ahead); break;
+    case 17: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 1, codes, row_bytes, ahead); break;
+    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 0, codes, row_bytes, ahead); break;
+    case 9: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 1, codes, row_bytes, ahead); break;
+    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 0, codes, row_bytes, ahead); break;
+    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 1, codes, row_bytes, ahead); break;
     }
     return 1;
 }
