@@ -831,11 +831,49 @@ KVS_AI __m512i bf16x32(__m512 a, __m512 b)
     return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 }
 
+/* decode_bf16 of 2- or 4-bit codes in groups of a multiple of 32: a
+ * group's elements take at most 16 values, so its 16 bfloat16 results are
+ * made once (dequant16 and bf16x32 of the codes 0..15: the same operations
+ * on the same lanes, and bf16x32's result is each lane's own) and a line of
+ * 32 elements is one lookup (vpermw), not 2 x 4 conversions and
+ * products and a narrowing. */
+KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream)
+{
+    const __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i table = _mm512_setzero_si512();
+    uint64_t k = 0, left = 0; /* the group of the line, and its lines left */
+    for (uint64_t i = 0; i < n; i += 64) {
+        /* 64 codes, one per byte */
+        __m512i c = bits == 4 ? spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)))
+                              : spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
+        for (int h = 0; h < 2; h++) {
+            if (left == 0) {
+                __m512 x = dequant16(iota, _mm512_set1_ps(s[k]), _mm512_set1_ps(z[k]), vmid);
+                table = bf16x32(x, x);
+                k++, left = group / 32;
+            }
+            left--;
+            __m512i line = _mm512_permutexvar_epi16(
+                _mm512_cvtepu8_epi16(h ? _mm512_extracti64x4_epi64(c, 1) : _mm512_castsi512_si256(c)),
+                table);
+            uint8_t *o = dst + 2 * (i + 32 * (uint64_t)h);
+            if (stream) _mm512_stream_si512((void *)o, line);
+            else _mm512_storeu_si512(o, line);
+        }
+    }
+    if (stream) _mm_sfence();
+}
+
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
 {
     const __m512 vmid = _mm512_set1_ps(mid);
     stream = stream && (uintptr_t)dst % 64 == 0;
+    if (bits != 8 && group % 32 == 0) {
+        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream);
+        return;
+    }
     uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
     for (uint64_t i = 0; i < n; i += 64) {
         __m512i c;
