@@ -396,11 +396,13 @@ static int ref_token_row(const kvs_intq_params *p, const uint8_t *src, unsigned 
 
 /* One group of values that reach a branch of the fused encoder: plain,
  * halves of the step (ties), +-0 only or with one sign of values (a zero
- * minimum or maximum), constant, tiny (subnormal float16 scales), huge
- * (scales past float16), a NaN or inf. */
+ * minimum or maximum), constant, tiny (subnormal float16 scales),
+ * bfloat16 subnormals (subnormal float32 scales: the fused codes' bound
+ * without a clamp is loosest there), huge (scales past float16), a NaN or
+ * inf. */
 static void fused_group(uint64_t *s, const kvs_intq_params *p, uint8_t *dst, unsigned len)
 {
-    unsigned mode = (unsigned)(lcg(s) % 12);
+    unsigned mode = (unsigned)(lcg(s) % 13);
     float steps = (float)(p->zero_point ? p->levels - 1 : (p->levels - 1) / 2);
     float scale = ldexpf(1.0f, (int)(lcg(s) % 12) - 6), c = nasty(s);
     for (unsigned i = 0; i < len; i++) {
@@ -417,6 +419,7 @@ static void fused_group(uint64_t *s, const kvs_intq_params *p, uint8_t *dst, uns
         case 6: v = ldexpf(unif(s), -30); break;
         case 7: v = unif(s) * 3e5f; break;
         case 8: v = nasty(s); break;
+        case 9: v = ldexpf(unif(s), -127 - (int)(lcg(s) % 6)); break;
         default: v = unif(s) * scale * steps; break;
         }
         put_le16(dst + 2 * i, (uint16_t)(kvs_f32_to_bits(v) >> 16));

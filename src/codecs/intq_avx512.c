@@ -236,6 +236,22 @@ KVS_AI __m512i code_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, 
     return _mm512_cvttps_epi32(_mm512_add_ps(q, mid));
 }
 
+/* code_lanes for the fused rows, which need no clamp: there every y =
+ * x - z lies in [-range, range] (in [0, range] with a zero point: z <= the
+ * group's minimum, and a float difference keeps the order) and the
+ * divisor r >= range / steps (1 - 2^-24) - 2^-150 / steps (scale_up's
+ * check s x steps >= range, rounded; float16 scales only larger); range,
+ * a nonzero bfloat16 difference, is at least 2^-133, so |y / r| < steps +
+ * 2^-9, steps <= 255, and the product and the division (within 2^-22 of
+ * it) round to at most steps = hi = -lo: the clamps never act. A zero point
+ * has mid 0; without one z is 0 and x - 0 is x (-0 included). zp: a
+ * constant in each copy. */
+KVS_AI __m512i fused_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 mid, int zp)
+{
+    if (zp) return _mm512_cvttps_epi32(rounded_quotient(_mm512_sub_ps(x, z), r, rinv));
+    return _mm512_cvttps_epi32(_mm512_add_ps(rounded_quotient(x, r, rinv), mid));
+}
+
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
@@ -436,25 +452,25 @@ KVS_AI __m512 odd_ps(__m512i v)
  * makes of 2 or 4 codes) and one narrowing: the shuffle port was the
  * limit, with a widening and a narrowing per 16 codes. */
 KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
-                           __m512 lo, __m512 hi, __m512 mid, unsigned bits, uint8_t *out)
+                           __m512 mid, unsigned bits, int zp, uint8_t *out)
 {
     __m512i v = _mm512_loadu_si512(src + 2 * e);
-    pack_pairs(code_lanes(even_ps(v), r, ri, zz, lo, hi, mid),
-               code_lanes(odd_ps(v), r, ri, zz, lo, hi, mid), bits, out + e * bits / 8);
+    pack_pairs(fused_lanes(even_ps(v), r, ri, zz, mid, zp),
+               fused_lanes(odd_ps(v), r, ri, zz, mid, zp), bits, out + e * bits / 8);
 }
 
 /* The codes of a row, group by group (bits a constant in each copy, so
  * the loop has no branch on it). */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
-                        uint8_t *out, const uint8_t *ahead)
+                        int zp, uint8_t *out, const uint8_t *ahead)
 {
-    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
         const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
         for (uint64_t e = c0; e < c0 + f->group; e += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
-            codes32_packed(src, e, r, ri, zz, lo, hi, mid, bits, out);
+            codes32_packed(src, e, r, ri, zz, mid, bits, zp, out);
         }
     }
 }
@@ -497,10 +513,13 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     for (uint64_t b = 0; b * 16 < ng; b++)
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
-    switch (f->bits) {
-    case 8: token_codes(src, n, f, d, rinv, z, 8, out, ahead); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 4, out, ahead); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, out, ahead); break;
+    switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
+    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead); break;
+    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead); break;
+    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead); break;
+    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead); break;
     }
     return 1;
 }
@@ -589,20 +608,20 @@ KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m2
  * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
 KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                          const kvs_intq_rowfmt *f, const float *d, const float *rinv,
-                         const float *z, unsigned bits, uint8_t *codes, uint64_t row_bytes,
-                         const uint8_t *ahead)
+                         const float *z, unsigned bits, int zp, uint8_t *codes,
+                         uint64_t row_bytes, const uint8_t *ahead)
 {
-    const __m512 lo = _mm512_set1_ps(f->lo), hi = _mm512_set1_ps(f->hi), mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t t = 0; t < rows; t++) {
         const uint8_t *x = src + t * stride;
         for (uint64_t c = 0; c < n; c += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
             __m512i v = _mm512_loadu_si512(x + 2 * c);
-            __m512i ev = code_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
-                                    _mm512_loadu_ps(z + c), lo, hi, mid);
-            __m512i od = code_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
-                                    _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
-                                    lo, hi, mid);
+            __m512i ev = fused_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
+                                     _mm512_loadu_ps(z + c), mid, zp);
+            __m512i od = fused_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
+                                     _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
+                                     mid, zp);
             pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
         }
     }
@@ -639,10 +658,13 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
                 _mm512_storeu_ps(rinv + c + 16 * h, reciprocal(dv[h]));
             }
         }
-    switch (f->bits) {
-    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 8, codes, row_bytes, ahead); break;
-    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 4, codes, row_bytes, ahead); break;
-    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, codes, row_bytes, ahead); break;
+    switch (f->bits * 2 + (f->zero_point != 0)) { /* as encode_token_bf16's */
+    case 16: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 0, codes, row_bytes, ahead); break;
+    case 17: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 1, codes, row_bytes, ahead); break;
+    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 0, codes, row_bytes, ahead); break;
+    case 9: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 1, codes, row_bytes, ahead); break;
+    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 0, codes, row_bytes, ahead); break;
+    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 1, codes, row_bytes, ahead); break;
     }
     return 1;
 }
@@ -782,12 +804,15 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
  * counted in *left (group a multiple of 16): a counter, not a division by
  * the group size per 16 elements (a 64-bit div, which perf showed). */
 KVS_AI __m512 decode16(__m128i u8, const float *s, const float *z, uint64_t group, uint64_t e,
-                       uint64_t *k, uint64_t *left, __m512 vmid)
+                       uint64_t *k, uint64_t *left, __m512 vmid, int centred)
 {
-    if (group == 1) return dequant16(u8, _mm512_loadu_ps(s + e), _mm512_loadu_ps(z + e), vmid);
-    __m512 x = dequant16(u8, _mm512_set1_ps(s[*k]), _mm512_set1_ps(z[*k]), vmid);
-    if (--*left == 0) ++*k, *left = group / 16;
-    return x;
+    __m512 vs = group == 1 ? _mm512_loadu_ps(s + e) : _mm512_set1_ps(s[*k]);
+    __m512 vz = group == 1 ? _mm512_loadu_ps(z + e) : _mm512_set1_ps(z[*k]);
+    if (group != 1 && --*left == 0) ++*k, *left = group / 16;
+    if (!centred) return dequant16(u8, vs, vz, vmid);
+    /* the codes' bit 7 flipped (decode_rows): as signed bytes they are
+     * u - 128, so the float is (float)u - mid exactly, with no subtraction */
+    return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(u8)), vs), vz);
 }
 
 /* 32 float32 (a: elements 0-15, b: 16-31) as one line of bfloat16:
@@ -809,22 +834,63 @@ KVS_AI __m512i bf16x32(__m512 a, __m512 b)
     return (__m512i)_mm512_cvtne2ps_pbh(b, a);
 }
 
-static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+/* decode_bf16 of 2- or 4-bit codes in groups of a multiple of 32: a
+ * group's elements take at most 16 values, so its 16 bfloat16 results are
+ * made once (dequant16 and bf16x32 of the codes 0..15: the same operations
+ * on the same lanes, and bf16x32's result is each lane's own) and a line of
+ * 32 elements is one lookup (vpermw), not 2 x 4 conversions and
+ * products and a narrowing. */
+KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream)
 {
-    const __m512 vmid = _mm512_set1_ps(mid);
-    stream = stream && (uintptr_t)dst % 64 == 0;
+    const __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i table = _mm512_setzero_si512();
+    uint64_t k = 0, left = 0; /* the group of the line, and its lines left */
+    for (uint64_t i = 0; i < n; i += 64) {
+        /* 64 codes, one per byte */
+        __m512i c = bits == 4 ? spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)))
+                              : spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
+        for (int h = 0; h < 2; h++) {
+            if (left == 0) {
+                __m512 x = dequant16(iota, _mm512_set1_ps(s[k]), _mm512_set1_ps(z[k]), vmid);
+                table = bf16x32(x, x);
+                k++, left = group / 32;
+            }
+            left--;
+            __m512i line = _mm512_permutexvar_epi16(
+                _mm512_cvtepu8_epi16(h ? _mm512_extracti64x4_epi64(c, 1) : _mm512_castsi512_si256(c)),
+                table);
+            uint8_t *o = dst + 2 * (i + 32 * (uint64_t)h);
+            if (stream) _mm512_stream_si512((void *)o, line);
+            else _mm512_storeu_si512(o, line);
+        }
+    }
+    if (stream) _mm_sfence();
+}
+
+/* decode_bf16 but the lookup; centred: 8-bit codes of mid 128, whose bit 7
+ * is flipped once per 64 codes to save a subtraction per 16 (a constant in
+ * each copy). */
+KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream,
+                        int centred)
+{
     uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
     for (uint64_t i = 0; i < n; i += 64) {
         __m512i c;
-        if (bits == 8) c = _mm512_loadu_si512(in + i);
+        if (centred) c = _mm512_xor_si512(_mm512_loadu_si512(in + i), _mm512_set1_epi8((char)0x80));
+        else if (bits == 8) c = _mm512_loadu_si512(in + i);
         else if (bits == 4) c = spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)));
         else c = spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
         /* two 64-byte lines of bfloat16 */
-        __m512 x0 = decode16(_mm512_castsi512_si128(c), s, z, group, i, &k, &left, vmid);
-        __m512 x1 = decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, &k, &left, vmid);
-        __m512 x2 = decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, &k, &left, vmid);
-        __m512 x3 = decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, &k, &left, vmid);
+        __m512 x0 = decode16(_mm512_castsi512_si128(c), s, z, group, i, &k, &left, vmid,
+                              centred);
+        __m512 x1 = decode16(_mm512_extracti32x4_epi32(c, 1), s, z, group, i + 16, &k, &left, vmid,
+                              centred);
+        __m512 x2 = decode16(_mm512_extracti32x4_epi32(c, 2), s, z, group, i + 32, &k, &left, vmid,
+                              centred);
+        __m512 x3 = decode16(_mm512_extracti32x4_epi32(c, 3), s, z, group, i + 48, &k, &left, vmid,
+                              centred);
         __m512i a = bf16x32(x0, x1), b = bf16x32(x2, x3);
         if (stream) {
             _mm512_stream_si512((void *)(dst + 2 * i), a);
@@ -835,6 +901,19 @@ static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const floa
         }
     }
     if (stream) _mm_sfence();
+}
+
+static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    if (bits != 8 && group % 32 == 0)
+        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream);
+    else if (bits == 8 && mid == 128.0f)
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1);
+    else
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0);
 }
 
 static const kvs_intq_kernels avx512_kernels = {
