@@ -84,7 +84,8 @@ struct kvs_llx_scratch {
     size_t max_k;
     uint8_t *exp; /* the block's exponents (kind 3: then the sign nibbles) */
     uint8_t *ctx; /* each element's group (kind 3: then the nibbles' contexts) */
-    uint16_t *key; /* the encoder: each element's group << 8 | exponent */
+    uint16_t *key; /* the encoder: each element's group << 8 | exponent
+                    * (kind 3: then each nibble's class << 4 | nibble, bytes) */
     uint8_t *stream;
     uint8_t *sym;     /* row references: the exponent symbols of the stream */
     uint8_t *sym_ctx; /* ... and their contexts */
@@ -563,6 +564,8 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             _mm_storeu_si128((__m128i *)df,
                              _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
                                           _mm_loadu_si128((const __m128i *)(exp + i0 + c - d))));
+            /* unrolled: each count then one add to a fixed offset */
+#pragma GCC unroll 16
             for (unsigned t = 0; t < 16; t++) hd16[t][df[t]]++;
         }
 #endif
@@ -739,27 +742,33 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
         w->sclass[c] =
             (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
     }
-    /* The histogram of (class, nibble), a partial one per channel mod 16:
-     * most nibbles are 0 in class 0, and one counter would chain its
-     * increments (that pass was a tenth of level 3's encoder). */
+    /* The histogram of (class, nibble): first every nibble's key, class x
+     * 16 | nibble (into w->key, its n <= max_k / 4 + KVS_LLX_MAX_PERIOD
+     * bytes within the 2 max_k there), then the counts into 16 partial
+     * histograms (nibble i in i mod 16): most nibbles are 0 in class 0, and
+     * one counter would chain its increments (that pass was a tenth of
+     * level 3's encoder); keys stored 16 at a time and read back at once
+     * do not forward, which made the counting twice as slow. */
     uint32_t h16[16][LLX_SIGN_CLASSES * 16], h[LLX_SIGN_CLASSES][256];
     memset(h16, 0, sizeof h16);
-    uint8_t *restrict key = w->ctx + k; /* the class x 16 of each channel, then the contexts */
-    for (uint32_t c = 0; c < period; c++) key[c] = (uint8_t)(w->sclass[c] << 4);
+    uint8_t *restrict cls = w->ctx + k; /* the class x 16 of each channel, then the contexts */
+    uint8_t *restrict kb = (uint8_t *)w->key;
+    for (uint32_t c = 0; c < period; c++) cls[c] = (uint8_t)(w->sclass[c] << 4);
     for (size_t j = 0; j < n; j += period) {
         uint32_t c = 0;
 #ifdef __SSE2__
-        /* the keys 16 at a time, then one load and one add per count */
-        for (; c + 16 <= period; c += 16) {
-            uint8_t kb[16];
-            _mm_storeu_si128((__m128i *)kb,
-                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(key + c)),
+        for (; c + 16 <= period; c += 16)
+            _mm_storeu_si128((__m128i *)(kb + j + c),
+                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(cls + c)),
                                           _mm_loadu_si128((const __m128i *)(nib + j + c))));
-            for (unsigned t = 0; t < 16; t++) h16[t][kb[t]]++;
-        }
 #endif
-        for (; c < period; c++) h16[c & 15][key[c] | nib[j + c]]++;
+        for (; c < period; c++) kb[j + c] = (uint8_t)(cls[c] | nib[j + c]);
     }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 16 /* each count then one add to a fixed offset */
+        for (unsigned t = 0; t < 16; t++) h16[t][kb[i + t]]++;
+    for (; i < n; i++) h16[i & 15][kb[i]]++;
     memset(h, 0, sizeof h);
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
         for (unsigned v = 0; v < 16; v++)
