@@ -84,6 +84,8 @@ struct kvs_llx_scratch {
     size_t max_k;
     uint8_t *exp; /* the block's exponents (kind 3: then the sign nibbles) */
     uint8_t *ctx; /* each element's group (kind 3: then the nibbles' contexts) */
+    uint16_t *key; /* the encoder: each element's group << 8 | exponent
+                    * (kind 3: then each nibble's class << 4 | nibble, bytes) */
     uint8_t *stream;
     uint8_t *sym;     /* row references: the exponent symbols of the stream */
     uint8_t *sym_ctx; /* ... and their contexts */
@@ -110,6 +112,7 @@ static void scratch_free(kvs_llx_scratch *w)
     if (w == NULL) return;
     free(w->exp);
     free(w->ctx);
+    free(w->key);
     free(w->stream);
     free(w->sym);
     free(w->sym_ctx);
@@ -147,6 +150,7 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
     size_t max_sym = max_k + max_k / 4 + KVS_LLX_MAX_PERIOD;
     w->exp = malloc(max_sym);
     w->ctx = malloc(max_sym);
+    w->key = malloc(max_k * sizeof w->key[0]);
     w->stream = malloc(kvs_rans_bound(max_sym));
     w->sym = malloc(max_k);
     w->sym_ctx = malloc(max_k);
@@ -155,7 +159,7 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
     w->flag_stream = malloc(kvs_rans_bound(max_k / 8 + 1));
     w->ref = malloc((max_k / 2 + 1) * sizeof w->ref[0]); /* rows of period >= 2 */
     w->mark = malloc((max_k / 2 + 2) * sizeof w->mark[0]);
-    if (w->exp == NULL || w->ctx == NULL || w->stream == NULL || w->sym == NULL ||
+    if (w->exp == NULL || w->ctx == NULL || w->key == NULL || w->stream == NULL || w->sym == NULL ||
         w->sym_ctx == NULL || w->sm == NULL || w->flags == NULL || w->flag_stream == NULL ||
         w->ref == NULL || w->mark == NULL) {
         scratch_free(w);
@@ -370,8 +374,10 @@ static size_t bits_set(const uint8_t *p, size_t n)
  * was a fifth of the encoder. Returns the rows with a reference; 0 when
  * the first quarter of the rows (of at least 64) found fewer than one in
  * 16: such a block does not pay for its flags (kind 1 wins), and looking
- * further would cost as much as coding it. */
-static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period)
+ * further would cost as much as coding it. *repeats: the elements equal to
+ * the one above them in their row's reference (kind 2's set flags). */
+static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
+                        size_t *repeats)
 {
     size_t rows = (k + period - 1) / period, nref = 0;
     uint32_t ns = period < LLX_SAMPLES ? period : LLX_SAMPLES, at_c[LLX_SAMPLES];
@@ -380,6 +386,7 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
+    *repeats = 0;
     for (size_t r = 0; r < rows; r++) {
         if (r == rows / 4 && rows >= 64 && nref * 16 < r) return 0;
         const uint8_t *row = src + 2 * r * period;
@@ -409,36 +416,45 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         }
         w->ref[r] = best >= need && best_d <= LLX_MAX_DISTANCE ? (uint32_t)best_d : 0;
         nref += w->ref[r] != 0;
+        *repeats += w->ref[r] ? best : 0;
         for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
     }
     return nref;
 }
 
-/* Add the n exponents' counts to h4, by group (ctx NULL: all group 0):
- * four histograms, summed after (hist_sum), because exponents cluster on a
- * few values and one counter per value would chain its increments. */
-static void hist_add(const uint8_t *restrict exp, const uint8_t *restrict ctx, size_t n,
-                     uint32_t h4[4][LLX_GROUPS][256])
+/* key[i] = ctx[i] << 8 | exp[i] (ctx NULL: all group 0), the histograms'
+ * indices: made for the whole block before any is counted, as a store of
+ * 16 read back at once as 16-bit loads does not forward (that was slower
+ * than the byte loads it replaced). */
+static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, size_t k,
+                      uint16_t *restrict key)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    for (; i + 16 <= k; i += 16) {
+        __m128i e = _mm_loadu_si128((const __m128i *)(exp + i));
+        __m128i c = ctx ? _mm_loadu_si128((const __m128i *)(ctx + i)) : _mm_setzero_si128();
+        _mm_storeu_si128((__m128i *)(key + i), _mm_unpacklo_epi8(e, c));
+        _mm_storeu_si128((__m128i *)(key + i + 8), _mm_unpackhi_epi8(e, c));
+    }
+#endif
+    for (; i < k; i++) key[i] = (uint16_t)((ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]);
+}
+
+/* Add the counts of the n keys (hist_keys) to h4: four histograms, summed
+ * after (hist_sum), because exponents cluster on a few values and one
+ * counter per value would chain its increments. */
+static void hist_add(const uint16_t *restrict key, size_t n, uint32_t h4[4][LLX_GROUPS][256])
 {
     size_t i = 0;
     uint32_t *h0 = h4[0][0], *h1 = h4[1][0], *h2 = h4[2][0], *h3 = h4[3][0];
-    if (ctx) {
-        for (; i + 4 <= n; i += 4) {
-            h0[(unsigned)ctx[i] << 8 | exp[i]]++;
-            h1[(unsigned)ctx[i + 1] << 8 | exp[i + 1]]++;
-            h2[(unsigned)ctx[i + 2] << 8 | exp[i + 2]]++;
-            h3[(unsigned)ctx[i + 3] << 8 | exp[i + 3]]++;
-        }
-        for (; i < n; i++) h0[(unsigned)ctx[i] << 8 | exp[i]]++;
-        return;
-    }
     for (; i + 4 <= n; i += 4) {
-        h0[exp[i]]++;
-        h1[exp[i + 1]]++;
-        h2[exp[i + 2]]++;
-        h3[exp[i + 3]]++;
+        h0[key[i]]++;
+        h1[key[i + 1]]++;
+        h2[key[i + 2]]++;
+        h3[key[i + 3]]++;
     }
-    for (; i < n; i++) h0[exp[i]]++;
+    for (; i < n; i++) h0[key[i]]++;
 }
 
 static void hist_sum(uint32_t h4[4][LLX_GROUPS][256], uint32_t h[LLX_GROUPS][256])
@@ -490,31 +506,43 @@ static void write_map(const uint8_t *v, uint32_t period, unsigned per, uint8_t *
         map[c / 4] |= (uint8_t)((v[c] / per) << (2 * (c % 4)));
 }
 
-/* The block as a kind 2 record (row references found; w->ctx each
- * element's group; h the exponents' histograms per group of the rows
- * without a reference; k1 kind 1's estimate), when its estimate is below k1
+/* The block as a kind 2 record (row references found, repeats the elements
+ * they repeat; w->ctx each element's group; h the exponents' histograms per
+ * group of the rows without a reference; k1 kind 1's estimate), when its
+ * estimate is below k1
  * and it comes out smaller than raw: returns its bytes, else 0. rec + 1
  * holds the sign and mantissa bytes (kind 1's), read before rec is
  * written. */
 static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
-                          size_t nref, uint32_t h[LLX_GROUPS][256], double k1, uint8_t *rec)
+                          size_t nref, size_t repeats, uint32_t h[LLX_GROUPS][256], double k1,
+                          uint8_t *rec)
 {
-    size_t rows = (k + period - 1) / period, u = 0, nfl = 0;
+    size_t rows = (k + period - 1) / period, u = k - repeats, nfl = 0;
+    size_t map_bytes = (period + 3) / 4;
+    kvs_rans_freqs t2[3][LLX_GROUPS], td, tf;
+    int c2;
+    /* The estimate is these two, the differences' table and the flags'
+     * bits; both of those are >= 0, and adding one to a double never
+     * lowers it, so without them it is a floor of the estimate: when even
+     * the floor is not below k1 the block cannot take kind 2, and the pass
+     * that counts them is skipped (the choice, and so the bytes, as when
+     * they were counted). */
+    double groups_bits = choose_groups(h, 1, map_bytes, t2, &c2);
+    double fixed_bits = 8.0 * (11 + 4 * KVS_RANS_LANES + (double)u + (double)(rows + 7) / 8 +
+                               2.0 * (double)nref);
+    if (groups_bits + fixed_bits >= k1) return 0;
     uint32_t hd[256], hf[256], hd16[16][256];
     memset(hd16, 0, sizeof hd16);
     memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
     uint8_t *fl = w->flags;
     memset(fl, 0, k / 8 + 4);
-    /* First the estimate's counts (the flags, the differences' histogram,
-     * u), and the symbols only when the estimate wins: most blocks at
+    /* First the estimate's counts (the flags, the differences'
+     * histogram), and the symbols only when the estimate wins: most blocks at
      * level 3 find a few references and then take kind 3. */
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
-        if (w->ref[r] == 0) {
-            u += len;
-            continue;
-        }
+        if (w->ref[r] == 0) continue;
         size_t d = (size_t)w->ref[r] * period, c = 0, same = 0;
 #ifdef __SSE2__
         /* 16 flags a step from 16-bit compares; an element that repeats
@@ -536,6 +564,8 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             _mm_storeu_si128((__m128i *)df,
                              _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
                                           _mm_loadu_si128((const __m128i *)(exp + i0 + c - d))));
+            /* unrolled: each count then one add to a fixed offset */
+#pragma GCC unroll 16
             for (unsigned t = 0; t < 16; t++) hd16[t][df[t]]++;
         }
 #endif
@@ -547,7 +577,6 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             same += eq;
         }
         hd16[0][0] -= (uint32_t)same;
-        u += len - same;
     }
     for (int s = 0; s < 256; s++) {
         hd[s] = 0;
@@ -555,17 +584,12 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     }
     size_t nfb = (nfl + 7) / 8;
     for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
-    size_t map_bytes = (period + 3) / 4;
-    kvs_rans_freqs t2[3][LLX_GROUPS], td, tf;
-    int c2;
     /* the flags coded (their table and states) or raw, whichever is
      * smaller: a small block's flag table costs more than it saves */
     double flag_bits = table_bits(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;
     int flags_coded = flag_bits < 8.0 * (double)nfb;
-    double k2 = choose_groups(h, 1, map_bytes, t2, &c2) + table_bits(hd, &td) +
-                (flags_coded ? flag_bits : 8.0 * (double)nfb) +
-                8.0 * (11 + 4 * KVS_RANS_LANES + (double)u + (double)(rows + 7) / 8 +
-                       2.0 * (double)nref);
+    double k2 = groups_bits + table_bits(hd, &td) +
+                (flags_coded ? flag_bits : 8.0 * (double)nfb) + fixed_bits;
     if (k2 >= k1) return 0;
     u = 0;
     for (size_t r = 0, bit = 0; r < rows; r++) {
@@ -718,27 +742,33 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
         w->sclass[c] =
             (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
     }
-    /* The histogram of (class, nibble), a partial one per channel mod 16:
-     * most nibbles are 0 in class 0, and one counter would chain its
-     * increments (that pass was a tenth of level 3's encoder). */
+    /* The histogram of (class, nibble): first every nibble's key, class x
+     * 16 | nibble (into w->key, its n <= max_k / 4 + KVS_LLX_MAX_PERIOD
+     * bytes within the 2 max_k there), then the counts into 16 partial
+     * histograms (nibble i in i mod 16): most nibbles are 0 in class 0, and
+     * one counter would chain its increments (that pass was a tenth of
+     * level 3's encoder); keys stored 16 at a time and read back at once
+     * do not forward, which made the counting twice as slow. */
     uint32_t h16[16][LLX_SIGN_CLASSES * 16], h[LLX_SIGN_CLASSES][256];
     memset(h16, 0, sizeof h16);
-    uint8_t *restrict key = w->ctx + k; /* the class x 16 of each channel, then the contexts */
-    for (uint32_t c = 0; c < period; c++) key[c] = (uint8_t)(w->sclass[c] << 4);
+    uint8_t *restrict cls = w->ctx + k; /* the class x 16 of each channel, then the contexts */
+    uint8_t *restrict kb = (uint8_t *)w->key;
+    for (uint32_t c = 0; c < period; c++) cls[c] = (uint8_t)(w->sclass[c] << 4);
     for (size_t j = 0; j < n; j += period) {
         uint32_t c = 0;
 #ifdef __SSE2__
-        /* the keys 16 at a time, then one load and one add per count */
-        for (; c + 16 <= period; c += 16) {
-            uint8_t kb[16];
-            _mm_storeu_si128((__m128i *)kb,
-                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(key + c)),
+        for (; c + 16 <= period; c += 16)
+            _mm_storeu_si128((__m128i *)(kb + j + c),
+                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(cls + c)),
                                           _mm_loadu_si128((const __m128i *)(nib + j + c))));
-            for (unsigned t = 0; t < 16; t++) h16[t][kb[t]]++;
-        }
 #endif
-        for (; c < period; c++) h16[c & 15][key[c] | nib[j + c]]++;
+        for (; c < period; c++) kb[j + c] = (uint8_t)(cls[c] | nib[j + c]);
     }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 16 /* each count then one add to a fixed offset */
+        for (unsigned t = 0; t < 16; t++) h16[t][kb[i + t]]++;
+    for (; i < n; i++) h16[i & 15][kb[i]]++;
     memset(h, 0, sizeof h);
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
         for (unsigned v = 0; v < 16; v++)
@@ -831,16 +861,18 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         fill_ctx(w->group, period, phase, k, w->ctx);
     }
     /* Row references need whole rows from the block's start. */
+    size_t repeats = 0;
     size_t nref = (tools & KVS_LLX_REFS) && use_map && phase == 0 && k >= 2 * (size_t)period
-                      ? find_refs(w, src, k, period)
+                      ? find_refs(w, src, k, period, &repeats)
                       : 0;
     /* The exponents' histograms per group: of the rows without a
      * reference (h), and of those with one (hr) when there are any; kind 1
      * counts them all. */
     uint32_t h4[4][LLX_GROUPS][256], h[LLX_GROUPS][256], hall[LLX_GROUPS][256];
     memset(h4, 0, sizeof h4);
+    hist_keys(w->exp, use_map ? w->ctx : NULL, k, w->key);
     if (nref == 0) {
-        hist_add(w->exp, use_map ? w->ctx : NULL, k, h4);
+        hist_add(w->key, k, h4);
         hist_sum(h4, h);
         memcpy(hall, h, sizeof h);
     } else {
@@ -848,7 +880,7 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         memset(hr4, 0, sizeof hr4);
         for (size_t i0 = 0; i0 < k; i0 += period) {
             size_t len = k - i0 < period ? k - i0 : period;
-            hist_add(w->exp + i0, w->ctx + i0, len, w->ref[i0 / period] ? hr4 : h4);
+            hist_add(w->key + i0, len, w->ref[i0 / period] ? hr4 : h4);
         }
         hist_sum(h4, h);
         hist_sum(hr4, hr);
@@ -871,7 +903,7 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         k3 = k1 - 8.0 * (double)k + 8.0 * (double)((7 * k + 7) / 8) +
              sign_plan(w, k, period, nn, ts);
     }
-    size_t n = nref ? encode_refs(w, src, k, period, nref, h, k3 < k1 ? k3 : k1, rec) : 0;
+    size_t n = nref ? encode_refs(w, src, k, period, nref, repeats, h, k3 < k1 ? k3 : k1, rec) : 0;
     if (n) {
         *used = n;
         return KVS_LLX_REFS;
