@@ -213,14 +213,23 @@ static const int32_t reduce_lo[4][16] = {
     {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
 };
 
+/* The unroll hints only where the compiler optimizes: at -O0 with the
+ * sanitizers GCC cannot place the inner loop's and warns ("ignoring loop
+ * annotation"), an error under -Werror in a Debug ASan build. */
+#ifdef __OPTIMIZE__
+#define UNROLL(n) _Pragma(#n)
+#else
+#define UNROLL(n)
+#endif
+
 /* Lane k of the result: the unsigned (or signed) maximum of m[k]'s lanes. */
 static inline __attribute__((always_inline)) __m512i reduce16(__m512i *m, int is_signed)
 {
-#pragma GCC unroll 4
+    UNROLL(GCC unroll 4)
     for (int l = 0, n = 16, h = 8; l < 4; l++, n /= 2, h /= 2) {
         const __m512i ia = _mm512_loadu_si512(reduce_lo[l]);
         const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(h));
-#pragma GCC unroll 8
+        UNROLL(GCC unroll 8)
         for (int i = 0; i < n / 2; i++) {
             __m512i x = _mm512_permutex2var_epi32(m[2 * i], ia, m[2 * i + 1]);
             __m512i y = _mm512_permutex2var_epi32(m[2 * i], ib, m[2 * i + 1]);
