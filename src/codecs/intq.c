@@ -1227,6 +1227,9 @@ static int decode_range(void *ctx, uint64_t begin, uint64_t end)
         if (r->axis != KVS_INTQ_TOKEN) block_scales(j, g, pi, bi, &w);
         for (uint64_t t = t0; t < t1; t++) decode_row(j, g, pi, t, &w);
     }
+    /* the rows' streamed lines ordered before the range is reported done
+     * (the kernels do not fence per row, intq_kernels.h) */
+    if (j->stream && j->k->store_fence) j->k->store_fence();
     ws_free(&w);
     return rc;
 }

@@ -794,7 +794,6 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256((__m256i *)(dst + 2 * i), bf16x16(_mm512_loadu_ps(in + i)));
     if (i < n) narrow_part(in + i, n - i, dst + 2 * i);
-    if (stream) _mm_sfence();
 }
 
 /* ---- fused rows (decode) ---------------------------------------------- */
@@ -865,7 +864,6 @@ KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const fl
             else _mm512_storeu_si512(o, line);
         }
     }
-    if (stream) _mm_sfence();
 }
 
 /* decode_bf16 but the lookup; centred: 8-bit codes of mid 128, whose bit 7
@@ -900,7 +898,6 @@ KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const floa
             _mm512_storeu_si512(dst + 2 * i + 64, b);
         }
     }
-    if (stream) _mm_sfence();
 }
 
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
@@ -914,6 +911,11 @@ static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const floa
         decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1);
     else
         decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0);
+}
+
+static void store_fence(void)
+{
+    _mm_sfence();
 }
 
 static const kvs_intq_kernels avx512_kernels = {
@@ -932,6 +934,7 @@ static const kvs_intq_kernels avx512_kernels = {
     .encode_token_bf16 = encode_token_bf16,
     .encode_channel_bf16 = encode_channel_bf16,
     .decode_bf16 = decode_bf16,
+    .store_fence = store_fence,
 };
 
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void)

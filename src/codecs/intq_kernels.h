@@ -68,7 +68,7 @@ typedef struct kvs_intq_kernels {
     void (*load_scales)(const uint8_t *p, uint64_t n, int f16, float *out);
     /* n float32 -> bfloat16 (round to nearest even, NaN quieted, as
      * kvs_f32_to_bf16); `stream`: the full 64-byte lines of dst with
-     * non-temporal stores (and a store fence before returning). The
+     * non-temporal stores and no fence (store_fence below). The
      * decoder streams the rows of an object of at least
      * kvs_fp8_nt_min_bytes() (the fp8 kernels' policy and threshold,
      * applied to the whole object, whose rows are each far smaller). */
@@ -111,6 +111,12 @@ typedef struct kvs_intq_kernels {
      * stores). */
     void (*decode_bf16)(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
+    /* The store fence that orders the streamed rows before a range of
+     * rows returns (decode_range calls it once, after its last row):
+     * fencing every row (2 KiB in bench_int) waited for each row's
+     * non-temporal stores to drain before the next row's (NULL where
+     * nothing streams). */
+    void (*store_fence)(void);
 } kvs_intq_kernels;
 
 /* The AVX-512 variant (F, BW, VL, BF16, F16C; the fp8 dispatcher's
