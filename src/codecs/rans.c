@@ -16,8 +16,9 @@
  * (64 bytes must remain) or per word near the end.
  *
  * The groups of 32 go through rans_avx512.c where the CPU has AVX-512
- * (kvs_cpu_features: KVS_CPU_AVX512) and KVSERDE_ISA does not ask for "scalar" or "avx2"; both
- * produce and accept the same stream, bit for bit (tests/test_rans.c). */
+ * (kvs_cpu_features: KVS_CPU_AVX512) and KVSERDE_ISA does not ask for
+ * "scalar" or "avx2"; both produce and accept the same stream, bit for bit
+ * (tests/test_rans.c). */
 #include "codecs/rans.h"
 
 #include <math.h>
@@ -219,6 +220,12 @@ void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned
 
 static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 */
 
+/* what rans_avx512.c is compiled for (util/cpu_features.h) */
+static int simd_available(void)
+{
+    return (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
+}
+
 #if KVS_HAVE_X86
 static int use_simd(void)
 {
@@ -226,7 +233,7 @@ static int use_simd(void)
     if (s < 0) {
         const char *isa = getenv("KVSERDE_ISA");
         int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
-        s = !forced_off && (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
+        s = !forced_off && simd_available();
         atomic_store_explicit(&simd_state, s, memory_order_relaxed);
     }
     return s;
@@ -244,7 +251,7 @@ int kvs_rans_simd_in_use(void)
 
 int kvs_rans_set_simd(int on)
 {
-    int s = on && (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
+    int s = on && simd_available();
     atomic_store_explicit(&simd_state, s, memory_order_relaxed);
     return s;
 }

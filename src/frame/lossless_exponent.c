@@ -339,11 +339,12 @@ static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
 
 /* The set bits of v (the x86-64 baseline has no popcount instruction, and
  * GCC's builtin is then a call). */
-static inline unsigned popcount32(uint32_t v)
+static inline unsigned popcount64(uint64_t v)
 {
-    v = v - (v >> 1 & 0x55555555u);
-    v = (v & 0x33333333u) + (v >> 2 & 0x33333333u);
-    return ((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u >> 24;
+    v = v - (v >> 1 & 0x5555555555555555u);
+    v = (v & 0x3333333333333333u) + (v >> 2 & 0x3333333333333333u);
+    v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0Fu;
+    return (unsigned)((v * 0x0101010101010101u) >> 56);
 }
 
 /* The set bits of p[0..n). */
@@ -353,10 +354,7 @@ static size_t bits_set(const uint8_t *p, size_t n)
     for (; i + 8 <= n; i += 8) {
         uint64_t v;
         memcpy(&v, p + i, 8);
-        v = v - (v >> 1 & 0x5555555555555555u);
-        v = (v & 0x3333333333333333u) + (v >> 2 & 0x3333333333333333u);
-        v = (v + (v >> 4)) & 0x0F0F0F0F0F0F0F0Fu;
-        m += (size_t)((v * 0x0101010101010101u) >> 56);
+        m += popcount64(v);
     }
     for (; i < n; i++)
         for (unsigned v = p[i]; v; v &= v - 1) m++;
@@ -559,7 +557,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             fl[nfl >> 3] = (uint8_t)(fl[nfl >> 3] | m);
             fl[(nfl >> 3) + 1] = (uint8_t)(fl[(nfl >> 3) + 1] | m >> 8);
             fl[(nfl >> 3) + 2] = (uint8_t)(fl[(nfl >> 3) + 2] | m >> 16);
-            same += popcount32(m);
+            same += popcount64(m);
             uint8_t df[16];
             _mm_storeu_si128((__m128i *)df,
                              _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(exp + i0 + c)),
@@ -734,7 +732,7 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
         }
 #endif
         for (; c < period; c++)
-            for (size_t j = j0; j < j1; j += period) flips[c] += popcount32(nib[j + c]);
+            for (size_t j = j0; j < j1; j += period) flips[c] += popcount64(nib[j + c]);
     }
     uint64_t rows = (k + period - 1) / period;
     for (uint32_t c = 0; c < period; c++) {
