@@ -13,7 +13,8 @@
  * and 234, the mean kept components of xform-1b / 2b / 4b on kvdata
  * (docs/fidelity.md). Set OPENBLAS_NUM_THREADS=1 for one core's figures.
  * Also the AVX512-BF16 dot products' rate where the CPU has them (the
- * inputs are bfloat16). Reports medians of --runs (default 7); asserts
+ * inputs are bfloat16), and the AVX512-FP16 multiply-adds' with the GB/s
+ * they would allow. Reports medians of --runs (default 7); asserts
  * nothing. */
 #include <cblas.h>
 #include <stdint.h>
@@ -94,6 +95,33 @@ static double bf16dot_flops(int runs)
     return median(v, runs);
 }
 
+/* float16 multiply-adds (AVX512-FP16: 32 lanes per vfmadd), the fastest
+ * arithmetic this CPU has: twice float32's lanes. A float16 product loses
+ * the precision the 4-bit rung needs (11-bit significands summed over 256
+ * terms), so this is the bound of a transform that gave that up. */
+__attribute__((target("avx512f,avx512fp16"))) static double peak_fp16(long iters)
+{
+    const __m512h b = _mm512_set1_ph((_Float16)0.999f), c = _mm512_set1_ph((_Float16)0.001f);
+    __m512h a0 = _mm512_set1_ph(0), a1 = _mm512_set1_ph(1), a2 = _mm512_set1_ph(2),
+            a3 = _mm512_set1_ph(3), a4 = _mm512_set1_ph(4), a5 = _mm512_set1_ph(5),
+            a6 = _mm512_set1_ph(6), a7 = _mm512_set1_ph(7), a8 = _mm512_set1_ph(8),
+            a9 = _mm512_set1_ph(9), a10 = _mm512_set1_ph(10), a11 = _mm512_set1_ph(11);
+    double t = now_s();
+    for (long k = 0; k < iters; k++) FMA12(_mm512_fmadd_ph);
+    t = now_s() - t;
+    volatile _Float16 sink = _mm512_reduce_add_ph(SUM12(_mm512_add_ph));
+    (void)sink;
+    return (double)iters * CHAINS * 32 * 2 / t;
+}
+
+static double fp16_flops(int runs)
+{
+    if (!__builtin_cpu_supports("avx512fp16")) return 0;
+    double v[100];
+    for (int r = 0; r < runs; r++) v[r] = peak_fp16(20 * 1000 * 1000);
+    return median(v, runs);
+}
+
 /* The widest multiply-add this CPU has: its name, and flops per second
  * (median of runs), or 0 when it has none the bench knows. */
 static double peak_flops(int runs, const char **isa)
@@ -115,6 +143,11 @@ static double peak_flops(int runs, const char **isa)
     return 0;
 }
 static double bf16dot_flops(int runs)
+{
+    (void)runs;
+    return 0;
+}
+static double fp16_flops(int runs)
 {
     (void)runs;
     return 0;
@@ -174,6 +207,14 @@ int main(int argc, char **argv)
     else printf("core peak: %s\n", isa);
     double dot = bf16dot_flops(runs);
     if (dot > 0) printf("AVX512-BF16 dot products: %.1f GFLOP/s\n", dot / 1e9);
+    double half = fp16_flops(runs);
+    if (half > 0) {
+        printf("AVX512-FP16 FMA: %.1f GFLOP/s; bound GB/s at it: encode %.3f, decode", half / 1e9,
+               half / (2.0 * H) * 2 / 1e9);
+        for (int k = 147; k <= 234; k += k == 147 ? 36 : 51)
+            printf(" %.3f (kept %d)", half / (2.0 * (k * H / 256)) * 2 / 1e9, k * H / 256);
+        printf("\n");
+    }
     /* bf16 bytes per second a product rate allows: 2 bytes per element,
      * 2 x (H or kept) flops per element. */
     printf("%-22s %10s %14s %16s\n", "product", "flops/elem", "sgemm GFLOP/s",
