@@ -61,6 +61,7 @@
 
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_join.h"
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
@@ -238,6 +239,9 @@ static inline void join16(__m128i e, __m128i s, __m128i *v0, __m128i *v1)
 static void join_fields(const uint8_t *exp, const uint8_t *sm, size_t k, uint8_t *dst)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
+#endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
         __m128i v0, v1;
@@ -1249,6 +1253,9 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     /* The elements row by row, each sign its flip XOR the sign above it
      * (the row above is in dst already): one pass, the signs not stored
      * apart first. */
+#if KVS_HAVE_X86
+    int simd = kvs_rans_simd_in_use();
+#endif
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
         uint8_t bit = (uint8_t)(1u << (r % LLX_SIGN_ROWS));
@@ -1257,6 +1264,9 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
         uint8_t *out = dst + 2 * i0;
         const uint8_t *up = r ? out - 2 * (size_t)period : NULL;
         size_t c = 0;
+#if KVS_HAVE_X86
+        if (simd) c = kvs_llx_join_avx512(e, sm, q, bit, up, n, out);
+#endif
 #ifdef __SSE2__
         /* the flip as a byte compare (SSE2 has no byte shift) */
         const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),
