@@ -982,7 +982,8 @@ static const char *kvdata_dir(void)
  * BMI2 / VBMI mantissa packing, the join of the fields): the same bytes on
  * every shape and fill (rows of 45, 100 and 13: flags that do not start a
  * byte and rows that leave a tail of the 32, 64 or 8 at a time; k mod 8
- * from 1 to 7), and each decodes the other's. */
+ * from 1 to 7; rows of 40 and 72, whose packed mantissas the AVX-512 join
+ * unpacks itself, with tails), and each decodes the other's. */
 static void test_rans_isas(void)
 {
     if (!kvs_rans_set_simd(1)) {
@@ -991,7 +992,8 @@ static void test_rans_isas(void)
     }
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
-                                        {67, 45}, {150, 100}, {1027, 64}};
+                                        {67, 45}, {150, 100}, {1027, 64}, {33, 40},
+                                        {700, 72}};
     size_t same = 0, runs = 0;
     for (int level = 1; level <= 3; level++) {
         kvs_stage *st = rans_stage_at(level);

@@ -18,6 +18,12 @@
  * and the row above. Returns c. */
 size_t kvs_llx_join_avx512(const uint8_t *e, const uint8_t *sm, const uint8_t *q, uint8_t bit,
                            const uint8_t *up, size_t n, uint8_t *out);
+
+/* The same with the mantissas packed 7 bits each (element j's in bits
+ * 7j..7j+6 of the little-endian bit string m7, of which 7c / 8 bytes are
+ * read), as kind 3 stores them. */
+size_t kvs_llx_join7_avx512(const uint8_t *e, const uint8_t *m7, const uint8_t *q, uint8_t bit,
+                            const uint8_t *up, size_t n, uint8_t *out);
 #endif
 
 #endif /* KVSERDE_FRAME_LOSSLESS_JOIN_H */
