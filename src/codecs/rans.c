@@ -13,7 +13,8 @@
  * The decoder is memory-safe on any stream: a slot always names a symbol
  * whose frequency covers it, so x stays in [1, 2^31) whatever the words
  * are, and the words are read with a bounds check per group of 32 symbols
- * (64 bytes must remain) or per word near the end.
+ * (64 bytes must remain; the last groups from a zero-padded copy of the
+ * last bytes) or per word near the end.
  *
  * The groups of 32 go through rans_avx512.c where the CPU has AVX-512
  * (kvs_cpu_features: KVS_CPU_AVX512) and KVSERDE_ISA does not ask for

@@ -129,7 +129,8 @@ static void scratch_free(kvs_llx_scratch *w)
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
  * about 490 KiB more, are only touched when encoding at level 2 and when
- * decoding records of kind 2; kind 3 decodes its mantissas into sm). A
+ * decoding records of kind 2; kind 3 decodes its mantissas into sm, with
+ * AVX-512 and rows of a multiple of 8 only the rows' tails). A
  * call takes the kept one or makes its own,
  * and keeps it afterwards if the slot is free; the kept one is reachable
  * from here until the process ends. */
