@@ -977,11 +977,13 @@ static const char *kvdata_dir(void)
 }
 
 
-/* Levels 2 and 3 with the scalar kernels and with the AVX-512 ones (the
- * rANS kernels, the VBMI2 split of rows with references, the BMI2 mantissa
- * packing): the same bytes on every shape and fill (rows of 45, 100 and
- * 13: flags that do not start a byte and rows that leave a tail of the 32
- * or 8 at a time; k mod 8 from 1 to 7), and each decodes the other's. */
+/* Levels 1 to 3 with the scalar kernels and with the AVX-512 ones (the
+ * rANS kernels and table fill, the VBMI2 split of rows with references, the
+ * BMI2 / VBMI mantissa packing, the join of the fields): the same bytes on
+ * every shape and fill (rows of 45, 100 and 13: flags that do not start a
+ * byte and rows that leave a tail of the 32, 64 or 8 at a time; k mod 8
+ * from 1 to 7; rows of 40 and 72, whose packed mantissas the AVX-512 join
+ * unpacks itself, with tails), and each decodes the other's. */
 static void test_rans_isas(void)
 {
     if (!kvs_rans_set_simd(1)) {
@@ -990,9 +992,10 @@ static void test_rans_isas(void)
     }
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
-                                        {67, 45}, {150, 100}, {1027, 64}};
+                                        {67, 45}, {150, 100}, {1027, 64}, {33, 40},
+                                        {700, 72}};
     size_t same = 0, runs = 0;
-    for (int level = 2; level <= 3; level++) {
+    for (int level = 1; level <= 3; level++) {
         kvs_stage *st = rans_stage_at(level);
         for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
             for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
@@ -1029,8 +1032,9 @@ static void test_rans_isas(void)
 }
 
 /* The BMI2 mantissa packing against the bit string it defines (element i's
- * bits 0-6 in bits 7i..7i+6), at every start offset 0-7 and counts 0-70:
- * what it packs and what it writes past (one 0 byte), what it unpacks. */
+ * bits 0-6 in bits 7i..7i+6), at every start offset 0-7 and counts 0-200
+ * (the unpacking's VBMI steps of 64 and the pdep tail): what it packs and
+ * what it writes past (one 0 byte), what it unpacks. */
 static void test_mantissa_kernels(void)
 {
 #if defined(__x86_64__)
@@ -1038,11 +1042,11 @@ static void test_mantissa_kernels(void)
         printf("test_mantissa_kernels: no AVX-512 here: nothing to compare\n");
         return;
     }
-    uint8_t sm[80], in[96], out[96], want[96], back[80];
+    uint8_t sm[210], in[200], out[200], want[200], back[210];
     uint64_t s = 12345;
     size_t bad = 0;
     for (size_t off = 0; off < 8; off++)
-        for (size_t k = 0; k <= 70; k++) {
+        for (size_t k = 0; k <= 200; k++) {
             for (size_t i = 0; i < sizeof sm; i++) sm[i] = (uint8_t)lcg(&s);
             memset(out, 0xA5, sizeof out);
             size_t c = kvs_llx_pack7_avx512(sm, k, out + off);

@@ -57,9 +57,14 @@ typedef struct kvs_rans_enc_tables {
 } kvs_rans_enc_tables;
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
- * slot's symbol (bits 24-31), its frequency - 1 (bits 12-23) and the slot's
- * offset from the symbol's first slot (bits 0-11). 32 KiB for eight
- * contexts: they stay in L1, and a block fills 4 KiB per context it uses. */
+ * slot's symbol's frequency (bits 21-31), the symbol (bits 10-17) and the
+ * slot's offset from the symbol's first slot (bits 0-9). The frequency on
+ * top is one shift from the gathered entry to the multiply, on the
+ * decoder's critical path (a field in the middle took a shift, a mask and
+ * the + 1 of a stored f - 1). 32 KiB for eight contexts: they stay in L1,
+ * and a block fills 4 KiB per context it uses. */
+#define KVS_RANS_DEC_F_SHIFT (31 - KVS_RANS_SCALE_BITS)
+#define KVS_RANS_DEC_SYM_SHIFT KVS_RANS_SCALE_BITS
 typedef struct kvs_rans_dec_tables {
     uint32_t slot[KVS_RANS_MAX_CTX * KVS_RANS_TOTAL];
     uint32_t top; /* the last context with a table: nctx - 1 */

@@ -28,6 +28,9 @@ void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym
                                 uint32_t *nocode);
 size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+/* kvs_rans_dec_init's tables of nctx contexts (d->slot only), the same
+ * entries as its scalar loop. */
+void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 #endif
 
 /* Tests: use the AVX-512 kernels (on != 0, where the CPU has them) or the

@@ -61,6 +61,7 @@
 
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_join.h"
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
@@ -128,7 +129,8 @@ static void scratch_free(kvs_llx_scratch *w)
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
  * about 490 KiB more, are only touched when encoding at level 2 and when
- * decoding records of kind 2; kind 3 decodes its mantissas into sm). A
+ * decoding records of kind 2; kind 3 decodes its mantissas into sm, with
+ * AVX-512 and rows of a multiple of 8 only the rows' tails). A
  * call takes the kept one or makes its own,
  * and keeps it afterwards if the slot is free; the kept one is reachable
  * from here until the process ends. */
@@ -238,6 +240,9 @@ static inline void join16(__m128i e, __m128i s, __m128i *v0, __m128i *v1)
 static void join_fields(const uint8_t *exp, const uint8_t *sm, size_t k, uint8_t *dst)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
+#endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
         __m128i v0, v1;
@@ -1161,11 +1166,29 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     return KVS_OK;
 }
 
+/* KVS_ECORRUPT when a bit past the last of the k mantissas at in is set. */
+static int mantissas_end_clear(const uint8_t *in, size_t k, unsigned long long b)
+{
+    unsigned used = (unsigned)(7 * k % 8);
+    if (used && in[(7 * k + 7) / 8 - 1] >> used)
+        return kvs_set_error(KVS_ECORRUPT,
+                             "lossless: block %llu: mantissa bits past element %zu set", b, k - 1);
+    return KVS_OK;
+}
+
+/* Element i's mantissa of those at in (its two bytes are in the record). */
+static inline uint8_t mantissa_at(const uint8_t *in, size_t i)
+{
+    return (uint8_t)(get_le16(in + 7 * i / 8) >> (7 * i % 8) & 0x7F);
+}
+
 /* pack_mantissas' inverse: the k mantissas at in into sm (bit 7 0), or
  * KVS_ECORRUPT when a bit past the last one is set. Reads up to one byte
  * past them. */
 static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned long long b)
 {
+    int rc = mantissas_end_clear(in, k, b);
+    if (rc) return rc;
     size_t i = 0;
 #if KVS_HAVE_X86
     if (kvs_rans_simd_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
@@ -1187,10 +1210,6 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
         for (size_t j = 0; j < nb; j++) v |= (uint64_t)in[o + j] << (8 * j);
         o += nb;
         for (size_t j = 0; j < n; j++) sm[i + j] = (uint8_t)(v >> (7 * j) & 0x7F);
-        if (n < 8 && v >> (7 * n))
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: block %llu: mantissa bits past element %zu set", b,
-                                 k - 1);
     }
     return KVS_OK;
 }
@@ -1206,7 +1225,15 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
                              "lossless: block %llu: %zu mantissa bytes and the group count, %zu "
                              "bytes left",
                              b, mb, len - 1);
-    int rc = unpack_mantissas(rec + 1, k, w->sm, b);
+    /* With AVX-512 and rows that start on a byte of the mantissas (period
+     * a multiple of 8) the join unpacks them itself, without a pass into
+     * w->sm: then only the rows' tails of under 32 are unpacked there. */
+    int simd = 0, fused = 0;
+#if KVS_HAVE_X86
+    simd = kvs_rans_simd_in_use();
+    fused = simd && period % 8 == 0;
+#endif
+    int rc = fused ? mantissas_end_clear(rec + 1, k, b) : unpack_mantissas(rec + 1, k, w->sm, b);
     if (rc) return rc;
     size_t at = 1 + mb;
     unsigned ng;
@@ -1253,10 +1280,18 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
         size_t i0 = r * period, n = k - i0 < period ? k - i0 : period;
         uint8_t bit = (uint8_t)(1u << (r % LLX_SIGN_ROWS));
         const uint8_t *restrict q = nib + r / LLX_SIGN_ROWS * period;
-        const uint8_t *restrict e = w->exp + i0, *restrict sm = w->sm + i0;
+        const uint8_t *restrict e = w->exp + i0, *sm = w->sm + i0; /* its tail: below */
         uint8_t *out = dst + 2 * i0;
         const uint8_t *up = r ? out - 2 * (size_t)period : NULL;
         size_t c = 0;
+#if KVS_HAVE_X86
+        if (fused) {
+            c = kvs_llx_join7_avx512(e, rec + 1 + i0 / 8 * 7, q, bit, up, n, out);
+            for (size_t j = c; j < n; j++) w->sm[i0 + j] = mantissa_at(rec + 1, i0 + j);
+        } else if (simd) {
+            c = kvs_llx_join_avx512(e, sm, q, bit, up, n, out);
+        }
+#endif
 #ifdef __SSE2__
         /* the flip as a byte compare (SSE2 has no byte shift) */
         const __m128i zero = _mm_setzero_si128(), vb = _mm_set1_epi8((char)bit),

@@ -1,6 +1,7 @@
 /* lossless_mantissas.h - internal: the 7-bit mantissa packing of the
- * lossless stage's record kind 3 with BMI2's bit deposit and extract
- * (lossless_exponent.c holds the portable loops, the tails and chooses).
+ * lossless stage's record kind 3 with BMI2's bit deposit and extract (and
+ * AVX-512 VBMI's byte permute and multishift to unpack; lossless_exponent.c
+ * holds the portable loops, the tails and chooses).
  * Element i's bits 0-6 are bits 7i..7i+6 of the little-endian bit string. */
 #ifndef KVSERDE_FRAME_LOSSLESS_MANTISSAS_H
 #define KVSERDE_FRAME_LOSSLESS_MANTISSAS_H
