@@ -589,8 +589,10 @@ static void test_fused_decode(void)
         narrow_row(row, KVS_DTYPE_BFLOAT16, n, want);
         unsigned off = (unsigned)(lcg(&s) % 2) * 2; /* on a line, or not */
         int stream = (int)(lcg(&s) % 2);
+        /* a prefetched row (decode_ahead) or none: the bytes do not change */
+        const uint8_t *ahead = lcg(&s) % 2 ? u : NULL;
         memset(got, 0xA5, sizeof got);
-        K->decode_bf16(in, n, bits, sc, z, group, mid, got + 64 + off, stream);
+        K->decode_bf16(in, n, bits, sc, z, group, mid, got + 64 + off, stream, ahead);
         if (stream) K->store_fence();
         CHECK(memcmp(got + 64 + off, want, 2 * n) == 0);
         CHECK(got[63 + off] == 0xA5 && got[64 + off + 2 * n] == 0xA5);

@@ -798,6 +798,15 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
 
 /* ---- fused rows (decode) ---------------------------------------------- */
 
+/* The line of `ahead` (NULL: none) that lines up with codes i.. i + 63
+ * of the row (bits wide), once per 64-byte line: one prefetch per line of
+ * codes read (decode_bf16's `ahead`). */
+KVS_AI void prefetch_line(const uint8_t *ahead, uint64_t i, unsigned bits)
+{
+    if (ahead && i * bits % 512 == 0)
+        _mm_prefetch((const char *)(ahead + i * bits / 8), _MM_HINT_T0);
+}
+
 /* 16 elements from e on: dequant16 with their own scales and zeros
  * (group 1) or their group's, group *k, whose 16-element chunks left are
  * counted in *left (group a multiple of 16): a counter, not a division by
@@ -840,12 +849,14 @@ KVS_AI __m512i bf16x32(__m512 a, __m512 b)
  * 32 elements is one lookup (vpermw), not 2 x 4 conversions and
  * products and a narrowing. */
 KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream)
+                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream,
+                          const uint8_t *ahead)
 {
     const __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i table = _mm512_setzero_si512();
     uint64_t k = 0, left = 0; /* the group of the line, and its lines left */
     for (uint64_t i = 0; i < n; i += 64) {
+        prefetch_line(ahead, i, bits);
         /* 64 codes, one per byte */
         __m512i c = bits == 4 ? spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)))
                               : spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
@@ -871,10 +882,11 @@ KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const fl
  * each copy). */
 KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream,
-                        int centred)
+                        int centred, const uint8_t *ahead)
 {
     uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
     for (uint64_t i = 0; i < n; i += 64) {
+        prefetch_line(ahead, i, bits);
         __m512i c;
         if (centred) c = _mm512_xor_si512(_mm512_loadu_si512(in + i), _mm512_set1_epi8((char)0x80));
         else if (bits == 8) c = _mm512_loadu_si512(in + i);
@@ -901,16 +913,17 @@ KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const floa
 }
 
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
+                        const uint8_t *ahead)
 {
     const __m512 vmid = _mm512_set1_ps(mid);
     stream = stream && (uintptr_t)dst % 64 == 0;
     if (bits != 8 && group % 32 == 0)
-        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream);
+        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream, ahead);
     else if (bits == 8 && mid == 128.0f)
-        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1);
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1, ahead);
     else
-        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0);
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0, ahead);
 }
 
 static void store_fence(void)

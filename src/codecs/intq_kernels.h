@@ -108,9 +108,13 @@ typedef struct kvs_intq_kernels {
      * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
      * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
      * as narrow_bf16's, for a dst on a 64-byte boundary (else ordinary
-     * stores). */
+     * stores). ahead: NULL, or n * bits / 8 bytes of the payload (the
+     * codes a few rows on) the kernel prefetches into L1 line by line as
+     * it reads the row's codes: with streamed stores in flight the
+     * hardware prefetcher left the codes' loads waiting on memory. */
     void (*decode_bf16)(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
+                        const uint8_t *ahead);
     /* The store fence that orders the streamed rows before a range of
      * rows returns (decode_range calls it once, after its last row):
      * fencing every row (2 KiB in bench_int) waited for each row's
