@@ -40,6 +40,18 @@ KVS_AI __mmask16 finite(__m512 v)
     return _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp), exp);
 }
 
+/* The line of `ahead` (NULL: none) that lines up with the codes of
+ * elements i.. of a row `bits` wide, once per 64-byte line of codes: the
+ * fused rows' prefetch (into L1) of the payload a few rows on, the codes
+ * to be read (decode_bf16's `ahead`) or stored (encode_token_bf16's
+ * `codes_ahead`, whose lines are then read for ownership before the
+ * stores wait on it; prefetchw was no faster than this). */
+KVS_AI void prefetch_line(const uint8_t *ahead, uint64_t i, unsigned bits)
+{
+    if (ahead && i * bits % 512 == 0)
+        _mm_prefetch((const char *)(ahead + i * bits / 8), _MM_HINT_T0);
+}
+
 /* ---- encode ------------------------------------------------------------ */
 
 /* 16 bfloat16 as float32 lanes. */
@@ -463,13 +475,14 @@ KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, 
  * the loop has no branch on it). */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
-                        int zp, uint8_t *out, const uint8_t *ahead)
+                        int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
 {
     const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
         const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
         for (uint64_t e = c0; e < c0 + f->group; e += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
+            prefetch_line(codes_ahead, e, bits);
             codes32_packed(src, e, r, ri, zz, mid, bits, zp, out);
         }
     }
@@ -477,7 +490,7 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales_out, uint8_t *zeros, uint8_t *out,
-                             const uint8_t *ahead)
+                             const uint8_t *ahead, const uint8_t *codes_ahead)
 {
     int16_t mn[KVS_INTQ_FUSED_GROUPS], mx[KVS_INTQ_FUSED_GROUPS];
     float d[KVS_INTQ_FUSED_GROUPS], rinv[KVS_INTQ_FUSED_GROUPS], z[KVS_INTQ_FUSED_GROUPS];
@@ -514,12 +527,12 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
     switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
-    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead); break;
-    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead); break;
-    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead); break;
-    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead); break;
+    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead, codes_ahead); break;
+    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead, codes_ahead); break;
+    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead, codes_ahead); break;
+    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead, codes_ahead); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead, codes_ahead); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead, codes_ahead); break;
     }
     return 1;
 }
@@ -797,15 +810,6 @@ static void narrow_bf16(const float *in, uint64_t n, uint8_t *dst, int stream)
 }
 
 /* ---- fused rows (decode) ---------------------------------------------- */
-
-/* The line of `ahead` (NULL: none) that lines up with codes i.. i + 63
- * of the row (bits wide), once per 64-byte line: one prefetch per line of
- * codes read (decode_bf16's `ahead`). */
-KVS_AI void prefetch_line(const uint8_t *ahead, uint64_t i, unsigned bits)
-{
-    if (ahead && i * bits % 512 == 0)
-        _mm_prefetch((const char *)(ahead + i * bits / 8), _MM_HINT_T0);
-}
 
 /* 16 elements from e on: dequant16 with their own scales and zeros
  * (group 1) or their group's, group *k, whose 16-element chunks left are

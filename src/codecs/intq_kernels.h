@@ -87,10 +87,13 @@ typedef struct kvs_intq_kernels {
      * stores, is the reference's lane order's), a scale or zero that does
      * not fit. ahead: NULL, or a row of n bfloat16 the kernel prefetches
      * (into L1) line by line as it makes the codes, one line per line of
-     * src, so the next rows' loads overlap this row's arithmetic. */
+     * src, so the next rows' loads overlap this row's arithmetic.
+     * codes_ahead: NULL, or payload bytes (as many as the row's codes) the
+     * kernel prefetches line by line as it stores the codes, so the lines a
+     * few rows on are read for ownership before their stores wait on it. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales, uint8_t *zeros, uint8_t *codes,
-                             const uint8_t *ahead);
+                             const uint8_t *ahead, const uint8_t *codes_ahead);
     /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
      * bfloat16 channels (token t at src + t * stride bytes) without
      * outliers or rotation, likewise: the n channels' scales (and zero
