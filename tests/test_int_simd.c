@@ -460,7 +460,10 @@ static void test_fused_encode(void)
         int rw = ref_token_row(&p, src, n, group, sc[0], zr[0], cd[0]);
         kvs_intq_rowfmt f;
         row_format(&p, group, &f);
-        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1], NULL);
+        /* codes prefetched for writing a row on (payload_ahead) or not: the
+         * prefetch writes nothing, so the reference's codes stay as they are */
+        const uint8_t *codes_ahead = round % 3 ? cd[0] : NULL;
+        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1], NULL, codes_ahead);
         if (rg) { /* the reference's bytes, and none past them */
             fused++;
             CHECK_EQ_INT(rw, 0);
@@ -589,8 +592,10 @@ static void test_fused_decode(void)
         narrow_row(row, KVS_DTYPE_BFLOAT16, n, want);
         unsigned off = (unsigned)(lcg(&s) % 2) * 2; /* on a line, or not */
         int stream = (int)(lcg(&s) % 2);
+        /* a prefetched row (decode_ahead) or none: the bytes do not change */
+        const uint8_t *ahead = lcg(&s) % 2 ? u : NULL;
         memset(got, 0xA5, sizeof got);
-        K->decode_bf16(in, n, bits, sc, z, group, mid, got + 64 + off, stream);
+        K->decode_bf16(in, n, bits, sc, z, group, mid, got + 64 + off, stream, ahead);
         if (stream) K->store_fence();
         CHECK(memcmp(got + 64 + off, want, 2 * n) == 0);
         CHECK(got[63 + off] == 0xA5 && got[64 + off + 2 * n] == 0xA5);

@@ -804,6 +804,27 @@ static int fused_shape(const kvs_intq_params *p, const group_plan *g)
            (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
 }
 
+/* The fused rows prefetch the codes this many payload bytes past the
+ * row's, the decoder to read them (decode_bf16's `ahead`), the token
+ * encoder to write them (encode_token_bf16's `codes_ahead`). Decode at
+ * 256 MiB in bench_int: int8 3.6 -> 8.1 GB/s with 2 KiB (0.5 KiB: 6.8,
+ * 1 KiB: 7.6, 4 KiB: 6.4), int4 7.5 -> 9.8; at 64 MiB, whose payload the
+ * crc32c pass has just left in the cache, within the noise. Encode (int8,
+ * alternated in one process): 12-20 % faster from 8 to 256 MiB, its codes'
+ * lines no longer read for ownership as the stores wait (int4 and int2,
+ * fewer code bytes per row: within the noise). docs/performance.md. */
+#define PAYLOAD_AHEAD 2048
+
+/* The n payload bytes PAYLOAD_AHEAD past `at` (in the payload of `size`
+ * bytes from `payload`) for a kernel to prefetch, or NULL where they would
+ * pass the payload's end: no kernel touches an address outside it. */
+static const uint8_t *payload_ahead(const uint8_t *payload, uint64_t size, const uint8_t *at,
+                                    uint64_t n)
+{
+    uint64_t off = (uint64_t)(at - payload) + PAYLOAD_AHEAD;
+    return off + n <= size ? payload + off : NULL;
+}
+
 /* The fused token rows prefetch the row this many on (intq_kernels.h's
  * `ahead`), line by line as they work: 2 was a little faster than 1 in
  * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
@@ -847,8 +868,10 @@ static int encode_block(const enc_job *j, uint32_t gi, uint64_t pi, uint64_t bi,
         size_t ss = kvs_dtype_size(p->scale_dtype);
         uint64_t first = t0 * (D / r->group);
         const uint8_t *ahead = t0 + TOKEN_AHEAD < g->T ? row_src(j, g, pi, t0 + TOKEN_AHEAD) : NULL;
+        uint8_t *row_codes = codes + t0 * g->row_bytes;
         if (j->k->encode_token_bf16(row_src(j, g, pi, t0), D, &f, scales + first * ss,
-                                    zeros + first * ss, codes + t0 * g->row_bytes, ahead))
+                                    zeros + first * ss, row_codes, ahead,
+                                    payload_ahead(j->out, j->pl->bytes, row_codes, g->row_bytes)))
             return KVS_OK;
         /* else the row as below, which refuses it or writes it */
     }
@@ -1195,7 +1218,8 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
         row_scales(j, base + r->off_scales + first * ss, base + r->off_zeros + first * ss, ng, w);
     } /* else block_scales filled s and z */
     if (j->k->decode_bf16 && fused_shape(p, g) && (group == 1 || group % 16 == 0)) {
-        j->k->decode_bf16(stored, D, p->bits, s, z, group, mid, dst, j->stream);
+        j->k->decode_bf16(stored, D, p->bits, s, z, group, mid, dst, j->stream,
+                          payload_ahead(j->in, j->pl->bytes, stored, g->row_bytes));
     } else {
         if (p->bits != 8) { /* 8-bit codes are read where they are */
             unpack(j->k, stored, D, p->bits, w->codes);

@@ -40,6 +40,18 @@ KVS_AI __mmask16 finite(__m512 v)
     return _mm512_cmpneq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exp), exp);
 }
 
+/* The line of `ahead` (NULL: none) that lines up with the codes of
+ * elements i.. of a row `bits` wide, once per 64-byte line of codes: the
+ * fused rows' prefetch (into L1) of the payload a few rows on, the codes
+ * to be read (decode_bf16's `ahead`) or stored (encode_token_bf16's
+ * `codes_ahead`, whose lines are then read for ownership before the
+ * stores wait on it; prefetchw was no faster than this). */
+KVS_AI void prefetch_line(const uint8_t *ahead, uint64_t i, unsigned bits)
+{
+    if (ahead && i * bits % 512 == 0)
+        _mm_prefetch((const char *)(ahead + i * bits / 8), _MM_HINT_T0);
+}
+
 /* ---- encode ------------------------------------------------------------ */
 
 /* 16 bfloat16 as float32 lanes. */
@@ -463,13 +475,14 @@ KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, 
  * the loop has no branch on it). */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
-                        int zp, uint8_t *out, const uint8_t *ahead)
+                        int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
 {
     const __m512 mid = _mm512_set1_ps(f->mid);
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
         const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
         for (uint64_t e = c0; e < c0 + f->group; e += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
+            prefetch_line(codes_ahead, e, bits);
             codes32_packed(src, e, r, ri, zz, mid, bits, zp, out);
         }
     }
@@ -477,7 +490,7 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales_out, uint8_t *zeros, uint8_t *out,
-                             const uint8_t *ahead)
+                             const uint8_t *ahead, const uint8_t *codes_ahead)
 {
     int16_t mn[KVS_INTQ_FUSED_GROUPS], mx[KVS_INTQ_FUSED_GROUPS];
     float d[KVS_INTQ_FUSED_GROUPS], rinv[KVS_INTQ_FUSED_GROUPS], z[KVS_INTQ_FUSED_GROUPS];
@@ -514,12 +527,12 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
     switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
-    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead); break;
-    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead); break;
-    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead); break;
-    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead); break;
+    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead, codes_ahead); break;
+    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead, codes_ahead); break;
+    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead, codes_ahead); break;
+    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead, codes_ahead); break;
+    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead, codes_ahead); break;
+    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead, codes_ahead); break;
     }
     return 1;
 }
@@ -840,12 +853,14 @@ KVS_AI __m512i bf16x32(__m512 a, __m512 b)
  * 32 elements is one lookup (vpermw), not 2 x 4 conversions and
  * products and a narrowing. */
 KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream)
+                          const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream,
+                          const uint8_t *ahead)
 {
     const __m128i iota = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i table = _mm512_setzero_si512();
     uint64_t k = 0, left = 0; /* the group of the line, and its lines left */
     for (uint64_t i = 0; i < n; i += 64) {
+        prefetch_line(ahead, i, bits);
         /* 64 codes, one per byte */
         __m512i c = bits == 4 ? spread4(_mm256_loadu_si256((const __m256i *)(in + i / 2)))
                               : spread2(_mm_loadu_si128((const __m128i *)(in + i / 4)));
@@ -871,10 +886,11 @@ KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const fl
  * each copy). */
 KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, __m512 vmid, uint8_t *dst, int stream,
-                        int centred)
+                        int centred, const uint8_t *ahead)
 {
     uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
     for (uint64_t i = 0; i < n; i += 64) {
+        prefetch_line(ahead, i, bits);
         __m512i c;
         if (centred) c = _mm512_xor_si512(_mm512_loadu_si512(in + i), _mm512_set1_epi8((char)0x80));
         else if (bits == 8) c = _mm512_loadu_si512(in + i);
@@ -901,16 +917,17 @@ KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const floa
 }
 
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream)
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
+                        const uint8_t *ahead)
 {
     const __m512 vmid = _mm512_set1_ps(mid);
     stream = stream && (uintptr_t)dst % 64 == 0;
     if (bits != 8 && group % 32 == 0)
-        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream);
+        decode_lookup(in, n, bits, s, z, group, vmid, dst, stream, ahead);
     else if (bits == 8 && mid == 128.0f)
-        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1);
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 1, ahead);
     else
-        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0);
+        decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0, ahead);
 }
 
 static void store_fence(void)

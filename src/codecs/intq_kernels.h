@@ -87,10 +87,13 @@ typedef struct kvs_intq_kernels {
      * stores, is the reference's lane order's), a scale or zero that does
      * not fit. ahead: NULL, or a row of n bfloat16 the kernel prefetches
      * (into L1) line by line as it makes the codes, one line per line of
-     * src, so the next rows' loads overlap this row's arithmetic. */
+     * src, so the next rows' loads overlap this row's arithmetic.
+     * codes_ahead: NULL, or payload bytes (as many as the row's codes) the
+     * kernel prefetches line by line as it stores the codes, so the lines a
+     * few rows on are read for ownership before their stores wait on it. */
     int (*encode_token_bf16)(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                              uint8_t *scales, uint8_t *zeros, uint8_t *codes,
-                             const uint8_t *ahead);
+                             const uint8_t *ahead, const uint8_t *codes_ahead);
     /* encode_channel_bf16: a channel-axis block of `rows` tokens of n
      * bfloat16 channels (token t at src + t * stride bytes) without
      * outliers or rotation, likewise: the n channels' scales (and zero
@@ -108,9 +111,13 @@ typedef struct kvs_intq_kernels {
      * bfloat16, as unpack, dequantize(codes, n, s, z, group, mid) and
      * narrow_bf16 give; n % 64 == 0, group 1 or a multiple of 16; stream
      * as narrow_bf16's, for a dst on a 64-byte boundary (else ordinary
-     * stores). */
+     * stores). ahead: NULL, or n * bits / 8 bytes of the payload (the
+     * codes a few rows on) the kernel prefetches into L1 line by line as
+     * it reads the row's codes: with streamed stores in flight the
+     * hardware prefetcher left the codes' loads waiting on memory. */
     void (*decode_bf16)(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
-                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream);
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
+                        const uint8_t *ahead);
     /* The store fence that orders the streamed rows before a range of
      * rows returns (decode_range calls it once, after its last row):
      * fencing every row (2 KiB in bench_int) waited for each row's
