@@ -20,6 +20,8 @@
 
 #include "codecs/rans_kernels.h"
 #include "frame/lossless_mantissas.h"
+#include "frame/lossless_refs.h"
+#include "frame/lossless_split.h"
 #include "frame/stage.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
@@ -194,8 +196,26 @@ static void fill_signs(kvs_memobj *o, uint64_t c, uint64_t seed)
     }
 }
 
+enum { ROWS_HALVES = SIGNS_KEPT + 1 };
+
+/* SMOOTH, then every fourth row from row 11 on the first half of one of
+ * the rows 5 and 7 before it and the second half of the other (which
+ * first, by the row): two candidates found by the same number of samples
+ * and, mostly, with the same count, so the reference names the one whose
+ * first sample comes first. */
+static void fill_halves(kvs_memobj *o, uint64_t c, uint64_t seed)
+{
+    fill(o, SMOOTH, seed);
+    uint16_t *v = o->data;
+    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
+    for (size_t r = 11; (r + 1) * c <= n; r += 4) {
+        size_t a = r % 8 == 3 ? r - 7 : r - 5, b = r % 8 == 3 ? r - 5 : r - 7;
+        for (size_t j = 0; j < c; j++) v[r * c + j] = v[(j < c / 2 ? a : b) * c + j];
+    }
+}
+
 /* A bfloat16 object of shape [rows, channels] under fill f of enum fill,
- * ROWS_COPIED or SIGNS_KEPT. */
+ * ROWS_COPIED, SIGNS_KEPT or ROWS_HALVES. */
 static kvs_memobj *filled_obj(const int64_t shape[2], int f, uint64_t seed)
 {
     kvs_layout l = {0};
@@ -204,6 +224,7 @@ static kvs_memobj *filled_obj(const int64_t shape[2], int f, uint64_t seed)
     uint64_t c = (uint64_t)shape[1];
     if (f == ROWS_COPIED) fill_rows(o, c, seed);
     else if (f == SIGNS_KEPT) fill_signs(o, c, seed);
+    else if (f == ROWS_HALVES) fill_halves(o, c, seed);
     else fill(o, (enum fill)f, seed);
     return o;
 }
@@ -979,9 +1000,12 @@ static const char *kvdata_dir(void)
 
 /* Levels 2 and 3 with the scalar kernels and with the AVX-512 ones (the
  * rANS kernels, the VBMI2 split of rows with references, the BMI2 mantissa
- * packing): the same bytes on every shape and fill (rows of 45, 100 and
- * 13: flags that do not start a byte and rows that leave a tail of the 32
- * or 8 at a time; k mod 8 from 1 to 7), and each decodes the other's. */
+ * packing, the reference finder's candidates and counts, the fields'
+ * split and the channels' sums): the same bytes on every shape and fill
+ * (rows of 45, 100 and 13: flags that do not start a byte and rows that
+ * leave a tail of the 32 or 8 at a time; k mod 8 from 1 to 7; [700, 100]:
+ * a block that ends inside a row; ROWS_HALVES: candidates that tie), and
+ * each decodes the other's. */
 static void test_rans_isas(void)
 {
     if (!kvs_rans_set_simd(1)) {
@@ -990,12 +1014,13 @@ static void test_rans_isas(void)
     }
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
-                                        {67, 45}, {150, 100}, {1027, 64}};
+                                        {67, 45}, {150, 100}, {1027, 64},
+                                        {700, 100}, {40, 48}};
     size_t same = 0, runs = 0;
     for (int level = 2; level <= 3; level++) {
         kvs_stage *st = rans_stage_at(level);
         for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
-            for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
+            for (int f = ALL_EQUAL; f <= ROWS_HALVES; f++) {
                 kvs_memobj *o = filled_obj(shapes[z], f, 17 * z + (uint64_t)f);
                 uint64_t c = (uint64_t)shapes[z][1];
                 size_t n = (size_t)kvs_layout_nbytes(&o->layout);
@@ -1067,6 +1092,56 @@ static void test_mantissa_kernels(void)
     CHECK(bad == 0);
 #else
     printf("test_mantissa_kernels: not x86: nothing to compare\n");
+#endif
+}
+
+/* The encoder's AVX-512 split of elements into fields, channel sums and
+ * equal-element counts (lossless_split.h, lossless_refs.h) against their
+ * definitions, every count 0-100: what they write and what they leave. */
+static void test_split_kernels(void)
+{
+#if defined(__x86_64__)
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_split_kernels: no AVX-512 here: nothing to compare\n");
+        return;
+    }
+    uint8_t src[2 * 104], exp[104], sm[104], row[104], b[2 * 104];
+    uint16_t s16[104], want[104];
+    uint64_t s = 777;
+    size_t bad = 0;
+    for (size_t k = 0; k <= 100; k++) {
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)lcg(&s);
+        memset(exp, 0xA5, sizeof exp);
+        memset(sm, 0xA5, sizeof sm);
+        size_t c = kvs_llx_split_avx512(src, k, exp, sm);
+        bad += c != k / 32 * 32;
+        for (size_t i = 0; i < c; i++) {
+            unsigned v = (unsigned)src[2 * i] | (unsigned)src[2 * i + 1] << 8;
+            bad += exp[i] != (uint8_t)(v >> 7);
+            bad += sm[i] != (uint8_t)((v >> 8 & 0x80) | (v & 0x7F));
+        }
+        for (size_t i = c; i < sizeof exp; i++) bad += exp[i] != 0xA5 || sm[i] != 0xA5;
+        for (size_t i = 0; i < 104; i++) {
+            row[i] = (uint8_t)lcg(&s);
+            s16[i] = want[i] = (uint16_t)lcg(&s);
+        }
+        c = kvs_llx_add_row_avx512(row, k, s16);
+        bad += c != k / 32 * 32;
+        for (size_t i = 0; i < c; i++) want[i] = (uint16_t)(want[i] + row[i]);
+        bad += memcmp(s16, want, sizeof s16) != 0;
+        /* equal words: one in three, by the low byte or the high one */
+        size_t eq = 0;
+        memcpy(b, src, sizeof b);
+        for (size_t i = 0; i < 104; i++) {
+            unsigned t = (unsigned)lcg(&s) % 3;
+            if (t) b[2 * i + (t == 2)] ^= (uint8_t)(1 + lcg(&s) % 255);
+            eq += i < k && t == 0;
+        }
+        bad += kvs_llx_count_equal_avx512(src, b, k) != eq;
+    }
+    CHECK(bad == 0);
+#else
+    printf("test_split_kernels: not x86: nothing to compare\n");
 #endif
 }
 
@@ -1253,6 +1328,7 @@ int main(void)
     RUN(test_rans_signs_payload);
     RUN(test_rans_isas);
     RUN(test_mantissa_kernels);
+    RUN(test_split_kernels);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -62,6 +62,8 @@
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
 #include "frame/lossless_mantissas.h"
+#include "frame/lossless_refs.h"
+#include "frame/lossless_split.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 #include "util/cpu_features.h"
@@ -73,7 +75,7 @@
 #define LLX_SIGNS 3
 #define LLX_GROUPS 4 /* the most the encoder tries (and the map's 2 bits hold) */
 #define LLX_DIFF_CTX LLX_GROUPS /* the encoder's context of the differences */
-#define LLX_SAMPLES 32          /* channels hashed per row to find a reference */
+#define LLX_SAMPLES KVS_LLX_REF_SAMPLES /* channels hashed per row to find a reference */
 #define LLX_HASH_BITS 12
 #define LLX_MAX_DISTANCE 65535u /* a reference's u16 */
 #define LLX_SIGN_CLASSES 4      /* kind 3: the map's 2 bits */
@@ -191,6 +193,9 @@ static int rows_simd(void)
 static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
+#endif
 #ifdef __SSE2__
     const __m128i lo8 = _mm_set1_epi16(0x00FF), m7f = _mm_set1_epi16(0x7F),
                   m80 = _mm_set1_epi16(0x80);
@@ -271,11 +276,17 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
     /* Whole rows: 16-bit sums of up to 256 rows at a time (255 x 256 fits),
      * added to the 32-bit ones. */
     uint16_t *restrict s16 = w->sum16;
+#if KVS_HAVE_X86
+    int simd = kvs_rans_simd_in_use();
+#endif
     while (i + period <= k) {
         size_t rows = (k - i) / period < 256 ? (k - i) / period : 256;
         memset(s16, 0, period * sizeof s16[0]);
         for (size_t r = 0; r < rows; r++, i += period) {
             uint32_t c = 0;
+#if KVS_HAVE_X86
+            if (simd) c = (uint32_t)kvs_llx_add_row_avx512(exp + i, period, s16);
+#endif
 #ifdef __SSE2__
             for (; c + 16 <= period; c += 16) {
                 __m128i e = _mm_loadu_si128((const __m128i *)(exp + i + c));
@@ -361,6 +372,47 @@ static size_t bits_set(const uint8_t *p, size_t n)
     return m;
 }
 
+/* Row r's candidates (find_refs) by the scalar finder: the row before,
+ * then each row two or more of the ns samples at at_c found, in the order
+ * of its first sample; then the samples' slots point to row r. Into cand,
+ * returns their count. len: the row's elements (the last row may be short). */
+static uint32_t ref_candidates(kvs_llx_scratch *w, const uint8_t *row, size_t len, uint32_t ns,
+                               const uint32_t *at_c, size_t r, size_t rows, uint32_t *cand)
+{
+    uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
+    uint32_t all[LLX_SAMPLES + 1], votes[LLX_SAMPLES + 1], slot[LLX_SAMPLES];
+    uint32_t stamp = (uint32_t)(r + 1) << 6, nc = 0;
+    if (r) all[nc] = (uint32_t)(r - 1), votes[nc] = 2, w->mark[r - 1] = stamp | nc++;
+    /* without branches on the data: a hit is a coin toss */
+    for (uint32_t j = 0; j < ns; j++) {
+        uint32_t c = at_c[j] < len ? at_c[j] : 0;
+        uint32_t key = get_le16(row + 2 * c) | j << 16;
+        slot[j] = (key * KVS_LLX_REF_HASH_MUL) >> (32 - LLX_HASH_BITS);
+        uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
+        uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
+        all[nc] = q;
+        votes[nc] = 0;
+        m = fresh ? stamp | nc : m;
+        *mk = m;
+        nc += fresh;
+        votes[m & 63]++;
+    }
+    for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
+    uint32_t n = 0;
+    for (uint32_t q = 0; q < nc; q++)
+        if (votes[q] >= 2 && all[q] < r) cand[n++] = all[q];
+    return n;
+}
+
+/* How many of the n u16 at a and b are equal (n <= KVS_LLX_MAX_PERIOD). */
+static size_t row_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
+#endif
+    return count_equal(a, b, n);
+}
+
 /* The rows of a block that starts at a row: w->ref[r] = the distance to the
  * earlier row with the most elements equal to row r's, when at least
  * max(2, period / 64) are, else 0 (a row with a few repeats still codes
@@ -381,7 +433,10 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     uint32_t ns = period < LLX_SAMPLES ? period : LLX_SAMPLES, at_c[LLX_SAMPLES];
     for (uint32_t j = 0; j < ns; j++) at_c[j] = (uint32_t)((uint64_t)j * period / ns);
     size_t need = period / 64 > 2 ? period / 64 : 2;
-    uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
+#if KVS_HAVE_X86
+    /* the AVX-512 finder takes whole rows of all 32 samples */
+    int simd = kvs_rans_simd_in_use() && ns == LLX_SAMPLES;
+#endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
     *repeats = 0;
@@ -389,33 +444,22 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         if (r == rows / 4 && rows >= 64 && nref * 16 < r) return 0;
         const uint8_t *row = src + 2 * r * period;
         size_t len = r + 1 < rows ? period : k - r * period;
-        uint32_t cand[LLX_SAMPLES + 1], votes[LLX_SAMPLES + 1], slot[LLX_SAMPLES];
-        uint32_t stamp = (uint32_t)(r + 1) << 6, nc = 0;
-        if (r) cand[nc] = (uint32_t)(r - 1), votes[nc] = 2, w->mark[r - 1] = stamp | nc++;
-        /* without branches on the data: a hit is a coin toss */
-        for (uint32_t j = 0; j < ns; j++) {
-            uint32_t c = at_c[j] < len ? at_c[j] : 0;
-            uint32_t key = get_le16(row + 2 * c) | j << 16;
-            slot[j] = (key * 0x9E3779B1u) >> (32 - LLX_HASH_BITS);
-            uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
-            uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
-            cand[nc] = q;
-            votes[nc] = 0;
-            m = fresh ? stamp | nc : m;
-            *mk = m;
-            nc += fresh;
-            votes[m & 63]++;
-        }
+        uint32_t cand[LLX_SAMPLES + 1], nc;
+#if KVS_HAVE_X86
+        if (simd && len == period)
+            nc = kvs_llx_ref_candidates_avx512(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
+                                               cand);
+        else
+#endif
+            nc = ref_candidates(w, row, len, ns, at_c, r, rows, cand);
         size_t best = 0, best_d = 0;
         for (uint32_t q = 0; q < nc; q++) {
-            if (votes[q] < 2 || cand[q] >= r) continue;
-            size_t m = count_equal(row, src + 2 * (size_t)cand[q] * period, len);
+            size_t m = row_equal(row, src + 2 * (size_t)cand[q] * period, len);
             if (m > best) best = m, best_d = r - cand[q];
         }
         w->ref[r] = best >= need && best_d <= LLX_MAX_DISTANCE ? (uint32_t)best_d : 0;
         nref += w->ref[r] != 0;
         *repeats += w->ref[r] ? best : 0;
-        for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
     }
     return nref;
 }

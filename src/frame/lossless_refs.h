@@ -1,0 +1,29 @@
+/* lossless_refs.h - internal: the SIMD part of the lossless stage's
+ * row-reference finder (record kind 2; lossless_exponent.c's find_refs
+ * holds the scalar one and chooses). */
+#ifndef KVSERDE_FRAME_LOSSLESS_REFS_H
+#define KVSERDE_FRAME_LOSSLESS_REFS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Channels sampled per row, and the hash of a sample's (channel, value)
+ * key: slot = (key * KVS_LLX_REF_HASH_MUL) >> (32 - hash_bits). */
+#define KVS_LLX_REF_SAMPLES 32
+#define KVS_LLX_REF_HASH_MUL 0x9E3779B1u
+
+/* x86 only (declared everywhere for the tests, which check the machine
+ * themselves). Row r of a block (row: its u16 elements, whole), sampled
+ * at the elements at_c[0..32) (at_c[0] = 0, at_c[j] >= 1 and below the
+ * row's length for j >= 1): key j = element at_c[j] | j << 16, looked up
+ * in hash (row + 1 of the last row with that slot, 0 none), then every
+ * key's slot set to r + 1. Writes the candidates to count into cand: row
+ * r - 1 when r > 0, then each other row two or more samples found, in the
+ * order of its first sample; returns their count (at most 17). */
+uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
+                                       unsigned hash_bits, uint32_t r, uint32_t *cand);
+
+/* How many of the n u16 at a equal those at b. */
+size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n);
+
+#endif /* KVSERDE_FRAME_LOSSLESS_REFS_H */
