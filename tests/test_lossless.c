@@ -1095,9 +1095,10 @@ static void test_mantissa_kernels(void)
 #endif
 }
 
-/* The encoder's AVX-512 split of elements into fields, channel sums and
- * equal-element counts (lossless_split.h, lossless_refs.h) against their
- * definitions, every count 0-100: what they write and what they leave. */
+/* The encoder's AVX-512 split of elements into fields, channel sums,
+ * equal-element counts and histogram keys (lossless_split.h,
+ * lossless_refs.h) against their definitions, every count 0-100: what they
+ * write and what they leave. */
 static void test_split_kernels(void)
 {
 #if defined(__x86_64__)
@@ -1138,6 +1139,15 @@ static void test_split_kernels(void)
             eq += i < k && t == 0;
         }
         bad += kvs_llx_count_equal_avx512(src, b, k) != eq;
+        /* the keys, with contexts (row) and without */
+        uint16_t key[104];
+        for (int with = 0; with < 2; with++) {
+            memset(key, 0xA5, sizeof key);
+            c = kvs_llx_keys_avx512(exp, with ? row : NULL, k, key);
+            bad += c != k / 32 * 32;
+            for (size_t i = 0; i < 104; i++)
+                bad += key[i] != (i < c ? (uint16_t)((with ? row[i] << 8 : 0) | exp[i]) : 0xA5A5);
+        }
     }
     CHECK(bad == 0);
 #else

@@ -302,11 +302,19 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         for (uint32_t c = 0; c < period; c++) sum[c] += s16[c];
     }
     for (uint32_t c = 0; i < k; c++, i++) sum[c] += exp[i];
+    /* Channel c holds elements i = (c - phase) mod period + j period: q of
+     * them, one more when that first i is below k mod period. Without a
+     * division per channel: three a channel were a tenth of the block's
+     * analysis besides its histograms; the mean's in 32 bits where it fits
+     * (a block of 2^16 elements: sum << 8 < 2^32). */
+    uint64_t q = k / period, rm = k % period;
     for (uint32_t c = 0; c < period; c++) {
-        /* channel c holds elements i = (c - phase) mod period + j period */
-        size_t i0 = (c + period - phase) % period;
-        uint64_t n = i0 < k ? (k - 1 - i0) / period + 1 : 0;
-        w->mean[c] = (uint16_t)(n ? ((uint64_t)w->sum[c] << 8) / n : 0); /* < 2^16 */
+        size_t i0 = c >= phase ? c - phase : c + period - phase;
+        uint64_t n = q + (i0 < rm), x = (uint64_t)w->sum[c] << 8;
+        uint64_t mean = n == 0 ? 0 : x <= UINT32_MAX && n <= UINT32_MAX
+                                          ? (uint32_t)x / (uint32_t)n
+                                          : x / n;
+        w->mean[c] = (uint16_t)mean; /* < 2^16 */
         w->order[0][c] = (uint16_t)c;
     }
     /* A stable radix sort by mean, low byte then high byte: ties stay in
@@ -323,8 +331,12 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         }
         for (uint32_t r = 0; r < period; r++) to[at[w->mean[from[r]] >> (8 * pass) & 0xFF]++] = from[r];
     }
-    for (uint32_t r = 0; r < period; r++)
-        w->group[w->order[0][r]] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
+    /* rank r in group r LLX_GROUPS / period: the ranks from
+     * ceil(g period / LLX_GROUPS) on are in group g (no division a rank) */
+    for (uint32_t g = 0, r = 0; g < LLX_GROUPS; g++) {
+        uint64_t end = ((uint64_t)(g + 1) * period + LLX_GROUPS - 1) / LLX_GROUPS;
+        for (; r < end; r++) w->group[w->order[0][r]] = (uint8_t)g;
+    }
 }
 
 /* How many of the n u16 at a equal those at b (n <= KVS_LLX_MAX_PERIOD). */
@@ -472,6 +484,9 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
                       uint16_t *restrict key)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
+#endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
         __m128i e = _mm_loadu_si128((const __m128i *)(exp + i));
@@ -575,7 +590,6 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     if (groups_bits + fixed_bits >= k1) return 0;
     uint32_t hd[256], hf[256], hd16[16][256];
     memset(hd16, 0, sizeof hd16);
-    memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
     uint8_t *fl = w->flags;
     memset(fl, 0, k / 8 + 4);
@@ -625,7 +639,15 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         for (int t = 0; t < 16; t++) hd[s] += hd16[t][s];
     }
     size_t nfb = (nfl + 7) / 8;
-    for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
+    /* four partial counts: the flag bytes are mostly 0 or 0xFF, and one
+     * counter would chain its increments */
+    uint32_t hf4[4][256];
+    memset(hf4, 0, sizeof hf4);
+    size_t b = 0;
+    for (; b + 4 <= nfb; b += 4)
+        hf4[0][fl[b]]++, hf4[1][fl[b + 1]]++, hf4[2][fl[b + 2]]++, hf4[3][fl[b + 3]]++;
+    for (; b < nfb; b++) hf4[0][fl[b]]++;
+    for (int s = 0; s < 256; s++) hf[s] = hf4[0][s] + hf4[1][s] + hf4[2][s] + hf4[3][s];
     /* the flags coded (their table and states) or raw, whichever is
      * smaller: a small block's flag table costs more than it saves */
     double flag_bits = table_bits(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;

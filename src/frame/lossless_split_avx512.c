@@ -1,7 +1,7 @@
 /* lossless_split_avx512.c - the rANS encoder's split of a block into
- * exponents and sign + mantissa bytes, and its per-channel exponent sums,
- * 32 elements a step (lossless_split.h): the SSE2 loops take 16 and were a
- * twentieth of level 3's encoder together. Compiled with the AVX-512 flags
+ * exponents and sign + mantissa bytes, its per-channel exponent sums and
+ * its histograms' keys, 32 elements a step (lossless_split.h): the SSE2
+ * loops take 16 and were a twentieth of level 3's encoder together. Compiled with the AVX-512 flags
  * (CMakeLists.txt); the caller checks the CPU. Writes what the portable
  * loops write (test_lossless runs both). */
 #include <immintrin.h>
@@ -31,4 +31,18 @@ size_t kvs_llx_add_row_avx512(const uint8_t *row, size_t n, uint16_t *s16)
         _mm512_storeu_si512(s16 + j, _mm512_add_epi16(_mm512_loadu_si512(s16 + j), e));
     }
     return j;
+}
+
+size_t kvs_llx_keys_avx512(const uint8_t *exp, const uint8_t *ctx, size_t k, uint16_t *key)
+{
+    size_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        __m512i e = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(exp + i)));
+        if (ctx) {
+            __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(ctx + i)));
+            e = _mm512_or_si512(e, _mm512_slli_epi16(c, 8));
+        }
+        _mm512_storeu_si512(key + i, e);
+    }
+    return i;
 }
