@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_flips.h"
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_refs.h"
 #include "frame/lossless_split.h"
@@ -1001,11 +1002,11 @@ static const char *kvdata_dir(void)
 /* Levels 2 and 3 with the scalar kernels and with the AVX-512 ones (the
  * rANS kernels, the VBMI2 split of rows with references, the BMI2 mantissa
  * packing, the reference finder's candidates and counts, the fields'
- * split and the channels' sums): the same bytes on every shape and fill
- * (rows of 45, 100 and 13: flags that do not start a byte and rows that
- * leave a tail of the 32 or 8 at a time; k mod 8 from 1 to 7; [700, 100]:
- * a block that ends inside a row; ROWS_HALVES: candidates that tie), and
- * each decodes the other's. */
+ * split, the channels' sums, the keys and the sign flips): the same bytes
+ * on every shape and fill (rows of 45, 100 and 13: flags that do not start
+ * a byte and rows that leave a tail of the 32 or 8 at a time; k mod 8 from
+ * 1 to 7; [700, 100]: a block that ends inside a row; ROWS_HALVES:
+ * candidates that tie), and each decodes the other's. */
 static void test_rans_isas(void)
 {
     if (!kvs_rans_set_simd(1)) {
@@ -1095,17 +1096,13 @@ static void test_mantissa_kernels(void)
 #endif
 }
 
-/* The encoder's AVX-512 split of elements into fields, channel sums,
- * equal-element counts and histogram keys (lossless_split.h,
- * lossless_refs.h) against their definitions, every count 0-100: what they
- * write and what they leave. */
-static void test_split_kernels(void)
-{
 #if defined(__x86_64__)
-    if (!kvs_rans_set_simd(1)) {
-        printf("test_split_kernels: no AVX-512 here: nothing to compare\n");
-        return;
-    }
+/* The split of elements into fields, channel sums, equal-element counts
+ * and histogram keys (lossless_split.h, lossless_refs.h), every count
+ * 0-100: the values that differ from their definitions' and the bytes
+ * written past them. */
+static size_t split_kernels_bad(void)
+{
     uint8_t src[2 * 104], exp[104], sm[104], row[104], b[2 * 104];
     uint16_t s16[104], want[104];
     uint64_t s = 777;
@@ -1149,9 +1146,55 @@ static void test_split_kernels(void)
                 bad += key[i] != (i < c ? (uint16_t)((with ? row[i] << 8 : 0) | exp[i]) : 0xA5A5);
         }
     }
-    CHECK(bad == 0);
+    return bad;
+}
+
+/* Kind 3's sign flips (lossless_flips.h): periods below, at and above its
+ * 64 lanes, row counts not a multiple of 4, a last row cut short; every
+ * nibble written and nothing after them. */
+static size_t flips_kernel_bad(void)
+{
+    static const uint32_t periods[] = {2, 3, 45, 64, 100, 130};
+    static const size_t ks[] = {1, 2, 63, 64, 65, 200, 513, 1000, 1301};
+    uint8_t sm[1301], nib[1400];
+    uint64_t s = 4242;
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof sm; i++) sm[i] = (uint8_t)lcg(&s);
+    for (size_t a = 0; a < sizeof periods / sizeof periods[0]; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
+            uint32_t p = periods[a];
+            size_t k = ks[b], rows = (k + p - 1) / p, want_n = (rows + 3) / 4 * p;
+            memset(nib, 0xA5, sizeof nib);
+            bad += kvs_llx_sign_nibbles_avx512(sm, k, p, nib) != want_n;
+            for (size_t i = 0; i < want_n; i++) {
+                size_t j = i / p, c = i % p;
+                unsigned want = 0;
+                for (unsigned t = 0; t < 4; t++) {
+                    size_t e = (4 * j + t) * p + c;
+                    if (e >= k) continue;
+                    unsigned up = 4 * j + t ? sm[e - p] >> 7 : 0;
+                    want |= ((sm[e] >> 7) ^ up) << t;
+                }
+                bad += nib[i] != want;
+            }
+            for (size_t i = want_n; i < sizeof nib; i++) bad += nib[i] != 0xA5;
+        }
+    return bad;
+}
+#endif
+
+/* The encoder's AVX-512 kernels against their definitions. */
+static void test_encoder_kernels(void)
+{
+#if defined(__x86_64__)
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_encoder_kernels: no AVX-512 here: nothing to compare\n");
+        return;
+    }
+    CHECK(split_kernels_bad() == 0);
+    CHECK(flips_kernel_bad() == 0);
 #else
-    printf("test_split_kernels: not x86: nothing to compare\n");
+    printf("test_encoder_kernels: not x86: nothing to compare\n");
 #endif
 }
 
@@ -1338,7 +1381,7 @@ int main(void)
     RUN(test_rans_signs_payload);
     RUN(test_rans_isas);
     RUN(test_mantissa_kernels);
-    RUN(test_split_kernels);
+    RUN(test_encoder_kernels);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -61,6 +61,7 @@
 
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_flips.h"
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_refs.h"
 #include "frame/lossless_split.h"
@@ -741,6 +742,9 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
  * returns their count. sm: the k sign and mantissa bytes (bit 7 the sign). */
 static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t *nib)
 {
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
+#endif
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     memset(nib, 0, groups * period);
     for (size_t r = 0; r < rows; r++) {
