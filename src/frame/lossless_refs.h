@@ -19,7 +19,8 @@
  * in hash (row + 1 of the last row with that slot, 0 none), then every
  * key's slot set to r + 1. Writes the candidates to count into cand: row
  * r - 1 when r > 0, then each other row two or more samples found, in the
- * order of its first sample; returns their count (at most 17). */
+ * order of its first sample; returns their count (at most 17). r + 1 <
+ * 2^16 (the rows are told apart as words). */
 uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
                                        unsigned hash_bits, uint32_t r, uint32_t *cand);
 
