@@ -24,6 +24,7 @@
 #include "frame/lossless_refs.h"
 #include "frame/lossless_split.h"
 #include "frame/stage.h"
+#include "util/cpu_features.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
 #include "kvs_test_proc.h"
@@ -1181,6 +1182,41 @@ static size_t flips_kernel_bad(void)
         }
     return bad;
 }
+
+/* The kind 2 estimate's VBMI2 pass over a row (lossless_refs.h): rows of
+ * 0-100 elements, half of them repeated, at every flag offset 0-7: the
+ * flags, the nonzero differences in order, the counts, and nothing set
+ * past the row's flags. */
+static size_t row_diffs_bad(void)
+{
+    uint8_t row[2 * 100], above[2 * 100], ex[100], exa[100], fl[24], nz[100], want_nz[100];
+    uint64_t s = 99;
+    size_t bad = 0;
+    for (size_t n = 0; n <= 100; n++)
+        for (size_t off = 0; off < 8; off++) {
+            for (size_t i = 0; i < sizeof row; i++) row[i] = above[i] = (uint8_t)lcg(&s);
+            for (size_t i = 0; i < 100; i++) {
+                if (lcg(&s) & 1) above[2 * i] ^= (uint8_t)(1 + lcg(&s) % 255);
+                ex[i] = (uint8_t)lcg(&s);
+                exa[i] = lcg(&s) % 4 ? ex[i] : (uint8_t)lcg(&s);
+            }
+            memset(fl, 0, sizeof fl);
+            size_t nnz = 3, same = 5, c = kvs_llx_row_diffs_avx512vbmi2(row, above, ex, exa, n, fl,
+                                                                       off, nz, &nnz, &same);
+            bad += c != n / 32 * 32;
+            size_t m = 3, eq = 5;
+            for (size_t j = 0; j < c; j++) {
+                unsigned e = row[2 * j] == above[2 * j] && row[2 * j + 1] == above[2 * j + 1];
+                eq += e;
+                bad += (fl[(off + j) / 8] >> ((off + j) % 8) & 1) != e;
+                uint8_t d = (uint8_t)(ex[j] - exa[j]);
+                if (d) want_nz[m++] = d;
+            }
+            for (size_t b = off + c; b < 8 * sizeof fl; b++) bad += fl[b / 8] >> (b % 8) & 1;
+            bad += nnz != m || same != eq || memcmp(nz + 3, want_nz + 3, m - 3) != 0;
+        }
+    return bad;
+}
 #endif
 
 /* The encoder's AVX-512 kernels against their definitions. */
@@ -1193,6 +1229,8 @@ static void test_encoder_kernels(void)
     }
     CHECK(split_kernels_bad() == 0);
     CHECK(flips_kernel_bad() == 0);
+    if (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) CHECK(row_diffs_bad() == 0);
+    else printf("test_encoder_kernels: no AVX-512 VBMI2 here: the row pass not compared\n");
 #else
     printf("test_encoder_kernels: not x86: nothing to compare\n");
 #endif

@@ -598,10 +598,23 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     /* First the estimate's counts (the flags, the differences'
      * histogram), and the symbols only when the estimate wins: most blocks at
      * level 3 find a few references and then take kind 3. */
+#if KVS_HAVE_X86
+    int simd = rows_simd();
+#endif
+    size_t nnz = 0; /* the SIMD pass: nonzero differences kept in w->sym */
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
         if (w->ref[r] == 0) continue;
         size_t d = (size_t)w->ref[r] * period, c = 0, same = 0;
+#if KVS_HAVE_X86
+        if (simd) {
+            size_t nnz0 = nnz;
+            c = kvs_llx_row_diffs_avx512vbmi2(src + 2 * i0, src + 2 * (i0 - d), exp + i0,
+                                              exp + i0 - d, len, fl, nfl, w->sym, &nnz, &same);
+            hd16[0][0] += (uint32_t)(c - (nnz - nnz0)); /* its zero differences */
+            nfl += c;
+        }
+#endif
 #ifdef __SSE2__
         /* 16 flags a step from 16-bit compares; an element that repeats
          * has difference 0, so every difference is counted and hd[0] is
@@ -636,6 +649,11 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         }
         hd16[0][0] -= (uint32_t)same;
     }
+    size_t at = 0;
+    for (; at + 16 <= nnz; at += 16)
+#pragma GCC unroll 16 /* each count then one add to a fixed offset */
+        for (unsigned t = 0; t < 16; t++) hd16[t][w->sym[at + t]]++;
+    for (; at < nnz; at++) hd16[at & 15][w->sym[at]]++;
     for (int s = 0; s < 256; s++) {
         hd[s] = 0;
         for (int t = 0; t < 16; t++) hd[s] += hd16[t][s];

@@ -1,6 +1,7 @@
 /* lossless_refs.h - internal: the SIMD part of the lossless stage's
- * row-reference finder (record kind 2; lossless_exponent.c's find_refs
- * holds the scalar one and chooses). */
+ * row-reference finder and of the estimate of its record kind 2
+ * (lossless_exponent.c's find_refs and encode_refs hold the scalar ones
+ * and choose). */
 #ifndef KVSERDE_FRAME_LOSSLESS_REFS_H
 #define KVSERDE_FRAME_LOSSLESS_REFS_H
 
@@ -26,5 +27,16 @@ uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c,
 
 /* How many of the n u16 at a equal those at b. */
 size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n);
+
+/* AVX-512 VBMI2. The kind 2 estimate's counts of elements [0, c) of a row
+ * of n u16 (c the largest multiple of 32 <= n) against the row above it
+ * (above; their exponents exp and exp_above): flag bit fbit + j of fl set
+ * where element j equals above's (fl's bits there 0 before; 5 bytes from
+ * fbit / 8 are written a step), each difference exp[j] - exp_above[j] (mod
+ * 256) that is not 0 appended at nonzero[*nnz] (*nnz advanced), *same
+ * increased by the flags set. Returns c. */
+size_t kvs_llx_row_diffs_avx512vbmi2(const uint8_t *row, const uint8_t *above, const uint8_t *exp,
+                                     const uint8_t *exp_above, size_t n, uint8_t *fl, size_t fbit,
+                                     uint8_t *nonzero, size_t *nnz, size_t *same);
 
 #endif /* KVSERDE_FRAME_LOSSLESS_REFS_H */
