@@ -19,8 +19,12 @@
 #include <unistd.h>
 
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_flips.h"
 #include "frame/lossless_mantissas.h"
+#include "frame/lossless_refs.h"
+#include "frame/lossless_split.h"
 #include "frame/stage.h"
+#include "util/cpu_features.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
 #include "kvs_test_proc.h"
@@ -194,8 +198,26 @@ static void fill_signs(kvs_memobj *o, uint64_t c, uint64_t seed)
     }
 }
 
+enum { ROWS_HALVES = SIGNS_KEPT + 1 };
+
+/* SMOOTH, then every fourth row from row 11 on the first half of one of
+ * the rows 5 and 7 before it and the second half of the other (which
+ * first, by the row): two candidates found by the same number of samples
+ * and, mostly, with the same count, so the reference names the one whose
+ * first sample comes first. */
+static void fill_halves(kvs_memobj *o, uint64_t c, uint64_t seed)
+{
+    fill(o, SMOOTH, seed);
+    uint16_t *v = o->data;
+    size_t n = (size_t)kvs_layout_nbytes(&o->layout) / 2;
+    for (size_t r = 11; (r + 1) * c <= n; r += 4) {
+        size_t a = r % 8 == 3 ? r - 7 : r - 5, b = r % 8 == 3 ? r - 5 : r - 7;
+        for (size_t j = 0; j < c; j++) v[r * c + j] = v[(j < c / 2 ? a : b) * c + j];
+    }
+}
+
 /* A bfloat16 object of shape [rows, channels] under fill f of enum fill,
- * ROWS_COPIED or SIGNS_KEPT. */
+ * ROWS_COPIED, SIGNS_KEPT or ROWS_HALVES. */
 static kvs_memobj *filled_obj(const int64_t shape[2], int f, uint64_t seed)
 {
     kvs_layout l = {0};
@@ -204,6 +226,7 @@ static kvs_memobj *filled_obj(const int64_t shape[2], int f, uint64_t seed)
     uint64_t c = (uint64_t)shape[1];
     if (f == ROWS_COPIED) fill_rows(o, c, seed);
     else if (f == SIGNS_KEPT) fill_signs(o, c, seed);
+    else if (f == ROWS_HALVES) fill_halves(o, c, seed);
     else fill(o, (enum fill)f, seed);
     return o;
 }
@@ -979,11 +1002,14 @@ static const char *kvdata_dir(void)
 
 /* Levels 1 to 3 with the scalar kernels and with the AVX-512 ones (the
  * rANS kernels and table fill, the VBMI2 split of rows with references, the
- * BMI2 / VBMI mantissa packing, the join of the fields): the same bytes on
- * every shape and fill (rows of 45, 100 and 13: flags that do not start a
- * byte and rows that leave a tail of the 32, 64 or 8 at a time; k mod 8
- * from 1 to 7; rows of 40 and 72, whose packed mantissas the AVX-512 join
- * unpacks itself, with tails), and each decodes the other's. */
+ * BMI2 / VBMI mantissa packing, the join of the fields, the reference
+ * finder's candidates and counts, the fields' split, the channels' sums,
+ * the keys and the sign flips): the same bytes on every shape and fill
+ * (rows of 45, 100 and 13: flags that do not start a byte and rows that
+ * leave a tail of the 32, 64 or 8 at a time; k mod 8 from 1 to 7; rows of
+ * 40 and 72, whose packed mantissas the AVX-512 join unpacks itself, with
+ * tails; [700, 100]: a block that ends inside a row; ROWS_HALVES:
+ * candidates that tie), and each decodes the other's. */
 static void test_rans_isas(void)
 {
     if (!kvs_rans_set_simd(1)) {
@@ -993,12 +1019,12 @@ static void test_rans_isas(void)
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
                                         {67, 45}, {150, 100}, {1027, 64}, {33, 40},
-                                        {700, 72}};
+                                        {700, 72}, {700, 100}, {40, 48}};
     size_t same = 0, runs = 0;
     for (int level = 1; level <= 3; level++) {
         kvs_stage *st = rans_stage_at(level);
         for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
-            for (int f = ALL_EQUAL; f <= SIGNS_KEPT; f++) {
+            for (int f = ALL_EQUAL; f <= ROWS_HALVES; f++) {
                 kvs_memobj *o = filled_obj(shapes[z], f, 17 * z + (uint64_t)f);
                 uint64_t c = (uint64_t)shapes[z][1];
                 size_t n = (size_t)kvs_layout_nbytes(&o->layout);
@@ -1071,6 +1097,145 @@ static void test_mantissa_kernels(void)
     CHECK(bad == 0);
 #else
     printf("test_mantissa_kernels: not x86: nothing to compare\n");
+#endif
+}
+
+#if defined(__x86_64__)
+/* The split of elements into fields, channel sums, equal-element counts
+ * and histogram keys (lossless_split.h, lossless_refs.h), every count
+ * 0-100: the values that differ from their definitions' and the bytes
+ * written past them. */
+static size_t split_kernels_bad(void)
+{
+    uint8_t src[2 * 104], exp[104], sm[104], row[104], b[2 * 104];
+    uint16_t s16[104], want[104];
+    uint64_t s = 777;
+    size_t bad = 0;
+    for (size_t k = 0; k <= 100; k++) {
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)lcg(&s);
+        memset(exp, 0xA5, sizeof exp);
+        memset(sm, 0xA5, sizeof sm);
+        size_t c = kvs_llx_split_avx512(src, k, exp, sm);
+        bad += c != k / 32 * 32;
+        for (size_t i = 0; i < c; i++) {
+            unsigned v = (unsigned)src[2 * i] | (unsigned)src[2 * i + 1] << 8;
+            bad += exp[i] != (uint8_t)(v >> 7);
+            bad += sm[i] != (uint8_t)((v >> 8 & 0x80) | (v & 0x7F));
+        }
+        for (size_t i = c; i < sizeof exp; i++) bad += exp[i] != 0xA5 || sm[i] != 0xA5;
+        for (size_t i = 0; i < 104; i++) {
+            row[i] = (uint8_t)lcg(&s);
+            s16[i] = want[i] = (uint16_t)lcg(&s);
+        }
+        c = kvs_llx_add_row_avx512(row, k, s16);
+        bad += c != k / 32 * 32;
+        for (size_t i = 0; i < c; i++) want[i] = (uint16_t)(want[i] + row[i]);
+        bad += memcmp(s16, want, sizeof s16) != 0;
+        /* equal words: one in three, by the low byte or the high one */
+        size_t eq = 0;
+        memcpy(b, src, sizeof b);
+        for (size_t i = 0; i < 104; i++) {
+            unsigned t = (unsigned)lcg(&s) % 3;
+            if (t) b[2 * i + (t == 2)] ^= (uint8_t)(1 + lcg(&s) % 255);
+            eq += i < k && t == 0;
+        }
+        bad += kvs_llx_count_equal_avx512(src, b, k) != eq;
+        /* the keys, with contexts (row) and without */
+        uint16_t key[104];
+        for (int with = 0; with < 2; with++) {
+            memset(key, 0xA5, sizeof key);
+            c = kvs_llx_keys_avx512(exp, with ? row : NULL, k, key);
+            bad += c != k / 32 * 32;
+            for (size_t i = 0; i < 104; i++)
+                bad += key[i] != (i < c ? (uint16_t)((with ? row[i] << 8 : 0) | exp[i]) : 0xA5A5);
+        }
+    }
+    return bad;
+}
+
+/* Kind 3's sign flips (lossless_flips.h): periods below, at and above its
+ * 64 lanes, row counts not a multiple of 4, a last row cut short; every
+ * nibble written and nothing after them. */
+static size_t flips_kernel_bad(void)
+{
+    static const uint32_t periods[] = {2, 3, 45, 64, 100, 130};
+    static const size_t ks[] = {1, 2, 63, 64, 65, 200, 513, 1000, 1301};
+    uint8_t sm[1301], nib[1400];
+    uint64_t s = 4242;
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof sm; i++) sm[i] = (uint8_t)lcg(&s);
+    for (size_t a = 0; a < sizeof periods / sizeof periods[0]; a++)
+        for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++) {
+            uint32_t p = periods[a];
+            size_t k = ks[b], rows = (k + p - 1) / p, want_n = (rows + 3) / 4 * p;
+            memset(nib, 0xA5, sizeof nib);
+            bad += kvs_llx_sign_nibbles_avx512(sm, k, p, nib) != want_n;
+            for (size_t i = 0; i < want_n; i++) {
+                size_t j = i / p, c = i % p;
+                unsigned want = 0;
+                for (unsigned t = 0; t < 4; t++) {
+                    size_t e = (4 * j + t) * p + c;
+                    if (e >= k) continue;
+                    unsigned up = 4 * j + t ? sm[e - p] >> 7 : 0;
+                    want |= ((sm[e] >> 7) ^ up) << t;
+                }
+                bad += nib[i] != want;
+            }
+            for (size_t i = want_n; i < sizeof nib; i++) bad += nib[i] != 0xA5;
+        }
+    return bad;
+}
+
+/* The kind 2 estimate's VBMI2 pass over a row (lossless_refs.h): rows of
+ * 0-100 elements, half of them repeated, at every flag offset 0-7: the
+ * flags, the nonzero differences in order, the counts, and nothing set
+ * past the row's flags. */
+static size_t row_diffs_bad(void)
+{
+    uint8_t row[2 * 100], above[2 * 100], ex[100], exa[100], fl[24], nz[100], want_nz[100];
+    uint64_t s = 99;
+    size_t bad = 0;
+    for (size_t n = 0; n <= 100; n++)
+        for (size_t off = 0; off < 8; off++) {
+            for (size_t i = 0; i < sizeof row; i++) row[i] = above[i] = (uint8_t)lcg(&s);
+            for (size_t i = 0; i < 100; i++) {
+                if (lcg(&s) & 1) above[2 * i] ^= (uint8_t)(1 + lcg(&s) % 255);
+                ex[i] = (uint8_t)lcg(&s);
+                exa[i] = lcg(&s) % 4 ? ex[i] : (uint8_t)lcg(&s);
+            }
+            memset(fl, 0, sizeof fl);
+            size_t nnz = 3, same = 5, c = kvs_llx_row_diffs_avx512vbmi2(row, above, ex, exa, n, fl,
+                                                                       off, nz, &nnz, &same);
+            bad += c != n / 32 * 32;
+            size_t m = 3, eq = 5;
+            for (size_t j = 0; j < c; j++) {
+                unsigned e = row[2 * j] == above[2 * j] && row[2 * j + 1] == above[2 * j + 1];
+                eq += e;
+                bad += (fl[(off + j) / 8] >> ((off + j) % 8) & 1) != e;
+                uint8_t d = (uint8_t)(ex[j] - exa[j]);
+                if (d) want_nz[m++] = d;
+            }
+            for (size_t b = off + c; b < 8 * sizeof fl; b++) bad += fl[b / 8] >> (b % 8) & 1;
+            bad += nnz != m || same != eq || memcmp(nz + 3, want_nz + 3, m - 3) != 0;
+        }
+    return bad;
+}
+#endif
+
+/* The encoder's AVX-512 kernels against their definitions. */
+static void test_encoder_kernels(void)
+{
+#if defined(__x86_64__)
+    if (!kvs_rans_set_simd(1)) {
+        printf("test_encoder_kernels: no AVX-512 here: nothing to compare\n");
+        return;
+    }
+    CHECK(split_kernels_bad() == 0);
+    CHECK(flips_kernel_bad() == 0);
+    if (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) CHECK(row_diffs_bad() == 0);
+    else printf("test_encoder_kernels: no AVX-512 VBMI2 here: the row pass not compared\n");
+#else
+    printf("test_encoder_kernels: not x86: nothing to compare\n");
 #endif
 }
 
@@ -1257,6 +1422,7 @@ int main(void)
     RUN(test_rans_signs_payload);
     RUN(test_rans_isas);
     RUN(test_mantissa_kernels);
+    RUN(test_encoder_kernels);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

@@ -116,7 +116,12 @@ double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
 size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out)
 {
     int lo = 0, hi = 255;
+    /* four frequencies a test first: an exponent table starts near symbol
+     * 100 and ends near 140, and the byte-at-a-time scans were a tenth of
+     * the encoder's table work */
+    while (lo + 4 <= 255 && (t->f[lo] | t->f[lo + 1] | t->f[lo + 2] | t->f[lo + 3]) == 0) lo += 4;
     while (lo < 255 && t->f[lo] == 0) lo++;
+    while (hi - 4 > lo && (t->f[hi] | t->f[hi - 1] | t->f[hi - 2] | t->f[hi - 3]) == 0) hi -= 4;
     while (hi > lo && t->f[hi] == 0) hi--;
     size_t at = 0;
     out[at++] = (uint8_t)lo;
@@ -173,26 +178,36 @@ int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_
     return KVS_OK;
 }
 
+/* The reciprocal and shift of every frequency f >= 2 (f = 1: rcp_of[1] =
+ * ~0, shift 0, below): a block's encoder builds up to eight tables, and the
+ * 64-bit division and shift search per symbol were most of that. */
+static uint32_t rcp_of[KVS_RANS_TOTAL + 1];
+static uint8_t shift_of[KVS_RANS_TOTAL + 1];
+static pthread_once_t rcp_once = PTHREAD_ONCE_INIT;
+
+static void rcp_init(void)
+{
+    rcp_of[1] = ~0u;
+    for (uint32_t f = 2, shift = 1; f <= KVS_RANS_TOTAL; f++) {
+        while (f > (1u << shift)) shift++;
+        rcp_of[f] = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+        shift_of[f] = (uint8_t)(shift - 1);
+    }
+}
+
 void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx)
 {
+    pthread_once(&rcp_once, rcp_init);
     e->top = nctx - 1;
     for (unsigned c = 0; c < nctx; c++) {
         uint32_t start = 0;
         for (unsigned s = 0; s < 256; s++) {
-            uint32_t f = t[c].f[s], rcp = 0, shift = 0, bias = 0;
-            if (f == 1) {
-                /* q = x - 1 (the reciprocal of 1 does not fit): the bias
-                 * makes bias + x + (x - 1)(M - 1) = x M + start */
-                rcp = ~0u;
-                bias = start + KVS_RANS_TOTAL - 1;
-            } else if (f > 1) {
-                while (f > (1u << shift)) shift++;
-                rcp = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
-                shift -= 1;
-                bias = start;
-            }
-            e->rcp[c * 256 + s] = rcp;
-            e->info[c * 256 + s] = bias | f << 13 | shift << 26;
+            uint32_t f = t[c].f[s];
+            /* f = 1: q = x - 1 (the reciprocal of 1 does not fit): the bias
+             * makes bias + x + (x - 1)(M - 1) = x M + start */
+            uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : f ? start : 0;
+            e->rcp[c * 256 + s] = rcp_of[f];
+            e->info[c * 256 + s] = bias | f << 13 | (uint32_t)shift_of[f] << 26;
             start += f;
         }
     }

@@ -61,8 +61,11 @@
 
 #include "codecs/rans.h"
 #include "codecs/rans_kernels.h"
+#include "frame/lossless_flips.h"
 #include "frame/lossless_join.h"
 #include "frame/lossless_mantissas.h"
+#include "frame/lossless_refs.h"
+#include "frame/lossless_split.h"
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 #include "util/cpu_features.h"
@@ -74,7 +77,7 @@
 #define LLX_SIGNS 3
 #define LLX_GROUPS 4 /* the most the encoder tries (and the map's 2 bits hold) */
 #define LLX_DIFF_CTX LLX_GROUPS /* the encoder's context of the differences */
-#define LLX_SAMPLES 32          /* channels hashed per row to find a reference */
+#define LLX_SAMPLES KVS_LLX_REF_SAMPLES /* channels hashed per row to find a reference */
 #define LLX_HASH_BITS 12
 #define LLX_MAX_DISTANCE 65535u /* a reference's u16 */
 #define LLX_SIGN_CLASSES 4      /* kind 3: the map's 2 bits */
@@ -193,6 +196,9 @@ static int rows_simd(void)
 static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
+#endif
 #ifdef __SSE2__
     const __m128i lo8 = _mm_set1_epi16(0x00FF), m7f = _mm_set1_epi16(0x7F),
                   m80 = _mm_set1_epi16(0x80);
@@ -276,11 +282,17 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
     /* Whole rows: 16-bit sums of up to 256 rows at a time (255 x 256 fits),
      * added to the 32-bit ones. */
     uint16_t *restrict s16 = w->sum16;
+#if KVS_HAVE_X86
+    int simd = kvs_rans_simd_in_use();
+#endif
     while (i + period <= k) {
         size_t rows = (k - i) / period < 256 ? (k - i) / period : 256;
         memset(s16, 0, period * sizeof s16[0]);
         for (size_t r = 0; r < rows; r++, i += period) {
             uint32_t c = 0;
+#if KVS_HAVE_X86
+            if (simd) c = (uint32_t)kvs_llx_add_row_avx512(exp + i, period, s16);
+#endif
 #ifdef __SSE2__
             for (; c + 16 <= period; c += 16) {
                 __m128i e = _mm_loadu_si128((const __m128i *)(exp + i + c));
@@ -296,11 +308,19 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         for (uint32_t c = 0; c < period; c++) sum[c] += s16[c];
     }
     for (uint32_t c = 0; i < k; c++, i++) sum[c] += exp[i];
+    /* Channel c holds elements i = (c - phase) mod period + j period: q of
+     * them, one more when that first i is below k mod period. Without a
+     * division per channel: three a channel were a tenth of the block's
+     * analysis besides its histograms; the mean's in 32 bits where it fits
+     * (a block of 2^16 elements: sum << 8 < 2^32). */
+    uint64_t q = k / period, rm = k % period;
     for (uint32_t c = 0; c < period; c++) {
-        /* channel c holds elements i = (c - phase) mod period + j period */
-        size_t i0 = (c + period - phase) % period;
-        uint64_t n = i0 < k ? (k - 1 - i0) / period + 1 : 0;
-        w->mean[c] = (uint16_t)(n ? ((uint64_t)w->sum[c] << 8) / n : 0); /* < 2^16 */
+        size_t i0 = c >= phase ? c - phase : c + period - phase;
+        uint64_t n = q + (i0 < rm), x = (uint64_t)w->sum[c] << 8;
+        uint64_t mean = n == 0 ? 0 : x <= UINT32_MAX && n <= UINT32_MAX
+                                          ? (uint32_t)x / (uint32_t)n
+                                          : x / n;
+        w->mean[c] = (uint16_t)mean; /* < 2^16 */
         w->order[0][c] = (uint16_t)c;
     }
     /* A stable radix sort by mean, low byte then high byte: ties stay in
@@ -317,8 +337,12 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
         }
         for (uint32_t r = 0; r < period; r++) to[at[w->mean[from[r]] >> (8 * pass) & 0xFF]++] = from[r];
     }
-    for (uint32_t r = 0; r < period; r++)
-        w->group[w->order[0][r]] = (uint8_t)((uint64_t)r * LLX_GROUPS / period);
+    /* rank r in group r LLX_GROUPS / period: the ranks from
+     * ceil(g period / LLX_GROUPS) on are in group g (no division a rank) */
+    for (uint32_t g = 0, r = 0; g < LLX_GROUPS; g++) {
+        uint64_t end = ((uint64_t)(g + 1) * period + LLX_GROUPS - 1) / LLX_GROUPS;
+        for (; r < end; r++) w->group[w->order[0][r]] = (uint8_t)g;
+    }
 }
 
 /* How many of the n u16 at a equal those at b (n <= KVS_LLX_MAX_PERIOD). */
@@ -366,6 +390,47 @@ static size_t bits_set(const uint8_t *p, size_t n)
     return m;
 }
 
+/* Row r's candidates (find_refs) by the scalar finder: the row before,
+ * then each row two or more of the ns samples at at_c found, in the order
+ * of its first sample; then the samples' slots point to row r. Into cand,
+ * returns their count. len: the row's elements (the last row may be short). */
+static uint32_t ref_candidates(kvs_llx_scratch *w, const uint8_t *row, size_t len, uint32_t ns,
+                               const uint32_t *at_c, size_t r, size_t rows, uint32_t *cand)
+{
+    uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
+    uint32_t all[LLX_SAMPLES + 1], votes[LLX_SAMPLES + 1], slot[LLX_SAMPLES];
+    uint32_t stamp = (uint32_t)(r + 1) << 6, nc = 0;
+    if (r) all[nc] = (uint32_t)(r - 1), votes[nc] = 2, w->mark[r - 1] = stamp | nc++;
+    /* without branches on the data: a hit is a coin toss */
+    for (uint32_t j = 0; j < ns; j++) {
+        uint32_t c = at_c[j] < len ? at_c[j] : 0;
+        uint32_t key = get_le16(row + 2 * c) | j << 16;
+        slot[j] = (key * KVS_LLX_REF_HASH_MUL) >> (32 - LLX_HASH_BITS);
+        uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
+        uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
+        all[nc] = q;
+        votes[nc] = 0;
+        m = fresh ? stamp | nc : m;
+        *mk = m;
+        nc += fresh;
+        votes[m & 63]++;
+    }
+    for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
+    uint32_t n = 0;
+    for (uint32_t q = 0; q < nc; q++)
+        if (votes[q] >= 2 && all[q] < r) cand[n++] = all[q];
+    return n;
+}
+
+/* How many of the n u16 at a and b are equal (n <= KVS_LLX_MAX_PERIOD). */
+static size_t row_equal(const uint8_t *a, const uint8_t *b, size_t n)
+{
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
+#endif
+    return count_equal(a, b, n);
+}
+
 /* The rows of a block that starts at a row: w->ref[r] = the distance to the
  * earlier row with the most elements equal to row r's, when at least
  * max(2, period / 64) are, else 0 (a row with a few repeats still codes
@@ -386,7 +451,11 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     uint32_t ns = period < LLX_SAMPLES ? period : LLX_SAMPLES, at_c[LLX_SAMPLES];
     for (uint32_t j = 0; j < ns; j++) at_c[j] = (uint32_t)((uint64_t)j * period / ns);
     size_t need = period / 64 > 2 ? period / 64 : 2;
-    uint32_t none = (uint32_t)rows; /* mark[rows]: where an empty hash slot points */
+#if KVS_HAVE_X86
+    /* the AVX-512 finder takes whole rows of all 32 samples, and rows + 1
+     * as 16-bit words */
+    int simd = kvs_rans_simd_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
+#endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
     *repeats = 0;
@@ -394,33 +463,22 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         if (r == rows / 4 && rows >= 64 && nref * 16 < r) return 0;
         const uint8_t *row = src + 2 * r * period;
         size_t len = r + 1 < rows ? period : k - r * period;
-        uint32_t cand[LLX_SAMPLES + 1], votes[LLX_SAMPLES + 1], slot[LLX_SAMPLES];
-        uint32_t stamp = (uint32_t)(r + 1) << 6, nc = 0;
-        if (r) cand[nc] = (uint32_t)(r - 1), votes[nc] = 2, w->mark[r - 1] = stamp | nc++;
-        /* without branches on the data: a hit is a coin toss */
-        for (uint32_t j = 0; j < ns; j++) {
-            uint32_t c = at_c[j] < len ? at_c[j] : 0;
-            uint32_t key = get_le16(row + 2 * c) | j << 16;
-            slot[j] = (key * 0x9E3779B1u) >> (32 - LLX_HASH_BITS);
-            uint32_t at = w->hash[slot[j]], q = at ? at - 1 : none;
-            uint32_t *mk = &w->mark[q], m = *mk, fresh = (m & ~63u) != stamp;
-            cand[nc] = q;
-            votes[nc] = 0;
-            m = fresh ? stamp | nc : m;
-            *mk = m;
-            nc += fresh;
-            votes[m & 63]++;
-        }
+        uint32_t cand[LLX_SAMPLES + 1], nc;
+#if KVS_HAVE_X86
+        if (simd && len == period)
+            nc = kvs_llx_ref_candidates_avx512(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
+                                               cand);
+        else
+#endif
+            nc = ref_candidates(w, row, len, ns, at_c, r, rows, cand);
         size_t best = 0, best_d = 0;
         for (uint32_t q = 0; q < nc; q++) {
-            if (votes[q] < 2 || cand[q] >= r) continue;
-            size_t m = count_equal(row, src + 2 * (size_t)cand[q] * period, len);
+            size_t m = row_equal(row, src + 2 * (size_t)cand[q] * period, len);
             if (m > best) best = m, best_d = r - cand[q];
         }
         w->ref[r] = best >= need && best_d <= LLX_MAX_DISTANCE ? (uint32_t)best_d : 0;
         nref += w->ref[r] != 0;
         *repeats += w->ref[r] ? best : 0;
-        for (uint32_t j = 0; j < ns; j++) w->hash[slot[j]] = (uint32_t)(r + 1);
     }
     return nref;
 }
@@ -433,6 +491,9 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
                       uint16_t *restrict key)
 {
     size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
+#endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
         __m128i e = _mm_loadu_si128((const __m128i *)(exp + i));
@@ -536,17 +597,29 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     if (groups_bits + fixed_bits >= k1) return 0;
     uint32_t hd[256], hf[256], hd16[16][256];
     memset(hd16, 0, sizeof hd16);
-    memset(hf, 0, sizeof hf);
     const uint8_t *exp = w->exp, *ctx = w->ctx, *sm_all = rec + 1;
     uint8_t *fl = w->flags;
     memset(fl, 0, k / 8 + 4);
     /* First the estimate's counts (the flags, the differences'
      * histogram), and the symbols only when the estimate wins: most blocks at
      * level 3 find a few references and then take kind 3. */
+#if KVS_HAVE_X86
+    int simd = rows_simd();
+#endif
+    size_t nnz = 0; /* the SIMD pass: nonzero differences kept in w->sym */
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, len = r + 1 < rows ? period : k - i0;
         if (w->ref[r] == 0) continue;
         size_t d = (size_t)w->ref[r] * period, c = 0, same = 0;
+#if KVS_HAVE_X86
+        if (simd) {
+            size_t nnz0 = nnz;
+            c = kvs_llx_row_diffs_avx512vbmi2(src + 2 * i0, src + 2 * (i0 - d), exp + i0,
+                                              exp + i0 - d, len, fl, nfl, w->sym, &nnz, &same);
+            hd16[0][0] += (uint32_t)(c - (nnz - nnz0)); /* its zero differences */
+            nfl += c;
+        }
+#endif
 #ifdef __SSE2__
         /* 16 flags a step from 16-bit compares; an element that repeats
          * has difference 0, so every difference is counted and hd[0] is
@@ -581,12 +654,25 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         }
         hd16[0][0] -= (uint32_t)same;
     }
+    size_t at = 0;
+    for (; at + 16 <= nnz; at += 16)
+#pragma GCC unroll 16 /* each count then one add to a fixed offset */
+        for (unsigned t = 0; t < 16; t++) hd16[t][w->sym[at + t]]++;
+    for (; at < nnz; at++) hd16[at & 15][w->sym[at]]++;
     for (int s = 0; s < 256; s++) {
         hd[s] = 0;
         for (int t = 0; t < 16; t++) hd[s] += hd16[t][s];
     }
     size_t nfb = (nfl + 7) / 8;
-    for (size_t b = 0; b < nfb; b++) hf[fl[b]]++;
+    /* four partial counts: the flag bytes are mostly 0 or 0xFF, and one
+     * counter would chain its increments */
+    uint32_t hf4[4][256];
+    memset(hf4, 0, sizeof hf4);
+    size_t b = 0;
+    for (; b + 4 <= nfb; b += 4)
+        hf4[0][fl[b]]++, hf4[1][fl[b + 1]]++, hf4[2][fl[b + 2]]++, hf4[3][fl[b + 3]]++;
+    for (; b < nfb; b++) hf4[0][fl[b]]++;
+    for (int s = 0; s < 256; s++) hf[s] = hf4[0][s] + hf4[1][s] + hf4[2][s] + hf4[3][s];
     /* the flags coded (their table and states) or raw, whichever is
      * smaller: a small block's flag table costs more than it saves */
     double flag_bits = table_bits(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;
@@ -680,6 +766,9 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
  * returns their count. sm: the k sign and mantissa bytes (bit 7 the sign). */
 static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t *nib)
 {
+#if KVS_HAVE_X86
+    if (kvs_rans_simd_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
+#endif
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     memset(nib, 0, groups * period);
     for (size_t r = 0; r < rows; r++) {

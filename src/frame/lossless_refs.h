@@ -1,0 +1,42 @@
+/* lossless_refs.h - internal: the SIMD part of the lossless stage's
+ * row-reference finder and of the estimate of its record kind 2
+ * (lossless_exponent.c's find_refs and encode_refs hold the scalar ones
+ * and choose). */
+#ifndef KVSERDE_FRAME_LOSSLESS_REFS_H
+#define KVSERDE_FRAME_LOSSLESS_REFS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Channels sampled per row, and the hash of a sample's (channel, value)
+ * key: slot = (key * KVS_LLX_REF_HASH_MUL) >> (32 - hash_bits). */
+#define KVS_LLX_REF_SAMPLES 32
+#define KVS_LLX_REF_HASH_MUL 0x9E3779B1u
+
+/* x86 only (declared everywhere for the tests, which check the machine
+ * themselves). Row r of a block (row: its u16 elements, whole), sampled
+ * at the elements at_c[0..32) (at_c[0] = 0, at_c[j] >= 1 and below the
+ * row's length for j >= 1): key j = element at_c[j] | j << 16, looked up
+ * in hash (row + 1 of the last row with that slot, 0 none), then every
+ * key's slot set to r + 1. Writes the candidates to count into cand: row
+ * r - 1 when r > 0, then each other row two or more samples found, in the
+ * order of its first sample; returns their count (at most 17). r + 1 <
+ * 2^16 (the rows are told apart as words). */
+uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
+                                       unsigned hash_bits, uint32_t r, uint32_t *cand);
+
+/* How many of the n u16 at a equal those at b. */
+size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n);
+
+/* AVX-512 VBMI2. The kind 2 estimate's counts of elements [0, c) of a row
+ * of n u16 (c the largest multiple of 32 <= n) against the row above it
+ * (above; their exponents exp and exp_above): flag bit fbit + j of fl set
+ * where element j equals above's (fl's bits there 0 before; 5 bytes from
+ * fbit / 8 are written a step), each difference exp[j] - exp_above[j] (mod
+ * 256) that is not 0 appended at nonzero[*nnz] (*nnz advanced), *same
+ * increased by the flags set. Returns c. */
+size_t kvs_llx_row_diffs_avx512vbmi2(const uint8_t *row, const uint8_t *above, const uint8_t *exp,
+                                     const uint8_t *exp_above, size_t n, uint8_t *fl, size_t fbit,
+                                     uint8_t *nonzero, size_t *nnz, size_t *same);
+
+#endif /* KVSERDE_FRAME_LOSSLESS_REFS_H */
