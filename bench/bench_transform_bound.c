@@ -40,86 +40,67 @@
 #define SUM12(add) add(add(add(add(a0, a1), add(a2, a3)), add(add(a4, a5), add(a6, a7))), \
                        add(add(a8, a9), add(a10, a11)))
 
-__attribute__((target("avx512f"))) static double peak_avx512(long iters)
-{
-    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-    /* distinct starts, or the compiler merges the chains into one */
-    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
-           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-    double t = now_s();
-    for (long k = 0; k < iters; k++) FMA12(_mm512_fmadd_ps);
-    t = now_s() - t;
-    volatile float sink = _mm512_reduce_add_ps(SUM12(_mm512_add_ps));
-    (void)sink;
-    return (double)iters * CHAINS * 16 * 2 / t;
-}
+/* One peak kernel: `acc` accumulators started at distinct values (or the
+ * compiler merges the chains into one) from `set1`, multiplied by b and
+ * added c with `fma` in the 12 chains, reduced by `add` and `reduce` so
+ * nothing is dead code; flops per second, `flops` per fma instruction. */
+#define PEAK_KERNEL(name, isa, acc, set1, bval, cval, fma, add, reduce, flops)                 \
+    __attribute__((target(isa))) static double name(long iters)                               \
+    {                                                                                          \
+        const __typeof__(bval) b = bval;                                                       \
+        const __typeof__(cval) c = cval;                                                       \
+        acc a0 = set1(0), a1 = set1(1), a2 = set1(2), a3 = set1(3), a4 = set1(4);              \
+        acc a5 = set1(5), a6 = set1(6), a7 = set1(7), a8 = set1(8), a9 = set1(9);              \
+        acc a10 = set1(10), a11 = set1(11);                                                    \
+        double t = now_s();                                                                    \
+        for (long k = 0; k < iters; k++) FMA12(fma);                                           \
+        t = now_s() - t;                                                                       \
+        volatile double sink = (double)reduce(SUM12(add));                                     \
+        (void)sink;                                                                            \
+        return (double)iters * CHAINS * (flops) / t;                                           \
+    }
 
-__attribute__((target("avx2,fma"))) static double peak_avx2(long iters)
+__attribute__((target("avx2"))) static inline float reduce256(__m256 v)
 {
-    const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-    /* distinct starts, or the compiler merges the chains into one */
-    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
-           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
-    double t = now_s();
-    for (long k = 0; k < iters; k++) FMA12(_mm256_fmadd_ps);
-    t = now_s() - t;
     float lanes[8];
-    _mm256_storeu_ps(lanes, SUM12(_mm256_add_ps));
-    volatile float sink = lanes[0];
-    (void)sink;
-    return (double)iters * CHAINS * 8 * 2 / t;
+    _mm256_storeu_ps(lanes, v);
+    return lanes[0];
 }
 
+/* float32 multiply-adds: 16 and 8 lanes, 2 flops each */
+PEAK_KERNEL(peak_avx512, "avx512f", __m512, _mm512_set1_ps, _mm512_set1_ps(0.999999f),
+            _mm512_set1_ps(1e-6f), _mm512_fmadd_ps, _mm512_add_ps, _mm512_reduce_add_ps, 32)
+PEAK_KERNEL(peak_avx2, "avx2,fma", __m256, _mm256_set1_ps, _mm256_set1_ps(0.999999f),
+            _mm256_set1_ps(1e-6f), _mm256_fmadd_ps, _mm256_add_ps, reduce256, 16)
 /* The bfloat16 dot products (each vdpbf16ps: 32 products and 32 sums into
  * 16 float32 lanes), for comparison: the stage's inputs are bfloat16. */
-__attribute__((target("avx512f,avx512bf16"))) static double peak_bf16dot(long iters)
-{
-    const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380);
-    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
-           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
-           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8),
-           a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-    double t = now_s();
-    for (long k = 0; k < iters; k++) FMA12(_mm512_dpbf16_ps);
-    t = now_s() - t;
-    volatile float sink = _mm512_reduce_add_ps(SUM12(_mm512_add_ps));
-    (void)sink;
-    return (double)iters * CHAINS * 32 * 2 / t;
-}
-
-static double bf16dot_flops(int runs)
-{
-    if (!__builtin_cpu_supports("avx512bf16")) return 0;
-    double v[100];
-    for (int r = 0; r < runs; r++) v[r] = peak_bf16dot(20 * 1000 * 1000);
-    return median(v, runs);
-}
-
+PEAK_KERNEL(peak_bf16dot, "avx512f,avx512bf16", __m512, _mm512_set1_ps,
+            (__m512bh)_mm512_set1_epi16(0x3f80), (__m512bh)_mm512_set1_epi16(0x3380),
+            _mm512_dpbf16_ps, _mm512_add_ps, _mm512_reduce_add_ps, 64)
 /* float16 multiply-adds (AVX512-FP16: 32 lanes per vfmadd), the fastest
  * arithmetic this CPU has: twice float32's lanes. A float16 product loses
  * the precision the 4-bit rung needs (11-bit significands summed over 256
  * terms), so this is the bound of a transform that gave that up. */
-__attribute__((target("avx512f,avx512fp16"))) static double peak_fp16(long iters)
+PEAK_KERNEL(peak_fp16, "avx512f,avx512fp16", __m512h, _mm512_set1_ph,
+            _mm512_set1_ph((_Float16)0.999f), _mm512_set1_ph((_Float16)0.001f), _mm512_fmadd_ph,
+            _mm512_add_ph, _mm512_reduce_add_ph, 64)
+
+/* The median flops per second of runs of a kernel. */
+static double kernel_flops(double (*kernel)(long), int runs)
 {
-    const __m512h b = _mm512_set1_ph((_Float16)0.999f), c = _mm512_set1_ph((_Float16)0.001f);
-    __m512h a0 = _mm512_set1_ph(0), a1 = _mm512_set1_ph(1), a2 = _mm512_set1_ph(2),
-            a3 = _mm512_set1_ph(3), a4 = _mm512_set1_ph(4), a5 = _mm512_set1_ph(5),
-            a6 = _mm512_set1_ph(6), a7 = _mm512_set1_ph(7), a8 = _mm512_set1_ph(8),
-            a9 = _mm512_set1_ph(9), a10 = _mm512_set1_ph(10), a11 = _mm512_set1_ph(11);
-    double t = now_s();
-    for (long k = 0; k < iters; k++) FMA12(_mm512_fmadd_ph);
-    t = now_s() - t;
-    volatile _Float16 sink = _mm512_reduce_add_ph(SUM12(_mm512_add_ph));
-    (void)sink;
-    return (double)iters * CHAINS * 32 * 2 / t;
+    double v[100];
+    for (int r = 0; r < runs; r++) v[r] = kernel(20 * 1000 * 1000);
+    return median(v, runs);
+}
+
+static double bf16dot_flops(int runs)
+{
+    return __builtin_cpu_supports("avx512bf16") ? kernel_flops(peak_bf16dot, runs) : 0;
 }
 
 static double fp16_flops(int runs)
 {
-    if (!__builtin_cpu_supports("avx512fp16")) return 0;
-    double v[100];
-    for (int r = 0; r < runs; r++) v[r] = peak_fp16(20 * 1000 * 1000);
-    return median(v, runs);
+    return __builtin_cpu_supports("avx512fp16") ? kernel_flops(peak_fp16, runs) : 0;
 }
 
 /* The widest multiply-add this CPU has: its name, and flops per second
@@ -131,9 +112,7 @@ static double peak_flops(int runs, const char **isa)
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         *isa = "AVX2 FMA", kernel = peak_avx2;
     else return *isa = "none measured", 0;
-    double v[100];
-    for (int r = 0; r < runs; r++) v[r] = kernel(20 * 1000 * 1000);
-    return median(v, runs);
+    return kernel_flops(kernel, runs);
 }
 #else
 static double peak_flops(int runs, const char **isa)
