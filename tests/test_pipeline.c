@@ -3,7 +3,9 @@
  * offsets of src/frame/frame.h, the fp8 payload against the plain fp8 serde,
  * the checksums against independent implementations), hostile frames
  * (every byte flipped, every truncation), the key binding, verify, and the
- * key plumbing of the async processor and of the serde wrapper.
+ * key plumbing of the async processor and of the serde wrapper, and the
+ * bytes stage's source read in place by the transform after it (read-only
+ * pages, a guard page after it, the bytes of the stages run on a copy).
  *
  * aes_gcm is not tested here (its real implementation lands separately). */
 #include <poll.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include "codecs/fp8_kernels.h"
 #include "frame/frame.h"
 #include "frame/pipeline_internal.h"
+#include "frame/stage.h"
 #include "frame/stage_aes_gcm.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
@@ -1342,6 +1346,171 @@ static void test_scratch_shared_by_threads(void)
     unlink(k1);
 }
 
+/* ---------------------------------------------------------------------
+ * The bytes stage read in place (pipeline.c: source_view)
+ * ------------------------------------------------------------------ */
+
+/* The payload of `bytes` then `stages` by the stages' own calls on a copy of
+ * the source, as the pipeline ran them before it read the source in place:
+ * each transform into a fresh buffer, each check's digest appended.
+ * Returns it (malloc'd, *n bytes), NULL on failure. */
+static uint8_t *reference_payload(const char *const *stages, size_t nstages,
+                                  const kvs_memobj *src, size_t *n)
+{
+    *n = (size_t)kvs_layout_nbytes(&src->layout);
+    uint8_t *cur = malloc(*n + 16);
+    if (cur == NULL) return NULL;
+    memcpy(cur, src->data, *n);
+    for (size_t i = 0; i < nstages && cur; i++) {
+        json_t *config = json_loads(stages[i], 0, NULL);
+        const kvs_stage_type *t =
+            kvs_stage_type_by_name(json_string_value(json_object_get(config, "type")));
+        kvs_stage *st = NULL;
+        if (t == NULL || t->create(config, &st) != KVS_OK) abort();
+        json_decref(config);
+        if (t->kind == KVS_STAGE_CHECK) {
+            t->check_digest(cur, *n, cur + *n);
+            *n += t->digest_size;
+        } else {
+            uint8_t params[KVS_STAGE_PARAMS_MAX];
+            size_t np = t->params_size(st), cap = t->bytes_bound(st, *n), m = 0;
+            kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, 0, 0, NULL};
+            if (i == 0) kvs_stage_typed_shape(KVS_STAGE_BYTES, &src->layout, &ctx.elem_size,
+                                              &ctx.channels);
+            uint8_t *out = malloc(cap + 16);
+            if (out == NULL || t->write_params(st, params) != KVS_OK ||
+                t->transform_encode(st, params, np, &ctx, cur, *n, out, cap, &m) != KVS_OK) {
+                free(out);
+                out = NULL;
+            }
+            free(cur);
+            cur = out;
+            *n = m;
+        }
+        t->destroy(st);
+    }
+    return cur;
+}
+
+/* A source the encoder may only read: its pages read-only while it runs,
+ * its last byte right before a page nothing may touch (a read past the
+ * source faults), its first byte wherever that puts it (not 64-aligned). */
+typedef struct guarded_src {
+    uint8_t *map;
+    size_t span, page;
+    kvs_memobj obj;
+} guarded_src;
+
+static void guarded_open(guarded_src *g, const kvs_memobj *like)
+{
+    size_t n = (size_t)kvs_layout_nbytes(&like->layout);
+    g->page = (size_t)sysconf(_SC_PAGESIZE);
+    g->span = (n + g->page - 1) / g->page * g->page;
+    g->map = mmap(NULL, g->span + g->page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                  -1, 0);
+    if (g->map == MAP_FAILED) abort();
+    uint8_t *data = g->map + g->span - n;
+    memcpy(data, like->data, n);
+    if (mprotect(g->map + g->span, g->page, PROT_NONE) != 0 ||
+        mprotect(g->map, g->span, PROT_READ) != 0 ||
+        kvs_memobj_init(&g->obj, data, n, &like->layout, like->format) != KVS_OK)
+        abort();
+}
+
+static void guarded_close(guarded_src *g) { munmap(g->map, g->span + g->page); }
+
+/* bfloat16 the lossless stage compresses: a few exponents, random
+ * mantissas and signs; the rest of the bytes (other dtypes) random too. */
+static void fill_kv_like(kvs_memobj *o, uint64_t seed)
+{
+    fill_random(o, seed);
+    uint8_t *p = o->data;
+    for (size_t i = 1; i < o->capacity; i += 2) p[i] = (uint8_t)(0x3C + (p[i] & 0x83));
+}
+
+/* b decodes, into a destination of canaries, to exactly want's bytes. */
+static int decodes_to(kvs_serde_pair *p, const blob *b, const kvs_object_key *key,
+                      const kvs_memobj *want)
+{
+    kvs_memobj *back = new_canary(&want->layout);
+    int rc = deser(p, b->data, b->len, back, key);
+    if (rc) fprintf(stderr, "deserialize: %s\n", kvs_last_error());
+    int ok = rc == KVS_OK && same_data(back, want);
+    kvs_memobj_free(back);
+    return ok;
+}
+
+static void test_bytes_stage_read_in_place(void)
+{
+    /* after bytes: one out-of-place transform (no scratch), two (the
+     * ping-pong through one scratch), checks and encryption after it, and
+     * the configs that copy (a check right after bytes: fused) */
+    static const char *const ll = "{\"type\":\"lossless\"}";
+    static const char *const r1 = "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":1}";
+    static const char *const r2 = "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":2}";
+    static const char *const r3 = "{\"type\":\"lossless\",\"coder\":\"rans\",\"level\":3}";
+    static const char *const crc = "{\"type\":\"crc32c\"}";
+    static const char *const xxh = "{\"type\":\"xxh3\"}";
+    static const struct {
+        const char *stages[3];
+        size_t n;
+    } cases[] = {
+        {{ll, crc}, 2},     {{r1, crc}, 2},     {{r2, crc}, 2}, {{r3, crc}, 2}, {{r3, xxh}, 2},
+        {{r3, ll, crc}, 3}, {{ll, r2, xxh}, 3}, {{crc}, 1},     {{xxh}, 1},
+    };
+    kvs_layout layouts[3] = {{0}, {0}, {0}};
+    add_group(&layouts[0], KVS_DTYPE_BFLOAT16, 4, 2, 3, 4099, 8); /* 393504 bytes */
+    add_group(&layouts[1], KVS_DTYPE_BFLOAT16, 1, 3 * 32768 + 13, 0, 0, 0);
+    add_group(&layouts[2], KVS_DTYPE_BFLOAT16, 2, 5, 7, 0, 0); /* two groups, mixed sizes */
+    add_group(&layouts[2], KVS_DTYPE_FLOAT32, 2, 3, 11, 0, 0);
+    for (size_t l = 0; l < 3; l++) {
+        kvs_memobj *plain = new_obj(&layouts[l]);
+        fill_kv_like(plain, 77 + l);
+        guarded_src g;
+        guarded_open(&g, plain);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            char json[512] = "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"}";
+            for (size_t i = 0; i < cases[c].n; i++)
+                snprintf(json + strlen(json), sizeof json - strlen(json), ",%s",
+                         cases[c].stages[i]);
+            strncat(json, "]}", sizeof json - strlen(json) - 1);
+            kvs_serde_pair p = kvs_test_serde_pair(json);
+            blob from_guarded = ser(&p, &g.obj, NULL), from_plain = ser(&p, plain, NULL);
+            size_t want_n = 0;
+            uint8_t *want = reference_payload(cases[c].stages, cases[c].n, plain, &want_n);
+            REQUIRE(from_guarded.data && from_plain.data && want);
+            size_t h = header_len(&from_plain);
+            CHECK_EQ_U64(from_guarded.len, from_plain.len);
+            CHECK(memcmp(from_guarded.data, from_plain.data, from_plain.len) == 0);
+            CHECK_EQ_U64(from_plain.len - h, want_n);
+            CHECK(memcmp(from_plain.data + h, want, want_n) == 0);
+            CHECK(same_data(&g.obj, plain));
+            CHECK(decodes_to(&p, &from_guarded, NULL, plain));
+            free(want);
+            free(from_guarded.data);
+            free(from_plain.data);
+            kvs_serde_pair_destroy(&p);
+        }
+        /* encrypted (a fresh nonce per blob): round trips, the source read only */
+        char k1[128], json[512];
+        key_file(k1, sizeof k1, 0x55, 0600);
+        snprintf(json, sizeof json,
+                 "{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},%s,"
+                 "{\"type\":\"aes_gcm\",\"key_file\":\"%s\"}]}",
+                 r3, k1);
+        kvs_serde_pair p = kvs_test_serde_pair(json);
+        kvs_object_key key = key_a();
+        blob b = ser(&p, &g.obj, &key);
+        REQUIRE(b.data != NULL);
+        CHECK(decodes_to(&p, &b, &key, plain));
+        free(b.data);
+        kvs_serde_pair_destroy(&p);
+        unlink(k1);
+        guarded_close(&g);
+        kvs_memobj_free(plain);
+    }
+}
+
 int main(void)
 {
     RUN(test_create_ok);
@@ -1366,6 +1535,7 @@ int main(void)
     RUN(test_aes_gcm_fused_blocks);
     RUN(test_scratch_shared_by_threads);
     RUN(test_unchecked_frame_refused);
+    RUN(test_bytes_stage_read_in_place);
     /* Again with the store threshold at 0, so that every fused payload of
      * more than one block takes the streamed path (pipeline.c: out written
      * with non-temporal stores, the checks reading a cached copy), in

@@ -6,10 +6,14 @@
  * transform that cannot work in place writes into the other region. The
  * regions are dst's payload area and one scratch buffer, chosen so that the
  * last stage ends in dst: with an odd number of out-of-place transforms the
- * typed stage starts in the scratch. The header is written last (it holds
- * the payload length), except that a stage that authenticates the header
- * (encryption, always last) gets it before it runs: just before, or, fused,
- * before the typed stage starts (the payload length is known then).
+ * typed stage starts in the scratch. A typed stage that would only copy
+ * the source (bytes) writes nothing when an out-of-place transform follows
+ * it: that transform reads the source itself (source_view), one fill
+ * fewer, and with one transform no scratch. The header is written last
+ * (it holds the payload length), except that a stage that authenticates
+ * the header (encryption, always last) gets it before it runs: just
+ * before, or, fused, before the typed stage starts (the payload length is
+ * known then).
  *
  * Fusion. When the typed stage can encode any output range on its own and
  * checks or streamed transforms (encryption) follow it, the output is
@@ -299,6 +303,23 @@ static int checked_as_written(const pipeline_serializer *self)
            self->stages[1]->type->kind == KVS_STAGE_CHECK;
 }
 
+/* The source's own bytes when stage 0 would only copy them
+ * (typed_encode_view) and stage 1 is a transform that writes elsewhere:
+ * stage 1 then reads the source and the copy is skipped. Not before a
+ * check or an in-place transform: they write at or after the bytes they
+ * read, which would be the caller's source. NULL when the copy is made
+ * (an empty source too: nothing to save, and its data may be NULL). */
+static const uint8_t *source_view(const pipeline_serializer *self, const kvs_memobj *src,
+                                  size_t *n)
+{
+    const kvs_stage *typed = self->stages[0];
+    if (typed->type->typed_encode_view == NULL || self->nstages < 2) return NULL;
+    const kvs_stage_type *next = self->stages[1]->type;
+    if (next->kind != KVS_STAGE_TRANSFORM || next->in_place) return NULL;
+    const uint8_t *view = typed->type->typed_encode_view(typed, src, n);
+    return *n ? view : NULL;
+}
+
 /* The typed stage into out, feeding stage 1's digest as it writes; the
  * digest appended: *n = the payload and the digest. */
 static int encode_checked(const pipeline_serializer *self, const kvs_memobj *src, uint8_t *out,
@@ -422,17 +443,26 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
     for (uint32_t i = 1; i < self->nstages; i++)
         if (self->stages[i]->type->kind == KVS_STAGE_TRANSFORM && !self->stages[i]->type->in_place)
             out_of_place++;
+    size_t n;
+    const uint8_t *view = source_view(self, src, &n);
+    /* Regions are filled by the typed stage (unless stage 1 reads the
+     * source) and by each out-of-place transform, alternately, the last
+     * one dst's payload; a single fill needs no scratch. */
+    unsigned fills = out_of_place + (view == NULL);
     uint8_t *payload = (uint8_t *)dst->data + h, *scratch = NULL;
-    if (out_of_place && (scratch = malloc(bound)) == NULL)
+    if (fills > 1 && (scratch = malloc(bound)) == NULL)
         return kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for a %zu-byte scratch buffer",
                              bound);
-    uint8_t *cur = out_of_place % 2 ? scratch : payload;
-    uint8_t *other = out_of_place % 2 ? payload : scratch;
+    uint8_t *first = fills % 2 ? payload : scratch, *second = fills % 2 ? scratch : payload;
+    /* With the view, stage 1 (out of place) writes `other`: the first fill. */
+    uint8_t *cur = view ? second : first, *other = view ? first : second;
+    const uint8_t *in = view ? view : cur; /* what the next transform reads */
     uint8_t header[KVS_FRAME_HEADER_MAX];
     int header_done = 0;
-    size_t n;
     uint32_t k = fused_end(self);
-    if (k > 1) {
+    if (view) {
+        k = 1; /* stage 1 is out of place: nothing fused, nothing checked */
+    } else if (k > 1) {
         rc = run_fused(self, k, &bp, src, key, header, h, &header_done, cur, &n);
     } else if (checked_as_written(self)) {
         rc = encode_checked(self, src, cur, bound, &n);
@@ -460,7 +490,7 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
         }
         uint8_t *to = t->in_place ? cur : other;
         size_t m;
-        rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, cur, n, to, bound, &m);
+        rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m);
         if (rc == KVS_OK && t->needs_header && m != t->bytes_bound(st, n))
             rc = kvs_set_error(KVS_EINVAL, "pipeline: stage '%s' wrote %zu bytes, announced %zu",
                                t->name, m, t->bytes_bound(st, n));
@@ -468,6 +498,7 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
             other = cur;
             cur = to;
         }
+        in = cur;
         n = m;
     }
     free(scratch);

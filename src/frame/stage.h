@@ -110,6 +110,13 @@ struct kvs_stage_type {
     int (*typed_encode_check)(const kvs_stage *self, const kvs_memobj *src, uint8_t *out,
                               size_t cap, size_t *n, const kvs_stage_type *check,
                               void *state);
+    /* Optional: typed_encode writes src's own bytes, unchanged and
+     * contiguous (bytes: the groups are packed back to back already), so
+     * a stage that only reads them may read src instead of a copy: returns
+     * the first of the *n bytes typed_encode would write. NULL for stages
+     * that rewrite. */
+    const uint8_t *(*typed_encode_view)(const kvs_stage *self, const kvs_memobj *src,
+                                        size_t *n);
     /* Decode in[0..n) into dst, with the parameters read from the frame
      * and what the reader was configured with (ctx: its transform).
      * Checks the parameters and that n is exactly what dst's layout needs

@@ -48,6 +48,13 @@ static int bytes_encode_range(const kvs_stage *self, const kvs_memobj *src, uint
     return KVS_OK;
 }
 
+static const uint8_t *bytes_view(const kvs_stage *self, const kvs_memobj *src, size_t *n)
+{
+    (void)self;
+    *n = (size_t)kvs_layout_nbytes(&src->layout);
+    return src->data;
+}
+
 static int bytes_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                       const uint8_t *in, size_t n, kvs_memobj *dst)
 {
@@ -88,6 +95,7 @@ const kvs_stage_type kvs_stage_bytes_type = {
     .typed_bound = bytes_bound,
     .typed_encode = bytes_encode,
     .typed_encode_range = bytes_encode_range,
+    .typed_encode_view = bytes_view,
     .typed_decode = bytes_decode,
     .params_size = kvs_stage_no_params_size,
     .write_params = kvs_stage_no_params_write,
