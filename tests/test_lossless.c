@@ -1019,7 +1019,8 @@ static void test_rans_isas(void)
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
                                         {67, 45}, {150, 100}, {1027, 64}, {33, 40},
-                                        {700, 72}, {700, 100}, {40, 48}};
+                                        {700, 72}, {700, 100}, {40, 48},
+                                        {700, 256}, {1300, 256}}; /* 3 and 6 blocks: in pairs */
     size_t same = 0, runs = 0;
     for (int level = 1; level <= 3; level++) {
         kvs_stage *st = rans_stage_at(level);
@@ -1054,6 +1055,63 @@ static void test_rans_isas(void)
         kvs_stage_lossless_type.destroy(st);
     }
     CHECK(same == runs);
+    kvs_rans_set_simd(1);
+}
+
+/* Blocks decode two at a time (kvs_llx_decode_pair); a damaged block that
+ * is not the first is refused as one block at a time refuses: the first
+ * damaged block in order named, the blocks before it written, none from it
+ * on. The damage is each block's last stream byte (its last word), which
+ * only the end of its rANS decode finds, for both kernel sets and each
+ * record kind. */
+static void test_rans_damaged_pair(void)
+{
+    static const int64_t shape[2] = {5 * 256 + 100, 256}; /* 6 blocks */
+    static const int damaged[][2] = {{3, -1}, {3, 4}, {2, 3}, {5, -1}, {1, 4}, {0, 1}};
+    int have_simd = kvs_rans_set_simd(1);
+    for (int level = 1; level <= 3; level++) {
+        kvs_stage *st = rans_stage_at(level);
+        kvs_memobj *o = filled_obj(shape, level == 1 ? SMOOTH : ROWS_HALVES, 41);
+        size_t n = (size_t)kvs_layout_nbytes(&o->layout), got = 0;
+        uint8_t *e = NULL, *back = malloc(n);
+        size_t m = rans_encode(st, o->data, n, 256, &e), nblocks = 6;
+        size_t at = 24 + 4 * nblocks, end[6];
+        REQUIRE(m > at && e[0] >= 2);
+        for (size_t b = 0; b < nblocks; b++) {
+            at += (size_t)e[24 + 4 * b] | (size_t)e[25 + 4 * b] << 8 |
+                  (size_t)e[26 + 4 * b] << 16 | (size_t)e[27 + 4 * b] << 24;
+            end[b] = at;
+        }
+        REQUIRE(at == m);
+        for (int simd = 0; simd < 1 + have_simd; simd++) {
+            kvs_rans_set_simd(simd);
+            for (size_t c = 0; c < sizeof damaged / sizeof damaged[0]; c++) {
+                for (int d = 0; d < 2; d++)
+                    if (damaged[c][d] >= 0) e[end[damaged[c][d]] - 1] ^= 0x21;
+                memset(back, 0xA5, n);
+                int rc = stage_decode(e, m, 2, back, n, &got);
+                char want[32];
+                int first = damaged[c][0];
+                snprintf(want, sizeof want, "lossless: block %d: rANS ", first);
+                if (rc != KVS_ECORRUPT || strstr(kvs_last_error(), want) != kvs_last_error())
+                    KVS_FAIL_("level %d simd %d blocks %d %d: rc %d, %s", level, simd, first,
+                              damaged[c][1], rc, kvs_last_error());
+                size_t before = (size_t)first * 2 * BLOCK;
+                CHECK(memcmp(back, o->data, before) == 0);
+                int untouched = 1;
+                for (size_t i = before; i < n; i++) untouched &= back[i] == 0xA5;
+                CHECK(untouched);
+                for (int d = 0; d < 2; d++)
+                    if (damaged[c][d] >= 0) e[end[damaged[c][d]] - 1] ^= 0x21;
+            }
+            CHECK(stage_decode(e, m, 2, back, n, &got) == KVS_OK && got == n &&
+                  memcmp(back, o->data, n) == 0);
+        }
+        free(e);
+        free(back);
+        kvs_memobj_free(o);
+        kvs_stage_lossless_type.destroy(st);
+    }
     kvs_rans_set_simd(1);
 }
 
@@ -1421,6 +1479,7 @@ int main(void)
     RUN(test_rans_signs_roundtrips);
     RUN(test_rans_signs_payload);
     RUN(test_rans_isas);
+    RUN(test_rans_damaged_pair);
     RUN(test_mantissa_kernels);
     RUN(test_encoder_kernels);
     RUN(test_kvdata);

@@ -393,14 +393,13 @@ size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, con
     return i;
 }
 
-int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
-                    const uint8_t *ctx, uint8_t *sym, size_t n, const char *what)
+/* The 32 states at the start of in[0..len) into x, each checked. */
+static int dec_states(const uint8_t *in, size_t len, const char *what, uint32_t *x)
 {
     if (len < 4 * KVS_RANS_LANES)
         return kvs_set_error(KVS_ECORRUPT,
                              "%s: rANS stream of %zu bytes, shorter than its %u bytes of states", what,
                              len, 4 * KVS_RANS_LANES);
-    uint32_t x[KVS_RANS_LANES];
     for (int l = 0; l < KVS_RANS_LANES; l++) {
         const uint8_t *q = in + 4 * l;
         x[l] = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
@@ -410,36 +409,39 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
                                  "%s: rANS state %d is %u, outside [%u, %u)", what, l,
                                  (unsigned)x[l], RANS_L, RANS_HI);
     }
-    const uint8_t *p = in + 4 * KVS_RANS_LANES, *end = in + len;
-    size_t i;
+    return KVS_OK;
+}
+
+/* The symbols from i on, after the groups kernel stopped at i with the
+ * states x and the words at *p: the last groups, then one by one. */
+static int dec_rest(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t *p,
+                    const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n, size_t i,
+                    const char *what)
+{
 #if KVS_HAVE_X86
-    if (use_simd()) {
-        i = kvs_rans_dec_groups_avx512(d, x, &p, end, ctx, sym, n);
-        /* The kernel stops 64 bytes before the end (a group reads that
-         * far), which left the last groups to the checked loop below (2 %
-         * of decoding, the symbols 5-10x slower): they run from a padded
-         * copy of those bytes. A valid stream never takes a word past its
-         * end; if these groups do, the checked loop starts again where they
-         * did and refuses as always. */
-        if (n - i >= KVS_RANS_LANES) {
-            uint8_t pad[4 * KVS_RANS_LANES] = {0};
-            uint32_t x0[KVS_RANS_LANES];
-            size_t left = (size_t)(end - p);
-            memcpy(pad, p, left);
-            memcpy(x0, x, sizeof x0);
-            const uint8_t *q = pad;
-            size_t more = kvs_rans_dec_groups_avx512(d, x, &q, pad + sizeof pad,
-                                                     ctx ? ctx + i : NULL, sym + i, n - i);
-            if ((size_t)(q - pad) <= left) {
-                i += more;
-                p += q - pad;
-            } else {
-                memcpy(x, x0, sizeof x0);
-            }
+    /* The kernel stops 64 bytes before the end (a group reads that far),
+     * which left the last groups to the checked loop below (2 % of
+     * decoding, the symbols 5-10x slower): they run from a padded copy of
+     * those bytes. A valid stream never takes a word past its end; if
+     * these groups do, the checked loop starts again where they did and
+     * refuses as always. */
+    if (use_simd() && n - i >= KVS_RANS_LANES) {
+        uint8_t pad[4 * KVS_RANS_LANES] = {0};
+        uint32_t x0[KVS_RANS_LANES];
+        size_t left = (size_t)(end - p);
+        memcpy(pad, p, left);
+        memcpy(x0, x, sizeof x0);
+        const uint8_t *q = pad;
+        size_t more = kvs_rans_dec_groups_avx512(d, x, &q, pad + sizeof pad,
+                                                 ctx ? ctx + i : NULL, sym + i, n - i);
+        if ((size_t)(q - pad) <= left) {
+            i += more;
+            p += q - pad;
+        } else {
+            memcpy(x, x0, sizeof x0);
         }
-    } else
+    }
 #endif
-        i = kvs_rans_dec_groups_scalar(d, x, &p, end, ctx, sym, n);
     /* The rest one by one, each word checked. */
     static const uint8_t none[2] = {0, 0};
     for (; i < n; i++) {
@@ -460,5 +462,54 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
             return kvs_set_error(KVS_ECORRUPT,
                                  "%s: rANS state %d ends at %u, not at its start %u", what, l,
                                  (unsigned)x[l], RANS_L);
+    return KVS_OK;
+}
+
+int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
+                    const uint8_t *ctx, uint8_t *sym, size_t n, const char *what)
+{
+    uint32_t x[KVS_RANS_LANES];
+    int rc = dec_states(in, len, what, x);
+    if (rc) return rc;
+    const uint8_t *p = in + 4 * KVS_RANS_LANES, *end = in + len;
+    size_t i;
+#if KVS_HAVE_X86
+    if (use_simd())
+        i = kvs_rans_dec_groups_avx512(d, x, &p, end, ctx, sym, n);
+    else
+#endif
+        i = kvs_rans_dec_groups_scalar(d, x, &p, end, ctx, sym, n);
+    return dec_rest(d, x, p, end, ctx, sym, n, i, what);
+}
+
+void kvs_rans_dec_groups2_scalar(kvs_rans_dec_run run[2])
+{
+    for (int s = 0; s < 2; s++)
+        run[s].done = kvs_rans_dec_groups_scalar(run[s].d, run[s].x, &run[s].p, run[s].end,
+                                                 run[s].ctx, run[s].sym, run[s].n);
+}
+
+int kvs_rans_decode2(const kvs_rans_dec_job job[2])
+{
+    uint32_t x[2][KVS_RANS_LANES];
+    kvs_rans_dec_run run[2];
+    for (int s = 0; s < 2; s++) {
+        const kvs_rans_dec_job *j = &job[s];
+        int rc = dec_states(j->in, j->len, j->what, x[s]);
+        if (rc) return rc;
+        run[s] = (kvs_rans_dec_run){j->d,   x[s],   j->in + 4 * KVS_RANS_LANES,
+                                    j->in + j->len, j->ctx, j->sym, j->n, 0};
+    }
+#if KVS_HAVE_X86
+    if (use_simd())
+        kvs_rans_dec_groups2_avx512(run);
+    else
+#endif
+        kvs_rans_dec_groups2_scalar(run);
+    for (int s = 0; s < 2; s++) {
+        int rc = dec_rest(run[s].d, x[s], run[s].p, run[s].end, run[s].ctx, run[s].sym, run[s].n,
+                          run[s].done, job[s].what);
+        if (rc) return rc;
+    }
     return KVS_OK;
 }

@@ -115,4 +115,23 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
 int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
                     const uint8_t *ctx, uint8_t *sym, size_t n, const char *what);
 
+/* One stream for kvs_rans_decode2: kvs_rans_decode's arguments. */
+typedef struct kvs_rans_dec_job {
+    const kvs_rans_dec_tables *d;
+    const uint8_t *in;
+    size_t len;
+    const uint8_t *ctx;
+    uint8_t *sym;
+    size_t n;
+    const char *what;
+} kvs_rans_dec_job;
+
+/* Two independent streams decoded at once: the decoder's dependency chains
+ * wait on their latency, so a second stream's chains fill the gaps (a
+ * block's kernel time about 36 -> 28 us, docs/performance.md). KVS_OK,
+ * with each stream's symbols kvs_rans_decode's, exactly when both
+ * kvs_rans_decode calls would return it; else KVS_ECORRUPT naming one of
+ * them (a caller that must name the first decodes them one by one). */
+int kvs_rans_decode2(const kvs_rans_dec_job job[2]);
+
 #endif /* KVSERDE_CODECS_RANS_H */

@@ -68,6 +68,37 @@ size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, con
     return i;
 }
 
+void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2])
+{
+    kvs_rans_dec_run *a = &run[0], *b = &run[1];
+    const uint8_t *pa = a->p, *pb = b->p;
+    __m512i A0 = _mm512_loadu_si512(a->x), A1 = _mm512_loadu_si512(a->x + 16);
+    __m512i B0 = _mm512_loadu_si512(b->x), B1 = _mm512_loadu_si512(b->x + 16);
+    size_t i = 0;
+    /* While both streams have a whole group: four chains, not two. Each
+     * stream's halves stay in their order (they share its word pointer);
+     * the two streams' steps are independent and overlap. */
+    for (; i + KVS_RANS_LANES <= a->n && i + KVS_RANS_LANES <= b->n &&
+           a->end - pa >= 2 * KVS_RANS_LANES && b->end - pb >= 2 * KVS_RANS_LANES;
+         i += KVS_RANS_LANES) {
+        A0 = dec_half(a->d, A0, a->ctx ? a->ctx + i : NULL, a->sym + i, &pa);
+        B0 = dec_half(b->d, B0, b->ctx ? b->ctx + i : NULL, b->sym + i, &pb);
+        A1 = dec_half(a->d, A1, a->ctx ? a->ctx + i + 16 : NULL, a->sym + i + 16, &pa);
+        B1 = dec_half(b->d, B1, b->ctx ? b->ctx + i + 16 : NULL, b->sym + i + 16, &pb);
+    }
+    _mm512_storeu_si512(a->x, A0);
+    _mm512_storeu_si512(a->x + 16, A1);
+    _mm512_storeu_si512(b->x, B0);
+    _mm512_storeu_si512(b->x + 16, B1);
+    /* then each alone as far as the single kernel goes */
+    a->done = i + kvs_rans_dec_groups_avx512(a->d, a->x, &pa, a->end, a->ctx ? a->ctx + i : NULL,
+                                             a->sym + i, a->n - i);
+    b->done = i + kvs_rans_dec_groups_avx512(b->d, b->x, &pb, b->end, b->ctx ? b->ctx + i : NULL,
+                                             b->sym + i, b->n - i);
+    a->p = pa;
+    b->p = pb;
+}
+
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
 {
     /* Sixteen slots a store, and only the symbols with slots (found 32 at a

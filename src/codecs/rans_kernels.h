@@ -22,7 +22,22 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
                                 uint32_t *nocode);
 size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+/* Two streams' groups at once (kvs_rans_decode2): each run ends where
+ * kvs_rans_dec_groups_* alone would have, with its states in x, its words
+ * at p and the symbols it decoded in done. The scalar twin is the two
+ * decodes one after the other. */
+typedef struct kvs_rans_dec_run {
+    const kvs_rans_dec_tables *d;
+    uint32_t *x;
+    const uint8_t *p, *end;
+    const uint8_t *ctx;
+    uint8_t *sym;
+    size_t n;
+    size_t done;
+} kvs_rans_dec_run;
+void kvs_rans_dec_groups2_scalar(kvs_rans_dec_run run[2]);
 #if KVS_HAVE_X86
+void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode);

@@ -128,23 +128,27 @@ static void scratch_free(kvs_llx_scratch *w)
     free(w);
 }
 
-/* One scratch of KVS_LLX_KEPT_K elements kept for the next call, as the
+/* Scratches of KVS_LLX_KEPT_K elements kept for the next call, as the
  * stage keeps its zstd contexts: allocating its 450 KiB afresh (mapped and
  * faulted in) cost a third of coding a block (the row references' arrays,
  * about 490 KiB more, are only touched when encoding at level 2 and when
  * decoding records of kind 2; kind 3 decodes its mantissas into sm, with
- * AVX-512 and rows of a multiple of 8 only the rows' tails). A
- * call takes the kept one or makes its own,
- * and keeps it afterwards if the slot is free; the kept one is reachable
- * from here until the process ends. */
+ * AVX-512 and rows of a multiple of 8 only the rows' tails). Four slots: a
+ * decoder of two blocks at once takes two, and a processor's two workers
+ * split an object's blocks. A call takes a kept one or makes its own, and
+ * keeps it afterwards if a slot is free; the kept ones are reachable from
+ * here until the process ends. */
 #define KVS_LLX_KEPT_K 65536u
-static _Atomic(kvs_llx_scratch *) scratch_kept;
+#define KVS_LLX_KEPT 4
+static _Atomic(kvs_llx_scratch *) scratch_kept[KVS_LLX_KEPT];
 
 kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
 {
     if (max_k <= KVS_LLX_KEPT_K) {
-        kvs_llx_scratch *w = atomic_exchange(&scratch_kept, NULL);
-        if (w) return w;
+        for (int s = 0; s < KVS_LLX_KEPT; s++) {
+            kvs_llx_scratch *w = atomic_exchange(&scratch_kept[s], NULL);
+            if (w) return w;
+        }
         max_k = KVS_LLX_KEPT_K;
     }
     kvs_llx_scratch *w = calloc(1, sizeof *w);
@@ -175,10 +179,13 @@ kvs_llx_scratch *kvs_llx_scratch_take(size_t max_k)
 
 void kvs_llx_scratch_give(kvs_llx_scratch *w)
 {
-    kvs_llx_scratch *none = NULL;
-    if (w && (w->max_k != KVS_LLX_KEPT_K ||
-              !atomic_compare_exchange_strong(&scratch_kept, &none, w)))
-        scratch_free(w);
+    if (w == NULL) return;
+    if (w->max_k == KVS_LLX_KEPT_K)
+        for (int s = 0; s < KVS_LLX_KEPT; s++) {
+            kvs_llx_scratch *none = NULL;
+            if (atomic_compare_exchange_strong(&scratch_kept[s], &none, w)) return;
+        }
+    scratch_free(w);
 }
 
 #if KVS_HAVE_X86
@@ -1108,9 +1115,26 @@ static int starts_row(uint32_t period, uint64_t first, unsigned long long b, con
     return 0;
 }
 
-/* A kind 2 record (row references), past its kind byte. */
-static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                       uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
+/* A block's record read as far as its exponents' rANS stream: the stream
+ * (job, when coded) and what the rest of the decoding needs. The two
+ * halves apart let two blocks' streams be decoded at once
+ * (kvs_llx_decode_pair); the first writes nothing to the destination. */
+typedef struct llx_pending {
+    unsigned kind;
+    int coded;
+    kvs_rans_dec_job job;
+    char what[64];
+    const uint8_t *rec, *sm;
+    size_t k, u, rows, nfb, groups; /* u, nfb: kind 2; groups: kind 3 */
+    uint32_t period;
+    unsigned long long b;
+    int simd, fused; /* kind 3 */
+    uint8_t *dst;
+} llx_pending;
+
+/* A kind 2 record (row references), past its kind byte: up to its stream. */
+static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                      uint64_t first, uint32_t period, unsigned long long b, llx_pending *pd)
 {
     if (!starts_row(period, first, b, "row references")) return KVS_ECORRUPT;
     if (len < 5)
@@ -1154,8 +1178,7 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         w->ref[r] = d;
         nfl += r + 1 < rows ? period : k - r * period;
     }
-    char what[64];
-    snprintf(what, sizeof what, "lossless: block %llu", b);
+    char *what = pd->what;
     kvs_rans_freqs t[LLX_GROUPS + 1], tf;
     rc = read_tables(rec, len, &at, ng + 1, what, t);
     if (rc) return rc;
@@ -1215,12 +1238,24 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
         fbit += n;
     }
     kvs_rans_dec_init(&w->dec, t, ng + 1);
-    rc = kvs_rans_decode(&w->dec, rec + at, len - at, w->sym_ctx, w->sym, u, what);
-    if (rc) return rc;
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, w->sym_ctx, w->sym, u, what};
+    pd->sm = sm;
+    pd->u = u;
+    pd->rows = rows;
+    pd->nfb = nfb;
+    return KVS_OK;
+}
+
+/* ... and the rest, once the stream is decoded. */
+static void refs_finish(kvs_llx_scratch *w, const llx_pending *pd)
+{
+    size_t k = pd->k, u = pd->u, rows = pd->rows, nfb = pd->nfb;
+    uint32_t period = pd->period;
+    const uint8_t *sm = pd->sm;
+    uint8_t *dst = pd->dst;
     if (u < k) w->sym[u] = 0; /* read (and not used) after the last symbol */
     /* the elements, row by row: a row above is always decoded already */
-    s = 0;
-    fbit = 0;
+    size_t s = 0, fbit = 0;
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = r + 1 < rows ? period : k - i0;
         uint8_t *out = dst + 2 * i0;
@@ -1252,7 +1287,6 @@ static int decode_refs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
             s += !rep;
         }
     }
-    return KVS_OK;
 }
 
 /* KVS_ECORRUPT when a bit past the last of the k mantissas at in is set. */
@@ -1303,9 +1337,9 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
     return KVS_OK;
 }
 
-/* A kind 3 record (signs coded), past its kind byte. */
-static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                        uint64_t first, uint32_t period, unsigned long long b, uint8_t *dst)
+/* A kind 3 record (signs coded), past its kind byte: up to its stream. */
+static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                       uint64_t first, uint32_t period, unsigned long long b, llx_pending *pd)
 {
     if (!starts_row(period, first, b, "coded signs")) return KVS_ECORRUPT;
     size_t mb = (7 * k + 7) / 8;
@@ -1322,6 +1356,8 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     simd = kvs_rans_simd_in_use();
     fused = simd && period % 8 == 0;
 #endif
+    pd->simd = simd;
+    pd->fused = fused;
     int rc = fused ? mantissas_end_clear(rec + 1, k, b) : unpack_mantissas(rec + 1, k, w->sm, b);
     if (rc) return rc;
     size_t at = 1 + mb;
@@ -1330,10 +1366,8 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     if (rc) return rc;
     rc = read_map(rec, len, &at, period, LLX_SIGN_CLASSES, "sign class", b, w->sclass);
     if (rc) return rc;
-    char what[64];
-    snprintf(what, sizeof what, "lossless: block %llu", b);
     kvs_rans_freqs t[LLX_GROUPS + LLX_SIGN_CLASSES];
-    rc = read_tables(rec, len, &at, ng + LLX_SIGN_CLASSES, what, t);
+    rc = read_tables(rec, len, &at, ng + LLX_SIGN_CLASSES, pd->what, t);
     if (rc) return rc;
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
         for (unsigned v = 16; v < 256; v++)
@@ -1344,14 +1378,29 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
                                      b, q, v);
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     size_t nn = groups * period;
-    uint8_t *ctx = w->ctx, *nib = w->exp + k;
+    pd->rows = rows;
+    pd->groups = groups;
+    uint8_t *ctx = w->ctx;
     if (ng > 1) fill_ctx(w->group, period, 0, k, ctx);
     else memset(ctx, 0, k);
     for (uint32_t c = 0; c < period; c++) ctx[k + c] = (uint8_t)(ng + w->sclass[c]);
     for (size_t j = period; j < nn; j += period) memcpy(ctx + k + j, ctx + k, period);
     kvs_rans_dec_init(&w->dec, t, ng + LLX_SIGN_CLASSES);
-    rc = kvs_rans_decode(&w->dec, rec + at, len - at, ctx, w->exp, k + nn, what);
-    if (rc) return rc;
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, ctx, w->exp, k + nn, pd->what};
+    return KVS_OK;
+}
+
+/* ... and the rest, once the stream is decoded. */
+static int signs_finish(kvs_llx_scratch *w, const llx_pending *pd)
+{
+    size_t k = pd->k, rows = pd->rows, groups = pd->groups;
+    uint32_t period = pd->period;
+    unsigned long long b = pd->b;
+    const uint8_t *rec = pd->rec, *nib = w->exp + k;
+    uint8_t *dst = pd->dst;
+    int simd = pd->simd, fused = pd->fused;
+    (void)simd;
+    (void)fused;
     /* the last nibbles' bits of rows past the end, and of the last row past
      * its last element, are 0 */
     size_t in_last = rows - 1 - (groups - 1) * LLX_SIGN_ROWS, last = k - (rows - 1) * period;
@@ -1409,25 +1458,29 @@ static int decode_signs(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size
     return KVS_OK;
 }
 
-int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
-                         uint8_t *dst)
+/* kvs_llx_decode_block's first half: the record read up to its stream. */
+static int block_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                       uint64_t first, uint32_t period, unsigned tools, uint64_t block,
+                       uint8_t *dst, llx_pending *pd)
 {
     unsigned long long b = (unsigned long long)block;
+    *pd = (llx_pending){.rec = rec, .k = k, .period = period, .b = b, .dst = dst};
+    snprintf(pd->what, sizeof pd->what, "lossless: block %llu", b);
     if (len < 1)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: empty record", b);
+    pd->kind = rec[0];
     if (rec[0] == LLX_RAW) {
         if (len != 1 + 2 * k)
             return kvs_set_error(KVS_ECORRUPT,
                                  "lossless: block %llu: raw record of %zu bytes, expected %zu",
                                  b, len, 1 + 2 * k);
-        memcpy(dst, rec + 1, 2 * k);
         return KVS_OK;
     }
+    pd->coded = 1;
     if (rec[0] == LLX_REFS && (tools & KVS_LLX_REFS))
-        return decode_refs(w, rec, len, k, first, period, b, dst);
+        return refs_parse(w, rec, len, k, first, period, b, pd);
     if (rec[0] == LLX_SIGNS && (tools & KVS_LLX_SIGNS))
-        return decode_signs(w, rec, len, k, first, period, b, dst);
+        return signs_parse(w, rec, len, k, first, period, b, pd);
     if (rec[0] != LLX_CODED)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: block %llu: record kind %u (0 raw, 1 rANS%s%s)", b, rec[0],
@@ -1438,20 +1491,77 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
                              "lossless: block %llu: %zu sign and mantissa bytes and the group "
                              "count, %zu bytes left",
                              b, k, len - 1);
-    const uint8_t *sm = rec + 1;
+    pd->sm = rec + 1;
     size_t at = 1 + k;
     unsigned ng;
     int rc = read_groups(w, rec, len, &at, period, b, &ng);
     if (rc) return rc;
     kvs_rans_freqs t[LLX_GROUPS];
-    char what[64];
-    snprintf(what, sizeof what, "lossless: block %llu", b);
-    rc = read_tables(rec, len, &at, ng, what, t);
+    rc = read_tables(rec, len, &at, ng, pd->what, t);
     if (rc) return rc;
     if (ng > 1) fill_ctx(w->group, period, (uint32_t)(first % period), k, w->ctx);
     kvs_rans_dec_init(&w->dec, t, ng);
-    rc = kvs_rans_decode(&w->dec, rec + at, len - at, ng > 1 ? w->ctx : NULL, w->exp, k, what);
-    if (rc) return rc;
-    join_fields(w->exp, sm, k, dst);
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at,  len - at, ng > 1 ? w->ctx : NULL,
+                                 w->exp,  k,        pd->what};
+    return KVS_OK;
+}
+
+/* ... and its second half, the stream decoded. */
+static int block_finish(kvs_llx_scratch *w, const llx_pending *pd)
+{
+    switch (pd->kind) {
+    case LLX_RAW: memcpy(pd->dst, pd->rec + 1, 2 * pd->k); return KVS_OK;
+    case LLX_REFS: refs_finish(w, pd); return KVS_OK;
+    case LLX_SIGNS: return signs_finish(w, pd);
+    default: join_fields(w->exp, pd->sm, pd->k, pd->dst); return KVS_OK;
+    }
+}
+
+int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
+                         uint8_t *dst)
+{
+    llx_pending pd;
+    int rc = block_parse(w, rec, len, k, first, period, tools, block, dst, &pd);
+    if (rc == KVS_OK && pd.coded)
+        rc = kvs_rans_decode(pd.job.d, pd.job.in, pd.job.len, pd.job.ctx, pd.job.sym, pd.job.n,
+                             pd.job.what);
+    return rc ? rc : block_finish(w, &pd);
+}
+
+int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint32_t period,
+                        unsigned tools)
+{
+    llx_pending pd[2];
+    int rc = block_parse(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first, period, tools,
+                         blk[0].block, blk[0].dst, &pd[0]);
+    if (rc) return rc; /* nothing before it: the refusal one at a time */
+    if (block_parse(w[1], blk[1].rec, blk[1].len, blk[1].k, blk[1].first, period, tools,
+                    blk[1].block, blk[1].dst, &pd[1]) == KVS_OK) {
+        if (pd[0].coded && pd[1].coded) {
+            kvs_rans_dec_job job[2] = {pd[0].job, pd[1].job};
+            rc = kvs_rans_decode2(job);
+        } else {
+            for (int s = 0; s < 2 && rc == KVS_OK; s++)
+                if (pd[s].coded)
+                    rc = kvs_rans_decode(pd[s].job.d, pd[s].job.in, pd[s].job.len,
+                                         pd[s].job.ctx, pd[s].job.sym, pd[s].job.n,
+                                         pd[s].job.what);
+        }
+        /* the second halves in order: a refusal there is where one at a
+         * time refuses, with its writes */
+        if (rc == KVS_OK) {
+            rc = block_finish(w[0], &pd[0]);
+            return rc ? rc : block_finish(w[1], &pd[1]);
+        }
+    }
+    /* The second record or a stream refused: one at a time, so that the
+     * first block decodes (or refuses) before the second is read, with
+     * their messages and writes. Nothing was written yet. */
+    for (int s = 0; s < 2; s++) {
+        rc = kvs_llx_decode_block(w[s], blk[s].rec, blk[s].len, blk[s].k, blk[s].first, period,
+                                  tools, blk[s].block, blk[s].dst);
+        if (rc) return rc;
+    }
     return KVS_OK;
 }

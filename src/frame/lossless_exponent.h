@@ -62,4 +62,19 @@ int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, siz
                          uint64_t first, uint32_t period, unsigned tools, uint64_t block,
                          uint8_t *dst);
 
+/* One block's record and destination, for kvs_llx_decode_pair. */
+typedef struct kvs_llx_block {
+    const uint8_t *rec;
+    size_t len, k;
+    uint64_t first, block;
+    uint8_t *dst;
+} kvs_llx_block;
+
+/* Two blocks, each with its own scratch (neither NULL, not the same):
+ * kvs_llx_decode_block on blk[0] then on blk[1] (the same bytes, the same
+ * first refusal and message, no destination byte written that those calls
+ * would not write), with their exponents' rANS streams decoded at once. */
+int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint32_t period,
+                        unsigned tools);
+
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

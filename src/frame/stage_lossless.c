@@ -590,22 +590,34 @@ static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *ds
         for (unsigned b = 0; b < s; b++) dst[s * i + b] = planes[b * k + i];
 }
 
-/* Version 2 blocks [b0, b1) (lossless_exponent.c). */
+/* Version 2 blocks [b0, b1) (lossless_exponent.c), two at a time where
+ * there are two: their rANS streams decode at once (kvs_llx_decode_pair). */
 static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
 {
     const ll_head *h = j->h;
-    kvs_llx_scratch *w = kvs_llx_scratch_take(h->E);
-    if (w == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
+    kvs_llx_scratch *w[2] = {kvs_llx_scratch_take(h->E),
+                             b1 - b0 >= 2 ? kvs_llx_scratch_take(h->E) : NULL};
     int rc = KVS_OK;
-    for (uint64_t b = b0; b < b1 && rc == KVS_OK; b++) {
-        uint64_t e0 = b * h->E;
-        size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
-        unsigned tools = (h->version >= LL_VERSION_REFS ? KVS_LLX_REFS : 0) |
-                         (h->version >= LL_VERSION_SIGNS ? KVS_LLX_SIGNS : 0);
-        rc = kvs_llx_decode_block(w, j->in + j->offset[b], j->len[b], k, e0, h->period, tools, b,
-                                  j->out + e0 * 2);
+    if (w[0] == NULL || (b1 - b0 >= 2 && w[1] == NULL))
+        rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
+    unsigned tools = (h->version >= LL_VERSION_REFS ? KVS_LLX_REFS : 0) |
+                     (h->version >= LL_VERSION_SIGNS ? KVS_LLX_SIGNS : 0);
+    for (uint64_t b = b0; b < b1 && rc == KVS_OK;) {
+        kvs_llx_block blk[2];
+        int pair = b1 - b >= 2;
+        for (int s = 0; s < 1 + pair; s++) {
+            uint64_t e0 = (b + (uint64_t)s) * h->E;
+            size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
+            blk[s] = (kvs_llx_block){j->in + j->offset[b + (uint64_t)s], j->len[b + (uint64_t)s],
+                                     k, e0, b + (uint64_t)s, j->out + e0 * 2};
+        }
+        rc = pair ? kvs_llx_decode_pair(w, blk, h->period, tools)
+                  : kvs_llx_decode_block(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first,
+                                         h->period, tools, blk[0].block, blk[0].dst);
+        b += 1 + (uint64_t)pair;
     }
-    kvs_llx_scratch_give(w);
+    kvs_llx_scratch_give(w[0]);
+    kvs_llx_scratch_give(w[1]);
     return rc;
 }
 
