@@ -26,7 +26,10 @@
  * and for fp8 e4m3 codes (the plain fp8 serde's bytes): H0, zstd-1 and the
  * pipeline [fp8, lossless], as ratios of the fp8 bytes. GB/s (raw side, one
  * thread, encode / decode) for the stage and the baselines on the whole
- * data set. */
+ * data set, one pass. Then the stage's GB/s on whole chunks: each file's K
+ * and V of layers 1-5 (V0 left out, as above) as one object of 2L - 1
+ * slices, where the rANS decoder takes two blocks at a time; the median of
+ * WHOLE_RUNS warm passes over every file, after one untimed pass. */
 #include <dirent.h>
 #include <jansson.h>
 #include <lz4.h>
@@ -113,6 +116,45 @@ static double serde_size(kvs_serde_pair *p, const kvs_layout *l, const uint8_t *
     t_enc[col] += t1 - t0;
     t_dec[col] += t2 - t1;
     return (double)w;
+}
+
+#define WHOLE_RUNS 7
+
+/* The median of WHOLE_RUNS passes of serde p over the n chunks (each
+ * bytes[i] long): encode and decode GB/s of the raw side, one thread. */
+static void time_whole(const char *name, kvs_serde_pair *p, uint8_t *const *chunk,
+                       const size_t *bytes, int n, const kvs_layout *layouts, uint8_t *tmp,
+                       size_t cap, uint8_t *back)
+{
+    double enc[WHOLE_RUNS], dec[WHOLE_RUNS], raw = 0;
+    for (int i = 0; i < n; i++) raw += (double)bytes[i];
+    for (int r = -1; r < WHOLE_RUNS; r++) {
+        double te = 0, td = 0;
+        for (int i = 0; i < n; i++) {
+            kvs_memobj in, bo, out;
+            kvs_layout bl;
+            kvs_layout_flat(&bl, cap, KVS_DTYPE_UINT8);
+            kvs_memobj_init(&in, chunk[i], bytes[i], &layouts[i], KVS_FMT_BINARY);
+            kvs_memobj_init(&bo, tmp, cap, &bl, KVS_FMT_BINARY);
+            kvs_memobj_init(&out, back, bytes[i], &layouts[i], KVS_FMT_BINARY);
+            size_t w = 0;
+            double t0 = now_s();
+            int rc = kvs_serialize(p->serializer, &in, &bo, NULL, &w);
+            double t1 = now_s();
+            kvs_memobj_set_used_size(&bo, w);
+            if (rc == KVS_OK) rc = kvs_deserialize(p->deserializer, &bo, &out, NULL);
+            double t2 = now_s();
+            if (rc != KVS_OK || memcmp(chunk[i], back, bytes[i]) != 0) {
+                fprintf(stderr, "bench_lossless: whole chunk %d: round trip not exact: %s\n", i,
+                        kvs_last_error());
+                exit(1);
+            }
+            te += t1 - t0, td += t2 - t1;
+        }
+        if (r >= 0) enc[r] = raw / te / 1e9, dec[r] = raw / td / 1e9;
+    }
+    printf("  %-9s encode %7.3f  decode %7.3f\n", name, median(enc, WHOLE_RUNS),
+           median(dec, WHOLE_RUNS));
 }
 
 static kvs_serde_pair pair(const char *json)
@@ -235,6 +277,9 @@ int main(int argc, char **argv)
     uint8_t *tmp = malloc(cap), *back = malloc(cap);
     struct dirent *e;
     int files = 0, L = 0;
+    uint8_t *chunk[64];
+    size_t chunk_bytes[64];
+    kvs_layout chunk_layout[64];
     while ((e = readdir(d)) != NULL) {
         size_t nl = strlen(e->d_name);
         if (nl < 12 || strcmp(e->d_name + nl - 12, ".safetensors") != 0) continue;
@@ -261,6 +306,18 @@ int main(int argc, char **argv)
             for (int layer = 0; layer < L; layer++)
                 slice(kvi, layer, b + 8 + hl + off + ((size_t)kvi * L + layer) * 2 * T * H, T, H, ps,
                       tmp, cap, back);
+        if (files < 64 && L > 1) { /* K, then V without layer 0: one object */
+            size_t one = (size_t)2 * T * H;
+            const uint8_t *kv0 = b + 8 + hl + off;
+            chunk_bytes[files] = (2 * (size_t)L - 1) * one;
+            chunk[files] = malloc(chunk_bytes[files]);
+            memcpy(chunk[files], kv0, (size_t)L * one);
+            memcpy(chunk[files] + (size_t)L * one, kv0 + ((size_t)L + 1) * one,
+                   ((size_t)L - 1) * one);
+            const int64_t cd[2] = {(2 * (int64_t)L - 1) * T, H};
+            chunk_layout[files] = (kvs_layout){0};
+            kvs_layout_add_group(&chunk_layout[files], 2, cd, KVS_DTYPE_BFLOAT16);
+        }
         json_decref(j);
         free(b);
         files++;
@@ -300,6 +357,18 @@ int main(int argc, char **argv)
                    r / t_dec[c] / 1e9);
         else /* [fp8, lossless]: encode only (its decode is the fp8 serde's, lossy) */
             printf("  %-9s encode %7.3f  decode       -\n", colname[c], r / t_enc[c] / 1e9);
+    }
+    int nchunks = files < 64 ? files : 64;
+    if (L > 1 && nchunks > 0) {
+        printf("\nGB/s of the raw side, one thread, whole chunks (K and V 1-5 of each file as one "
+               "object, %d blocks of 128 KiB), median of %d warm passes:\n",
+               2 * L - 1, WHOLE_RUNS);
+        const char *names[] = {"stage", "stage-r", "stage-r2", "stage-r3"};
+        const int which[] = {0, 4, 5, 6};
+        for (int k = 0; k < 4; k++)
+            time_whole(names[k], &ps[which[k]], chunk, chunk_bytes, nchunks, chunk_layout, tmp,
+                       cap, back);
+        for (int i = 0; i < nchunks; i++) free(chunk[i]);
     }
     for (int i = 0; i < 7; i++) kvs_serde_pair_destroy(&ps[i]);
     free(tmp);
