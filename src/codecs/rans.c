@@ -425,7 +425,7 @@ static int dec_rest(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t *p,
      * those bytes. A valid stream never takes a word past its end; if
      * these groups do, the checked loop starts again where they did and
      * refuses as always. */
-    if (use_simd() && n - i >= KVS_RANS_LANES) {
+    if (use_simd() && n - i >= KVS_RANS_LANES && (size_t)(end - p) < 4 * KVS_RANS_LANES) {
         uint8_t pad[4 * KVS_RANS_LANES] = {0};
         uint32_t x0[KVS_RANS_LANES];
         size_t left = (size_t)(end - p);
