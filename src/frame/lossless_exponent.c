@@ -1250,6 +1250,7 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
 static void refs_finish(kvs_llx_scratch *w, const llx_pending *pd)
 {
     size_t k = pd->k, u = pd->u, rows = pd->rows, nfb = pd->nfb;
+    (void)nfb; /* the VBMI2 rows' (not built on other CPUs) */
     uint32_t period = pd->period;
     const uint8_t *sm = pd->sm;
     uint8_t *dst = pd->dst;
@@ -1399,8 +1400,9 @@ static int signs_finish(kvs_llx_scratch *w, const llx_pending *pd)
     const uint8_t *rec = pd->rec, *nib = w->exp + k;
     uint8_t *dst = pd->dst;
     int simd = pd->simd, fused = pd->fused;
-    (void)simd;
+    (void)simd; /* these three: the AVX-512 joins' (not built on other CPUs) */
     (void)fused;
+    (void)rec;
     /* the last nibbles' bits of rows past the end, and of the last row past
      * its last element, are 0 */
     size_t in_last = rows - 1 - (groups - 1) * LLX_SIGN_ROWS, last = k - (rows - 1) * period;
