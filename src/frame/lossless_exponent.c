@@ -1519,15 +1519,19 @@ static int block_finish(kvs_llx_scratch *w, const llx_pending *pd)
     }
 }
 
+/* A block's rANS stream, as block_parse set it up. */
+static int decode_job(const kvs_rans_dec_job *j)
+{
+    return kvs_rans_decode(j->d, j->in, j->len, j->ctx, j->sym, j->n, j->what);
+}
+
 int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
                          uint64_t first, uint32_t period, unsigned tools, uint64_t block,
                          uint8_t *dst)
 {
     llx_pending pd;
     int rc = block_parse(w, rec, len, k, first, period, tools, block, dst, &pd);
-    if (rc == KVS_OK && pd.coded)
-        rc = kvs_rans_decode(pd.job.d, pd.job.in, pd.job.len, pd.job.ctx, pd.job.sym, pd.job.n,
-                             pd.job.what);
+    if (rc == KVS_OK && pd.coded) rc = decode_job(&pd.job);
     return rc ? rc : block_finish(w, &pd);
 }
 
@@ -1545,10 +1549,7 @@ int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint3
             rc = kvs_rans_decode2(job);
         } else {
             for (int s = 0; s < 2 && rc == KVS_OK; s++)
-                if (pd[s].coded)
-                    rc = kvs_rans_decode(pd[s].job.d, pd[s].job.in, pd[s].job.len,
-                                         pd[s].job.ctx, pd[s].job.sym, pd[s].job.n,
-                                         pd[s].job.what);
+                if (pd[s].coded) rc = decode_job(&pd[s].job);
         }
         /* the second halves in order: a refusal there is where one at a
          * time refuses, with its writes */
