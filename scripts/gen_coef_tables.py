@@ -288,10 +288,13 @@ def main():
     print('static const uint16_t kvs_coef_freq[%d][%d] = {' % (CLASSES, NSYM))
     for c, (a, beta) in enumerate(params()):
         f = table(a, beta)
+        # the symbols from 0 to the last the table codes, then the escape
+        # (designated: the zeros between are left out)
+        last = max(s for s in range(ESCAPE) if f[s])
+        items = ['%d,' % v for v in f[:last + 1]] + ['[%d] = %d},' % (ESCAPE, f[ESCAPE])]
         print('    /* class %d: a %.6g, b %.2f */' % (c, a, beta))
         line = '    {'
-        for s, v in enumerate(f):
-            item = '%d,' % v if s + 1 < NSYM else '%d},' % v
+        for item in items:
             if len(line) + len(item) + 1 > 99:
                 print(line.rstrip())
                 line = '     '

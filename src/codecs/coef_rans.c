@@ -207,8 +207,8 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
     if (buf == NULL)
         return kvs_set_error(KVS_ENOMEM, "transform: out of memory coding %zu coefficients",
                              count);
-    uint8_t *sym = buf, *ctx = buf + count, *stream = ctx + count, *raw = stream + bound;
-    uint32_t *pending = (uint32_t *)(void *)(raw + rawcap); /* rawcap is a multiple of 4 */
+    uint32_t *pending = (uint32_t *)(void *)buf; /* first: malloc's alignment */
+    uint8_t *sym = buf + 4 * cols, *ctx = sym + count, *stream = ctx + count, *raw = stream + bound;
     bit_writer w = {0, 0, raw, 0};
     if (cols) classes_put(&w, cls, cols);
     /* A row at a time: the symbols and the raw codes (bits | count << 16)
