@@ -124,8 +124,9 @@ static void test_round_trips(void)
     CHECK_EQ_INT(kvs_coef_rans_encode(all, 65535, 1, &c2, big, 100, &n), KVS_ENOSPC);
 }
 
-/* The AVX-512 and scalar rANS kernels: the same bytes, each reading the
- * other's. */
+/* The AVX-512 and scalar kernels (rANS, and the coder's symbol mapping
+ * and value look-ups, coef_rans_kernels.h): the same bytes, each reading
+ * the other's. */
 static void test_kernels_agree(void)
 {
     enum { R = 256, C = 100 };
@@ -134,8 +135,14 @@ static void test_kernels_agree(void)
     static float fa[R * C], fb[R * C];
     rng = 5;
     for (int j = 0; j < C; j++) cls[j] = (uint8_t)(j * 7 % 50);
+    /* every fifth column 8 times wider than its class (escapes), and the
+     * extremes; 100 columns: 6 groups of 16 and a tail of 4 */
     for (int i = 0; i < R * C; i++)
-        q[i] = (int32_t)lrint(pow(2, (cls[i % C] - 16) / 4.0) * laplace());
+        q[i] = (int32_t)lrint(pow(2, (cls[i % C] - 16) / 4.0) * (i % 5 == 4 ? 8 : 1) * laplace());
+    q[1] = 32767;
+    q[2] = -32767;
+    q[3] = 100000;
+    q[4] = -100000;
     size_t na, nb;
     int simd = kvs_rans_set_simd(1);
     CHECK_OK(kvs_coef_rans_encode(q, R, C, cls, a, sizeof a, &na));

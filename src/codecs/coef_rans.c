@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/coef_rans_kernels.h"
 #include "codecs/rans.h"
+#include "codecs/rans_kernels.h"
 #include "kvserde/error.h"
 #include "util/le.h"
 
@@ -26,6 +28,10 @@ static kvs_rans_dec_tables dec_tables;
 static int32_t sym_base[NSYM]; /* signed: -m for a negative symbol */
 static int32_t sym_dir[NSYM];  /* +1 or -1: the raw bits add to the magnitude */
 static uint8_t sym_raw[NSYM];
+/* The AVX-512 decoder's look-ups, 256 entries (a gather's index is a byte):
+ * each symbol's raw bit count, and its value where that is 0. */
+static int32_t sym_raw32[256];
+static float sym_value[256];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void tables_init(void)
@@ -53,6 +59,10 @@ static void tables_init(void)
     }
     sym_raw[KVS_COEF_ESCAPE] = KVS_COEF_ESCAPE_RAW;
     sym_dir[KVS_COEF_ESCAPE] = 1;
+    for (unsigned s = 0; s < NSYM; s++) {
+        sym_raw32[s] = sym_raw[s];
+        sym_value[s] = (float)sym_base[s];
+    }
 }
 
 /* The symbol of v (|v| <= KVS_COEF_RANS_MAX) and, in *raw / *nraw, the bits
@@ -195,6 +205,31 @@ static int classes_get(bit_reader *r, uint8_t *cls, size_t cols, const char *wha
 
 /* ---- encode ---------------------------------------------------------- */
 
+void kvs_coef_rans_row_scalar(const int32_t *row, size_t j0, size_t cols, const uint8_t *cls,
+                              const kvs_rans_enc_tables *info, uint8_t *srow, uint32_t *pending,
+                              size_t *k)
+{
+    size_t n = *k;
+    for (size_t j = j0; j < cols; j++) {
+        int32_t v = row[j];
+        v = v > KVS_COEF_RANS_MAX ? KVS_COEF_RANS_MAX : v;
+        v = v < -KVS_COEF_RANS_MAX ? -KVS_COEF_RANS_MAX : v;
+        uint32_t bits;
+        unsigned nbits, s = symbol_of(v, &bits, &nbits);
+        /* beyond the class's table: frequency 0 (rans.h's entry, bits 13-25) */
+        int escape = (info->info[cls[j] * 256u + s] >> 13 & 0x1FFF) == 0;
+        uint32_t esc_bits = (uint32_t)(v < 0 ? -v : v) | (uint32_t)(v < 0) << 15;
+        s = escape ? KVS_COEF_ESCAPE : s;
+        bits = escape ? esc_bits : bits;
+        nbits = escape ? KVS_COEF_ESCAPE_RAW : nbits;
+        srow[j] = (uint8_t)s;
+        pending[n] = bits | nbits << 16;
+        n += nbits != 0;
+    }
+    *k = n;
+}
+
+
 int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8_t *cls,
                          uint8_t *out, size_t cap, size_t *n)
 {
@@ -211,29 +246,19 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
     uint8_t *sym = buf + 4 * cols, *ctx = sym + count, *stream = ctx + count, *raw = stream + bound;
     bit_writer w = {0, 0, raw, 0};
     if (cols) classes_put(&w, cls, cols);
-    /* A row at a time: the symbols and the raw codes (bits | count << 16)
-     * of the coefficients that have raw bits, gathered without a branch;
-     * then those codes into the bit stream, whose dependency chain (the
-     * bit count) the coefficients without raw bits no longer go through. */
+    /* A row at a time: the symbols and the raw codes of the coefficients
+     * that have raw bits (coef_rans_kernels.h), then those codes into the
+     * bit stream, whose dependency chain (the bit count) the coefficients
+     * without raw bits stay out of. */
     for (size_t r = 0; r < rows; r++) {
         const int32_t *row = q + r * cols;
         memcpy(ctx + r * cols, cls, cols);
-        size_t k = 0;
-        for (size_t j = 0; j < cols; j++) {
-            int32_t v = row[j];
-            v = v > KVS_COEF_RANS_MAX ? KVS_COEF_RANS_MAX : v;
-            v = v < -KVS_COEF_RANS_MAX ? -KVS_COEF_RANS_MAX : v;
-            uint32_t bits;
-            unsigned nbits, s = symbol_of(v, &bits, &nbits);
-            int escape = kvs_coef_freq[cls[j]][s] == 0; /* beyond the class's table */
-            uint32_t esc_bits = (uint32_t)(v < 0 ? -v : v) | (uint32_t)(v < 0) << 15;
-            s = escape ? KVS_COEF_ESCAPE : s;
-            bits = escape ? esc_bits : bits;
-            nbits = escape ? KVS_COEF_ESCAPE_RAW : nbits;
-            sym[r * cols + j] = (uint8_t)s;
-            pending[k] = bits | nbits << 16;
-            k += nbits != 0;
-        }
+        size_t k = 0, j = 0;
+#if KVS_HAVE_X86
+        if (kvs_rans_simd_in_use())
+            j = kvs_coef_rans_row_avx512(row, cols, cls, &enc_tables, sym + r * cols, pending, &k);
+#endif
+        kvs_coef_rans_row_scalar(row, j, cols, cls, &enc_tables, sym + r * cols, pending, &k);
         for (size_t i = 0; i < k; i++) bits_put(&w, pending[i] & 0xFFFF, pending[i] >> 16);
     }
     bits_flush(&w);
@@ -251,6 +276,28 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
 }
 
 /* ---- decode ---------------------------------------------------------- */
+
+/* Coefficient value *out of symbol s in class c, its raw bits from r: 0;
+ * 1 when the raw bits run out; 2 + 0x8000 + v for an escape of v that the
+ * class codes itself (v = 0 for -0). */
+static inline int decode_one(bit_reader *r, unsigned s, unsigned c, float *out)
+{
+    int32_t bits = bits_get(r, sym_raw[s]); /* 0 bits for most */
+    if (bits < 0) return 1;
+    if (s == KVS_COEF_ESCAPE) {
+        int32_t v = bits & 0x7FFF;
+        v = bits >> 15 ? -v : v;
+        uint32_t ignored;
+        unsigned nb, natural = symbol_of(v, &ignored, &nb);
+        if (kvs_coef_freq[c][natural] != 0 || bits == 0x8000)
+            return 2 + 0x8000 + (bits == 0x8000 ? 0 : v);
+        *out = (float)v;
+        return 0;
+    }
+    *out = (float)(sym_base[s] + sym_dir[s] * bits);
+    return 0;
+}
+
 
 int kvs_coef_rans_decode(const uint8_t *in, size_t n, size_t rows, size_t cols,
                          uint8_t *cls, float *out, const char *what)
@@ -277,37 +324,35 @@ int kvs_coef_rans_decode(const uint8_t *in, size_t n, size_t rows, size_t cols,
     int rc = cols ? classes_get(&br, cls, cols, what) : KVS_OK;
     for (size_t r = 0; rc == KVS_OK && r < rows; r++) memcpy(ctx + r * cols, cls, cols);
     if (rc == KVS_OK) rc = kvs_rans_decode(&dec_tables, in + LEN_WORD, len, ctx, sym, count, what);
+#if KVS_HAVE_X86
+    int simd = kvs_rans_simd_in_use();
+#endif
     for (size_t r = 0; r < rows && rc == KVS_OK; r++) {
         const uint8_t *srow = sym + r * cols;
         float *orow = out + r * cols;
-        for (size_t j = 0; j < cols; j++) {
-            unsigned s = srow[j];
-            {
-                int32_t bits = bits_get(&br, sym_raw[s]); /* 0 bits for most */
-                if (bits < 0) {
-                    rc = kvs_set_error(KVS_ECORRUPT,
-                                       "%s: coefficient stream damaged: its %zu raw bytes end "
-                                       "at coefficient %zu of %zu x %zu",
-                                       what, br.n, r * cols + j, rows, cols);
+        for (size_t j = 0; j < cols && rc == KVS_OK;) {
+            size_t stop = cols;
+#if KVS_HAVE_X86
+            /* groups of 16 without raw bits by vector; one with them here */
+            if (simd) {
+                j = kvs_coef_rans_plain_avx512(srow, j, cols, sym_raw32, sym_value, orow);
+                stop = j + 16 < cols ? j + 16 : cols;
+            }
+#endif
+            for (; j < stop; j++) {
+                rc = decode_one(&br, srow[j], cls[j], &orow[j]);
+                if (rc) {
+                    rc = rc == 1 ? kvs_set_error(KVS_ECORRUPT,
+                                                 "%s: coefficient stream damaged: its %zu raw "
+                                                 "bytes end at coefficient %zu of %zu x %zu",
+                                                 what, br.n, r * cols + j, rows, cols)
+                                 : kvs_set_error(KVS_ECORRUPT,
+                                                 "%s: coefficient stream damaged: coefficient "
+                                                 "%zu escapes %d, which class %u codes without "
+                                                 "escape",
+                                                 what, r * cols + j, rc - 2 - 0x8000, cls[j]);
                     break;
                 }
-                if (s == KVS_COEF_ESCAPE) {
-                    int32_t v = bits & 0x7FFF;
-                    v = bits >> 15 ? -v : v;
-                    uint32_t ignored;
-                    unsigned nb, natural = symbol_of(v, &ignored, &nb);
-                    if (kvs_coef_freq[cls[j]][natural] != 0 || bits == 0x8000) {
-                        rc = kvs_set_error(KVS_ECORRUPT,
-                                           "%s: coefficient stream damaged: coefficient %zu "
-                                           "escapes %d, which class %u codes without escape",
-                                           what, r * cols + j, (int)(bits == 0x8000 ? 0 : v),
-                                           cls[j]);
-                        break;
-                    }
-                    orow[j] = (float)v;
-                    continue;
-                }
-                orow[j] = (float)(sym_base[s] + sym_dir[s] * bits);
             }
         }
     }
