@@ -14,9 +14,10 @@
  * leading one and the sign, the bits below those raw; or the escape, for a
  * value its class's table does not code, with 16 raw bits (the 15-bit
  * magnitude, then the sign). The symbols go through the project's
- * interleaved rANS (rans.h) with one context per class, so the decoder is
- * its AVX-512 kernel plus a table look-up per coefficient; the raw bits are
- * a separate bit-packed stream.
+ * interleaved rANS (rans.h) with one context per class; the raw bits are a
+ * separate bit-packed stream. Where the rANS kernels are AVX-512, so are the
+ * symbol mapping and the decoder's look-ups (coef_rans_avx512.c; the same
+ * bytes as the scalar loops).
  *
  * Stream: u32 (little-endian) the rANS stream's bytes R, the R bytes, then
  * the raw bits, least significant first, in the fewest whole bytes, the
