@@ -1,5 +1,6 @@
 /* fuzz_transform.c - the "transform" typed stage (src/frame/stage_transform.c)
- * and its coefficient coder (src/codecs/coef_coder.c) alone, over a small
+ * and its coefficient coders (src/codecs/coef_rans.c, which it writes, and
+ * coef_coder.c, version 1's, which it still reads) alone, over a small
  * transform calibrated at start (2 layers, hidden 16, from synthetic
  * chunks).
  *

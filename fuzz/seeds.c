@@ -616,12 +616,14 @@ static void int_seeds(void)
 
 /* fuzz_transform: options, token count - 1, data. The fuzzer calibrates
  * its own small transform at start, which this program does not have, so
- * the seeds are encode-mode chunks (bit 0; steps from bits 1-3) and one
- * decode-mode payload too short for the coder's header. */
+ * the seeds are encode-mode chunks (bit 0; steps from bits 1-3) and two
+ * decode-mode payloads (versions 1 and 2) too short for the coder's header. */
 static void transform_seeds(void)
 {
     static const uint8_t short_payload[] = {0x00, 0x03, 0x01, 0x00, 0x00, 0x00};
     put("transform", "dec-short", short_payload, sizeof short_payload);
+    static const uint8_t short_v2[] = {0x00, 0x03, 0x02, 0x00, 0x00, 0x00}; /* version 2 */
+    put("transform", "dec-short-v2", short_v2, sizeof short_v2);
     static const struct {
         const char *name;
         unsigned opt, tokens;

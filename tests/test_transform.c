@@ -1,6 +1,8 @@
 /* test_transform.c - the calibrated transform (codecs/transform.c), its
- * coefficient coder (codecs/coef_coder.c) and the "transform" typed stage
- * (frame/stage_transform.c), alone and through the pipeline serde. */
+ * version 1 coefficient coder (codecs/coef_coder.c; coef_rans.c, version
+ * 2's, has test_coef_rans.c) and the "transform" typed stage
+ * (frame/stage_transform.c), alone and through the pipeline serde, payloads
+ * of version 1 included. */
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -11,6 +13,7 @@
 
 #include "codecs/blas.h"
 #include "codecs/coef_coder.h"
+#include "codecs/coef_rans.h"
 #include "codecs/half.h"
 #include "codecs/transform.h"
 #include "frame/stage.h"
@@ -561,9 +564,10 @@ static void test_damaged_payloads_refused(void)
               "transform: payload damaged: 20 bytes, shorter than its 48-byte header and stream "
               "table");
     memcpy(c, f.payload, f.n);
-    c[0] = 2;
+    c[0] = 3;
     CHECK_ERR(fixture_decode(&f, c, f.n), KVS_ECORRUPT,
-              "transform: payload damaged: version 2 (expected 1) or nonzero reserved bytes");
+              "transform: payload damaged: version 3 (expected 1 or 2) or nonzero reserved "
+              "bytes");
     memcpy(c, f.payload, f.n);
     c[8] = 65;
     CHECK_ERR(fixture_decode(&f, c, f.n), KVS_ECORRUPT,
@@ -595,12 +599,13 @@ static void test_damaged_payloads_refused(void)
     memcpy(c, f.payload, f.n);
     c[16 + 4] += 1; /* K layer 0's stream one byte longer: the last runs past */
     CHECK(fixture_decode(&f, c, f.n) == KVS_ECORRUPT);
-    /* a class byte out of range (K layer 0 component 0) */
+    /* K layer 0's coded stream damaged (its rANS length word): refused by
+     * the coder, naming the stream (test_coef_rans.c has its messages) */
     memcpy(c, f.payload, f.n);
-    c[table] = 32;
-    CHECK_ERR(fixture_decode(&f, c, f.n), KVS_ECORRUPT,
-              "transform: payload damaged: K layer 0 component 0 has context class 32, at most "
-              "31");
+    c[table + 2] = 0x7F;
+    CHECK(fixture_decode(&f, c, f.n) == KVS_ECORRUPT);
+    CHECK(strncmp(kvs_last_error(), "transform: K layer 0: coefficient stream damaged: ", 50) ==
+          0);
     /* every truncation, and flipped bits anywhere: refused or decoded, never
      * a write before the refusal (fixture_decode returns 99 then) */
     for (size_t cut = 0; cut < f.n; cut += 1 + cut / 16) {
@@ -631,6 +636,64 @@ static void test_damaged_payloads_refused(void)
     CHECK_ERR(f.st->type->check_params(p, 20), KVS_ECORRUPT,
               "transform: frame's reserved parameter bytes are not 0");
     free(c);
+    free(f.payload);
+    f.st->type->destroy(f.st);
+}
+
+/* Version 1 payloads (the range coder) still decode: the fixture's payload
+ * rewritten as version 1, each coded stream's coefficients re-encoded by
+ * kvs_coef_encode (its classes clamped to version 1's 32, as bytes in
+ * front), decodes to the
+ * same bytes as the version 2 original. */
+static void test_version1_decodes(void)
+{
+    static fixture f;
+    REQUIRE(fixture_init(&f) == KVS_OK);
+    CHECK_EQ_INT(f.payload[0], 2);
+    CHECK_OK(fixture_decode(&f, f.payload, f.n));
+    static uint16_t want[N];
+    memcpy(want, f.back, sizeof want);
+    size_t table = 16 + 2 * L * 8, pos = table, out = table;
+    uint8_t *v1 = malloc(2 * f.n + 4096);
+    memcpy(v1, f.payload, table);
+    v1[0] = 1;
+    int coded = 0;
+    for (int i = 0; i < 2 * L; i++) {
+        uint8_t *rec = v1 + 16 + 8 * i;
+        uint32_t kept = rec[0] | (uint32_t)rec[1] << 8;
+        uint32_t bytes = rec[4] | (uint32_t)rec[5] << 8 | (uint32_t)rec[6] << 16;
+        if (kept && rec[2] == 0) {
+            static float cf[T * H];
+            static int32_t q[T * H];
+            uint8_t cls[H];
+            CHECK_OK(kvs_coef_rans_decode(f.payload + pos, bytes, T, kept, cls, cf, "v2"));
+            for (size_t e = 0; e < (size_t)T * kept; e++) q[e] = (int32_t)cf[e];
+            for (uint32_t k = 0; k < kept; k++)
+                cls[k] = cls[k] < KVS_COEF_CLASSES ? cls[k] : KVS_COEF_CLASSES - 1;
+            size_t n1 = 0;
+            memcpy(v1 + out, cls, kept);
+            CHECK_OK(kvs_coef_encode(q, T, kept, cls, v1 + out + kept, 4096, &n1));
+            rec[4] = (uint8_t)(kept + n1);
+            rec[5] = (uint8_t)((kept + n1) >> 8);
+            rec[6] = (uint8_t)((kept + n1) >> 16);
+            out += kept + n1;
+            coded++;
+        } else {
+            memcpy(v1 + out, f.payload + pos, bytes);
+            out += bytes;
+        }
+        pos += bytes;
+    }
+    CHECK(coded > 0);
+    CHECK_OK(fixture_decode(&f, v1, out));
+    CHECK(memcmp(f.back, want, sizeof want) == 0);
+    /* a version 1 class above 31 is refused as ever */
+    v1[table] = 32;
+    if (v1[16] | v1[17])
+        CHECK_ERR(fixture_decode(&f, v1, out), KVS_ECORRUPT,
+                  "transform: payload damaged: K layer 0 component 0 has context class 32, at "
+                  "most 31");
+    free(v1);
     free(f.payload);
     f.st->type->destroy(f.st);
 }
@@ -767,6 +830,7 @@ int main(void)
     RUN(test_layouts_refused);
     RUN(test_step_for_a_target);
     RUN(test_damaged_payloads_refused);
+    RUN(test_version1_decodes);
     RUN(test_split_across_workers);
     unlink(path_a);
     unlink(path_b);

@@ -1,6 +1,8 @@
 /* coef_coder.h - internal: the entropy coder of the transform stage's
- * quantized coefficients (stage_transform.c, docs/frame_format.md "The
- * transform payload").
+ * quantized coefficients in payload version 1 (stage_transform.c,
+ * docs/frame_format.md "The transform payload"). Writers write version 2
+ * (coef_rans.h) since 2026-12-02; the decoder stays so that version 1
+ * payloads still decode, the encoder for the tests that make them.
  *
  * One stream holds a [rows x cols] matrix of integer coefficients in row
  * order (a row is a token, a column a component of the transform's basis).

@@ -36,9 +36,12 @@
 #define KVS_RANS_SCALE_BITS 10 /* 1024 slots: 0.003 bits per exponent over 4096 */
 #define KVS_RANS_TOTAL (1u << KVS_RANS_SCALE_BITS)
 #define KVS_RANS_LANES 32
-/* The lossless stage: 4 channel groups, and the row residuals (kind 2) or
- * 4 sign classes (kind 3). */
-#define KVS_RANS_MAX_CTX 8
+/* The lossless stage takes 8 (4 channel groups, and the row residuals
+ * (kind 2) or 4 sign classes (kind 3)); the transform stage's coefficient
+ * coder one per column class, 64 (coef_rans.h). Tables fill only the
+ * contexts they are given (kvs_rans_*_init), so a larger maximum costs the
+ * lossless stage address space, not time. */
+#define KVS_RANS_MAX_CTX 64
 #define KVS_RANS_FREQS_MAX (2 + 2 * 256)
 
 /* A normalised distribution: f[s] symbols s in KVS_RANS_TOTAL, summing to
@@ -49,7 +52,7 @@ typedef struct kvs_rans_freqs {
 
 /* The encoder's per-symbol constants, per context (index ctx * 256 + s):
  * the reciprocal of the frequency f, and bias (bits 0-12) | f (bits 13-25,
- * 0 = no code) | reciprocal shift (bits 26-29). 16 KiB for eight contexts. */
+ * 0 = no code) | reciprocal shift (bits 26-29). 2 KiB per context. */
 typedef struct kvs_rans_enc_tables {
     uint32_t rcp[KVS_RANS_MAX_CTX * 256];
     uint32_t info[KVS_RANS_MAX_CTX * 256];
@@ -61,8 +64,8 @@ typedef struct kvs_rans_enc_tables {
  * slot's offset from the symbol's first slot (bits 0-9). The frequency on
  * top is one shift from the gathered entry to the multiply, on the
  * decoder's critical path (a field in the middle took a shift, a mask and
- * the + 1 of a stored f - 1). 32 KiB for eight contexts: they stay in L1,
- * and a block fills 4 KiB per context it uses. */
+ * the + 1 of a stored f - 1). 4 KiB per context: a lossless block's eight
+ * stay in L1, and a block fills 4 KiB per context it uses. */
 #define KVS_RANS_DEC_F_SHIFT (31 - KVS_RANS_SCALE_BITS)
 #define KVS_RANS_DEC_SYM_SHIFT KVS_RANS_SCALE_BITS
 typedef struct kvs_rans_dec_tables {

@@ -4,7 +4,8 @@
  * the layer's RMS on the calibration chunks), the trailing components that
  * quantize to zero everywhere are dropped (they would cost bits and decode
  * time for nothing), and the rest are entropy-coded with one context class
- * per component chosen by the encoder and stored (coef_coder.h).
+ * per component chosen by the encoder and stored (coef_rans.h; payloads of
+ * version 1 were coded by coef_coder.h and still decode).
  * docs/frame_format.md "The transform payload" defines the bytes;
  * docs/fidelity.md has the measurements behind the defaults.
  *
@@ -23,6 +24,7 @@
 
 #include "codecs/blas.h"
 #include "codecs/coef_coder.h"
+#include "codecs/coef_rans.h"
 #include "codecs/half.h"
 #include "codecs/transform.h"
 #include "frame/stage.h"
@@ -33,7 +35,8 @@
 #define PARAMS_SIZE 20
 #define PAYLOAD_HEADER 16
 #define RECORD_SIZE 8
-#define PAYLOAD_VERSION 1
+#define PAYLOAD_VERSION 2       /* the static-table rANS (coef_rans.h) */
+#define PAYLOAD_VERSION_RANGE 1 /* the adaptive range coder (coef_coder.h), read only */
 #define MODE_CODED 0
 #define MODE_RAW 1
 #define Q_MAX 32767 /* coefficients are clamped to +-Q_MAX (the raw mode's i16) */
@@ -258,15 +261,17 @@ static float layer_step(const kvs_transform *t, int kv, uint32_t l, float step)
 }
 
 /* A component's context class: the mean square of its quantized values
- * in half-octaves (the encoder's choice, stored: the decoder reads it). */
+ * in half-octaves, 0 for up to 2^-8 (one +-1 in 256 tokens) and below (the
+ * encoder's choice, stored: the decoder reads it). The tables of
+ * coef_tables.h were fitted to this mapping. */
 static uint8_t component_class(const int32_t *q, size_t rows, size_t cols, size_t j)
 {
     double ms = 0;
     for (size_t r = 0; r < rows; r++) ms += (double)q[r * cols + j] * q[r * cols + j];
     ms /= (double)rows;
     if (ms <= 0) return 0;
-    int c = (int)floor(2 * log2(ms)) + 8;
-    return (uint8_t)(c < 0 ? 0 : c >= KVS_COEF_CLASSES ? KVS_COEF_CLASSES - 1 : c);
+    int c = (int)floor(2 * log2(ms)) + 16;
+    return (uint8_t)(c < 0 ? 0 : c >= KVS_COEF_RANS_CLASSES ? KVS_COEF_RANS_CLASSES - 1 : c);
 }
 
 /* A float's bits as a little-endian u32 in a frame's parameters. */
@@ -373,13 +378,14 @@ static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_
     int mode = MODE_CODED;
     if (kept) {
         for (size_t k = 0; k < kept; k++) cls[k] = component_class(q, T, kept, k);
-        memcpy(dst, cls, kept);
-        if (kvs_coef_encode(q, T, kept, cls, dst + kept, nq * 2, &written) != KVS_OK) {
-            mode = MODE_RAW; /* the coder would not save anything */
+        /* a coded stream holds its classes; a raw one has them as bytes in
+         * front (unused: version 1's layout) */
+        if (kvs_coef_rans_encode(q, T, kept, cls, dst, nq * 2 + kept, &written) != KVS_OK) {
+            mode = MODE_RAW; /* the coder would not save anything (or had no memory) */
+            memcpy(dst, cls, kept);
             for (size_t e = 0; e < nq; e++) put_le16(dst + kept + 2 * e, (uint16_t)q[e]);
-            written = nq * 2;
+            written = nq * 2 + kept;
         }
-        written += kept;
     }
     put_le16(rec, (uint16_t)kept);
     rec[2] = (uint8_t)mode;
@@ -455,6 +461,7 @@ typedef struct dec_job {
     const kvs_transform *t;
     const kvs_blas *blas;
     const uint8_t *in;
+    int version;
     float step[2];
     size_t T;
     const size_t *pos;  /* stream i's first byte in the payload */
@@ -477,15 +484,21 @@ static int decode_range(void *ctx, uint64_t begin, uint64_t end)
         int kv = (int)(i / j->t->layers);
         uint32_t l = (uint32_t)(i % j->t->layers);
         float *coef = j->coef + j->cpos[i];
+        char what[64];
+        snprintf(what, sizeof what, "transform: %s layer %u", kv_name[kv], l);
+        if (kept && rec[2] == MODE_CODED && j->version == PAYLOAD_VERSION) {
+            uint8_t cls[KVS_TRANSFORM_MAX_HIDDEN];
+            rc = kvs_coef_rans_decode(j->in + pos, bytes, j->T, kept, cls, coef, what);
+            continue;
+        }
+        int classes = j->version == PAYLOAD_VERSION ? KVS_COEF_RANS_CLASSES : KVS_COEF_CLASSES;
         for (uint32_t k = 0; k < kept && rc == KVS_OK; k++)
-            if (j->in[pos + k] >= KVS_COEF_CLASSES)
+            if (j->in[pos + k] >= classes)
                 rc = kvs_set_error(KVS_ECORRUPT,
                                    "transform: payload damaged: %s layer %u component %u has "
                                    "context class %u, at most %d",
-                                   kv_name[kv], l, k, j->in[pos + k], KVS_COEF_CLASSES - 1);
+                                   kv_name[kv], l, k, j->in[pos + k], classes - 1);
         if (rc == KVS_OK && kept && rec[2] == MODE_CODED) {
-            char what[64];
-            snprintf(what, sizeof what, "transform: %s layer %u", kv_name[kv], l);
             rc = kvs_coef_decode(j->in + pos + kept, bytes - kept, j->T, kept, j->in + pos, coef,
                                  what);
         } else if (rc == KVS_OK) {
@@ -559,11 +572,11 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                              "transform: payload damaged: %zu bytes, shorter than its %zu-byte "
                              "header and stream table",
                              n, table);
-    if (in[0] != PAYLOAD_VERSION || in[1] || in[2] || in[3])
+    if ((in[0] != PAYLOAD_VERSION && in[0] != PAYLOAD_VERSION_RANGE) || in[1] || in[2] || in[3])
         return kvs_set_error(KVS_ECORRUPT,
-                             "transform: payload damaged: version %u (expected %d) or nonzero "
-                             "reserved bytes",
-                             in[0], PAYLOAD_VERSION);
+                             "transform: payload damaged: version %u (expected %d or %d) or "
+                             "nonzero reserved bytes",
+                             in[0], PAYLOAD_VERSION_RANGE, PAYLOAD_VERSION);
     if (get_le32(in + 4) != t->layers || get_le32(in + 8) != T || get_le32(in + 12) != h)
         return kvs_set_error(KVS_ECORRUPT,
                              "transform: payload damaged: it says %u layers x %u tokens x hidden "
@@ -590,7 +603,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
                                "%zu x %u coefficients and their classes need %llu",
                                who, layer, bytes, T, kept,
                                (unsigned long long)T * kept * 2 + kept);
-        else if (bytes < kept)
+        else if (bytes < kept && (rec[2] == MODE_RAW || in[0] == PAYLOAD_VERSION_RANGE))
             rc = kvs_set_error(KVS_ECORRUPT,
                                "transform: payload damaged: %s layer %u stream is %u bytes, "
                                "shorter than its %u class bytes",
@@ -620,7 +633,7 @@ static int transform_decode(const uint8_t *params, size_t nparams, const kvs_sta
     if (rc == KVS_OK && coef == NULL)
         rc = kvs_set_error(KVS_ENOMEM, "transform: out of memory decoding %zu coefficients",
                            coefs);
-    dec_job job = {t, blas, in, {step[0], step[1]}, T, pos, cpos, coef,
+    dec_job job = {t, blas, in, in[0], {step[0], step[1]}, T, pos, cpos, coef,
                    dst->layout.groups[0].dtype, dst->data};
     size_t nbytes = (size_t)kvs_layout_nbytes(&dst->layout);
     if (rc == KVS_OK)
