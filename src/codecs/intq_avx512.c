@@ -22,11 +22,6 @@
  * 32-bit lane; what they cannot do exactly they leave to intq.c's
  * ordinary path, writing nothing.
  */
-/* AVX512DQ for fused_pair's vrangeps, in this file only (the other
- * AVX-512 files' code stays as built; cpu_features' avx512 check, which
- * picks every AVX-512 variant, includes DQ: every CPU with AVX512_BF16
- * has it). Before the headers, so their intrinsics take it. */
-#pragma GCC target("avx512dq")
 #include <immintrin.h>
 #include <string.h>
 
