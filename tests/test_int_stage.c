@@ -762,16 +762,26 @@ static void kivi4_params(kvs_intq_params *p)
     p->levels = 16;
 }
 
+/* A KV_2LTD bfloat16 object [2, layers, tokens, 128] filled from seed,
+ * and the payload bound under p. */
+static kvs_memobj *fed_object(const kvs_intq_params *p, int64_t layers, int64_t tokens,
+                              uint64_t seed, size_t *bound)
+{
+    const int64_t d4[4] = {2, layers, tokens, 128};
+    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
+    fill(o, seed, 3.0f);
+    *bound = 0;
+    CHECK_EQ_INT(ref_intq_bound(p, &o->layout, bound), KVS_OK);
+    return o;
+}
+
 static void test_encode_fed(void)
 {
     kvs_intq_params p;
     kivi4_params(&p);
     REQUIRE_OK(ref_intq_check(&p, KVS_EINVAL, "test"));
-    const int64_t d4[4] = {2, 3, 130, 128};
-    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
-    fill(o, 5, 3.0f);
     size_t bound, n1, n2;
-    REQUIRE_OK(ref_intq_bound(&p, &o->layout, &bound));
+    kvs_memobj *o = fed_object(&p, 3, 130, 5, &bound);
     uint8_t *x = malloc(bound), *y = malloc(bound);
     feed_log log = {x, 0, {0}, 0, 0};
     REQUIRE_OK(kvs_intq_encode_fed(&p, o, x, bound, &n1, log_feed, NULL, &log));
@@ -831,11 +841,8 @@ static void test_encode_fed_crc32c(void)
 {
     kvs_intq_params p;
     kivi4_params(&p);
-    const int64_t d4[4] = {2, 2, 1100, 128};
-    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
-    fill(o, 6, 3.0f);
     size_t bound, n1, n2;
-    REQUIRE_OK(ref_intq_bound(&p, &o->layout, &bound));
+    kvs_memobj *o = fed_object(&p, 2, 1100, 6, &bound);
     uint8_t *x = malloc(bound), *y = malloc(bound);
     REQUIRE(x && y);
     crc_log log = {x, 0, {0}, 0, 0, 0, 0};
