@@ -25,6 +25,7 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
                     size_t *n);
 int kvs_intq_decode(const kvs_intq_params *p, const uint8_t *in, size_t n, kvs_memobj *dst);
 int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
-                        size_t cap, size_t *n, kvs_intq_feed feed, void *state);
+                        size_t cap, size_t *n, kvs_intq_feed feed,
+                        kvs_intq_feed_crc32c feed_crc32c, void *state);
 
 #endif /* KVS_TEST_INTQ_REF_H */

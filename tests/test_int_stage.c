@@ -749,26 +749,42 @@ static void log_feed(void *state, const uint8_t *bytes, size_t n)
     l->calls++;
 }
 
+/* int4 KIVI: K per channel, V per token, groups of 64, scale and zero */
+static void kivi4_params(kvs_intq_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->bits = 4;
+    p->axis[0] = KVS_INTQ_CHANNEL;
+    p->axis[1] = KVS_INTQ_TOKEN;
+    p->group[0] = p->group[1] = 64;
+    p->zero_point = 1;
+    p->scale_dtype = KVS_DTYPE_FLOAT16;
+    p->levels = 16;
+}
+
+/* A KV_2LTD bfloat16 object [2, layers, tokens, 128] filled from seed,
+ * and the payload bound under p. */
+static kvs_memobj *fed_object(const kvs_intq_params *p, int64_t layers, int64_t tokens,
+                              uint64_t seed, size_t *bound)
+{
+    const int64_t d4[4] = {2, layers, tokens, 128};
+    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
+    fill(o, seed, 3.0f);
+    *bound = 0;
+    CHECK_EQ_INT(ref_intq_bound(p, &o->layout, bound), KVS_OK);
+    return o;
+}
+
 static void test_encode_fed(void)
 {
     kvs_intq_params p;
-    memset(&p, 0, sizeof p);
-    p.bits = 4;
-    p.axis[0] = KVS_INTQ_CHANNEL;
-    p.axis[1] = KVS_INTQ_TOKEN;
-    p.group[0] = p.group[1] = 64;
-    p.zero_point = 1;
-    p.scale_dtype = KVS_DTYPE_FLOAT16;
-    p.levels = 16;
+    kivi4_params(&p);
     REQUIRE_OK(ref_intq_check(&p, KVS_EINVAL, "test"));
-    const int64_t d4[4] = {2, 3, 130, 128};
-    kvs_memobj *o = obj(KVS_FMT_KV_2LTD, KVS_DTYPE_BFLOAT16, 4, d4);
-    fill(o, 5, 3.0f);
     size_t bound, n1, n2;
-    REQUIRE_OK(ref_intq_bound(&p, &o->layout, &bound));
+    kvs_memobj *o = fed_object(&p, 3, 130, 5, &bound);
     uint8_t *x = malloc(bound), *y = malloc(bound);
     feed_log log = {x, 0, {0}, 0, 0};
-    REQUIRE_OK(kvs_intq_encode_fed(&p, o, x, bound, &n1, log_feed, &log));
+    REQUIRE_OK(kvs_intq_encode_fed(&p, o, x, bound, &n1, log_feed, NULL, &log));
     REQUIRE_OK(kvs_intq_encode(&p, o, y, bound, &n2));
     CHECK(n1 == n2 && memcmp(x, y, n1) == 0);
     CHECK_EQ_U64(log.next, n1);
@@ -784,6 +800,61 @@ static void test_encode_fed(void)
     CHECK_EQ_U64(log.sizes[3], v_plane);
     CHECK_EQ_U64(log.sizes[5], v_plane);
     CHECK_EQ_U64(log.sizes[6], 0);
+    free(x);
+    free(y);
+    kvs_memobj_free(o);
+}
+
+/* kvs_intq_encode_fed with a crc32c combine (what the pipeline's crc32c
+ * check gives): each plane's bytes before its codes through feed, then its
+ * codes through feed_crc32c by their value, in payload order; that value
+ * is the codes' crc32c and the running value the payload's. 2 layers of
+ * 1100 tokens: 70 KiB of codes a plane, summed in pieces (32 KiB) as the
+ * blocks are written. */
+typedef struct crc_log {
+    const uint8_t *base;
+    size_t next, appended[8];
+    uint32_t crc;
+    int feeds, appends, bad;
+} crc_log;
+
+static void crc_log_feed(void *state, const uint8_t *bytes, size_t n)
+{
+    crc_log *l = state;
+    l->bad |= bytes != l->base + l->next;
+    l->crc = kvs_crc32c(l->crc, bytes, n);
+    l->next += n;
+    l->feeds++;
+}
+
+static void crc_log_append(void *state, uint32_t crc, size_t n)
+{
+    crc_log *l = state;
+    l->bad |= crc != kvs_crc32c(0, l->base + l->next, n);
+    l->crc = kvs_crc32c_combine(l->crc, crc, n);
+    if (l->appends < 8) l->appended[l->appends] = n;
+    l->next += n;
+    l->appends++;
+}
+
+static void test_encode_fed_crc32c(void)
+{
+    kvs_intq_params p;
+    kivi4_params(&p);
+    size_t bound, n1, n2;
+    kvs_memobj *o = fed_object(&p, 2, 1100, 6, &bound);
+    uint8_t *x = malloc(bound), *y = malloc(bound);
+    REQUIRE(x && y);
+    crc_log log = {x, 0, {0}, 0, 0, 0, 0};
+    REQUIRE_OK(kvs_intq_encode_fed(&p, o, x, bound, &n1, crc_log_feed, crc_log_append, &log));
+    REQUIRE_OK(ref_intq_encode(&p, o, y, bound, &n2));
+    CHECK(n1 == n2 && memcmp(x, y, n1) == 0);
+    CHECK_EQ_U64(log.next, n1);
+    CHECK_EQ_INT(log.bad, 0);
+    CHECK_EQ_U64(log.crc, kvs_crc32c(0, x, n1));
+    CHECK_EQ_INT(log.appends, 4);
+    CHECK_EQ_INT(log.feeds, 5); /* the bytes before each plane's codes, then the empty rest */
+    for (int i = 0; i < 4; i++) CHECK_EQ_U64(log.appended[i], 1100 * 64);
     free(x);
     free(y);
     kvs_memobj_free(o);
@@ -916,6 +987,7 @@ int main(void)
     RUN(test_damaged_payloads);
     RUN(test_split_across_workers);
     RUN(test_encode_fed);
+    RUN(test_encode_fed_crc32c);
     RUN(test_clones_match_portable);
     RUN(test_kvdata);
     return TEST_SUMMARY();

@@ -252,6 +252,29 @@ static void test_crc32c(void)
     for (size_t pos = 0, step = 1; pos < BIG; pos += step, step = step * 3 + 1)
         pieces = kvs_crc32c(pieces, buf + pos, pos + step <= BIG ? step : BIG - pos);
     CHECK_EQ_U64(whole, pieces);
+    /* a||b from the two values and b's length: every split of the buffer
+     * (b empty and a empty included), and a b of 2^31 + 5 zero bytes,
+     * whose length has bits past the wrap of x^(2^k) (against the value
+     * fed through in pieces) */
+    bad = 0;
+    for (size_t cut = 0; cut <= BIG; cut += cut < 600 ? 1 : 997) {
+        uint32_t a = kvs_crc32c(0, buf, cut), b = kvs_crc32c(0, buf + cut, BIG - cut);
+        bad += kvs_crc32c_combine(a, b, BIG - cut) != whole;
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_U64(kvs_crc32c_combine(0x12345678u, 0, 0), 0x12345678u);
+    size_t big = ((size_t)1 << 31) + 5, chunk = (size_t)1 << 20;
+    uint8_t *zeros = calloc(chunk, 1);
+    REQUIRE(zeros);
+    uint32_t zb = 0, za = kvs_crc32c(0, buf, 100);
+    uint32_t direct = za;
+    for (size_t done = 0; done < big; done += chunk) {
+        size_t n = big - done < chunk ? big - done : chunk;
+        zb = kvs_crc32c(zb, zeros, n);
+        direct = kvs_crc32c(direct, zeros, n);
+    }
+    CHECK_EQ_U64(kvs_crc32c_combine(za, zb, big), direct);
+    free(zeros);
     free(buf);
 }
 

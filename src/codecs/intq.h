@@ -79,12 +79,22 @@ int kvs_intq_encode(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *ou
 /* Receives the payload's bytes in order, each once (a check's stream). */
 typedef void (*kvs_intq_feed)(void *state, const uint8_t *bytes, size_t n);
 
+/* Receives the next n bytes of the payload by their kvs_crc32c from 0
+ * (a crc32c stream's kvs_crc32c_combine), in the same order as feed. */
+typedef void (*kvs_intq_feed_crc32c)(void *state, uint32_t crc, size_t n);
+
 /* kvs_intq_encode, and the payload fed to feed(state, ...) in order and
  * exactly once on success: plane by plane as each is finished (while it
  * is in cache) when one worker encodes the whole object, else all of it
- * after the last worker (the same bytes either way). */
+ * after the last worker (the same bytes either way). feed_crc32c: NULL,
+ * or the stream's combine; then a plane's codes (its last and largest
+ * part, written block by block after its scales) are checksummed in
+ * pieces as they are written, still in L1 or L2, and go to feed_crc32c
+ * by their value after the plane's other bytes go to feed (fed a whole
+ * plane at a time they were read back from L3: 1 MiB of int8 codes). */
 int kvs_intq_encode_fed(const kvs_intq_params *p, const kvs_memobj *src, uint8_t *out,
-                        size_t cap, size_t *n, kvs_intq_feed feed, void *state);
+                        size_t cap, size_t *n, kvs_intq_feed feed,
+                        kvs_intq_feed_crc32c feed_crc32c, void *state);
 
 /* Dequantize in[0..n) into dst (its layout and dtypes). Every size, index
  * and scale is checked before the first byte of dst is written

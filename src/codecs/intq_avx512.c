@@ -264,6 +264,58 @@ KVS_AI __m512i fused_lanes(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 mid
     return _mm512_cvttps_epi32(_mm512_add_ps(rounded_quotient(x, r, rinv), mid));
 }
 
+/* The near lanes of fused_pair's vector (y = x - z, divisor r, q = y x
+ * 1 / r, f = q - rint(q), codes c) redone as rounded_quotient's: the
+ * division and its rounding, plus mid. */
+KVS_AI __m512i near_codes(__m512 y, __m512 r, __m512 f, __m512 mid, __m512i c)
+{
+    enum { rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };
+    __mmask16 near = _mm512_cmp_ps_mask(_mm512_abs_ps(f), _mm512_set1_ps(0.5f - 0x1p-12f),
+                                        _CMP_NLT_UQ);
+    __m512i v = _mm512_cvt_roundps_epi32(_mm512_maskz_div_ps(near, y, r), rn);
+    return _mm512_mask_add_epi32(c, near, v, _mm512_cvttps_epi32(mid));
+}
+
+/* fused_lanes of two vectors at once (the even and odd elements of 32:
+ * divisors re / ro, reciprocals ie / io, zeros ze / zo), in fewer
+ * operations. `paired`: no reciprocal is NaN, or both vectors' are (else
+ * fused_lanes each, whose unordered test divides NaN products). Then every
+ * finite |q| is below 256.01
+ * (fused_lanes' bound), and rint(q) is (q + M) - M with M = 1.5 x 2^23:
+ * q + M lies in [2^23, 2^24), where the spacing is 1, so it rounds to M
+ * plus the integer nearest q (ties to even: M is even), exactly, and the
+ * low bits of q + M less those of M are that integer; less those of M
+ * less mid, the code. Two operations and one integer subtraction for
+ * vrndscaleps (two uops), the add of mid and vcvttps2dq. The near-half
+ * test (rounded_quotient's, the same fraction q - rint(q)) of both
+ * vectors is one vrangeps (the larger magnitude of each pair of lanes;
+ * with one NaN it gives the other operand, which is why `paired`; of two,
+ * NaN) and one comparison; where it holds, the divisions of near_codes. */
+KVS_AI void fused_pair(__m512 xe, __m512 xo, __m512 re, __m512 ro, __m512 ie, __m512 io,
+                       __m512 ze, __m512 zo, __m512 mid, int zp, int paired, __m512i *ce,
+                       __m512i *co)
+{
+    if (!paired) {
+        *ce = fused_lanes(xe, re, ie, ze, mid, zp);
+        *co = fused_lanes(xo, ro, io, zo, mid, zp);
+        return;
+    }
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+    const __m512i kmid = _mm512_sub_epi32(_mm512_castps_si512(magic), _mm512_cvttps_epi32(mid));
+    __m512 ye = zp ? _mm512_sub_ps(xe, ze) : xe, yo = zp ? _mm512_sub_ps(xo, zo) : xo;
+    __m512 qe = _mm512_mul_ps(ye, ie), qo = _mm512_mul_ps(yo, io);
+    __m512 te = _mm512_add_ps(qe, magic), to = _mm512_add_ps(qo, magic);
+    __m512 fe = _mm512_sub_ps(qe, _mm512_sub_ps(te, magic));
+    __m512 fo = _mm512_sub_ps(qo, _mm512_sub_ps(to, magic));
+    *ce = _mm512_sub_epi32(_mm512_castps_si512(te), kmid);
+    *co = _mm512_sub_epi32(_mm512_castps_si512(to), kmid);
+    if (_mm512_cmp_ps_mask(_mm512_range_ps(fe, fo, 0x0B), _mm512_set1_ps(0.5f - 0x1p-12f),
+                           _CMP_NLT_UQ)) {
+        *ce = near_codes(ye, re, fe, mid, *ce);
+        *co = near_codes(yo, ro, fo, mid, *co);
+    }
+}
+
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
@@ -466,9 +518,11 @@ KVS_AI __m512 odd_ps(__m512i v)
 KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, __m512 zz,
                            __m512 mid, unsigned bits, int zp, uint8_t *out)
 {
-    __m512i v = _mm512_loadu_si512(src + 2 * e);
-    pack_pairs(fused_lanes(even_ps(v), r, ri, zz, mid, zp),
-               fused_lanes(odd_ps(v), r, ri, zz, mid, zp), bits, out + e * bits / 8);
+    /* paired always: both vectors have the group's reciprocal, so where it
+     * is NaN every product of both is, and vrangeps of two NaN is NaN */
+    __m512i v = _mm512_loadu_si512(src + 2 * e), ev, od;
+    fused_pair(even_ps(v), odd_ps(v), r, r, ri, ri, zz, zz, mid, zp, 1, &ev, &od);
+    pack_pairs(ev, od, bits, out + e * bits / 8);
 }
 
 /* The codes of a row, group by group (bits a constant in each copy, so
@@ -625,16 +679,20 @@ KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uin
                          uint64_t row_bytes, const uint8_t *ahead)
 {
     const __m512 mid = _mm512_set1_ps(f->mid);
+    __mmask16 nan = 0; /* fused_pair's `paired`: no reciprocal of the block is NaN */
+    for (uint64_t c = 0; c < n; c += 16) {
+        __m512 ri = _mm512_loadu_ps(rinv + c);
+        nan |= _mm512_cmp_ps_mask(ri, ri, _CMP_UNORD_Q);
+    }
     for (uint64_t t = 0; t < rows; t++) {
         const uint8_t *x = src + t * stride;
         for (uint64_t c = 0; c < n; c += 32) {
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
-            __m512i v = _mm512_loadu_si512(x + 2 * c);
-            __m512i ev = fused_lanes(even_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(rinv + c),
-                                     _mm512_loadu_ps(z + c), mid, zp);
-            __m512i od = fused_lanes(odd_ps(v), _mm512_loadu_ps(d + c + 16),
-                                     _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c + 16),
-                                     mid, zp);
+            __m512i v = _mm512_loadu_si512(x + 2 * c), ev, od;
+            fused_pair(even_ps(v), odd_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(d + c + 16),
+                       _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(rinv + c + 16),
+                       _mm512_loadu_ps(z + c), _mm512_loadu_ps(z + c + 16), mid, zp, !nan, &ev,
+                       &od);
             pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
         }
     }

@@ -134,6 +134,11 @@ struct kvs_stage_type {
     int (*check_stream_new)(void **state);
     void (*check_stream_update)(void *state, const uint8_t *in, size_t n);
     void (*check_stream_final)(void *state, uint8_t *digest); /* frees state */
+    /* Optional (crc32c: kvs_crc32c_combine): the stream continued as if n
+     * bytes whose kvs_crc32c from 0 is crc had been fed, so a typed stage
+     * can checksum a part while it is in cache and add it after the parts
+     * before it are done. NULL for checks that do not combine. */
+    void (*check_stream_append_crc32c)(void *state, uint32_t crc, size_t n);
     /* Transform: encode in[0..n) into out (capacity cap; out == in allowed
      * when in_place is set), *outn = bytes written. A stage that sets
      * needs_header writes exactly bytes_bound(n) bytes and is given the

@@ -75,6 +75,12 @@ static void crc32c_stream_update(void *state, const uint8_t *in, size_t n)
     *c = kvs_crc32c(*c, in, n);
 }
 
+static void crc32c_stream_append(void *state, uint32_t crc, size_t n)
+{
+    uint32_t *c = state;
+    *c = kvs_crc32c_combine(*c, crc, n);
+}
+
 static void crc32c_stream_final(void *state, uint8_t *digest)
 {
     crc32c_put(*(uint32_t *)state, digest);
@@ -138,7 +144,7 @@ static void shared_destroy(kvs_stage *self)
     (void)self; /* the shared instances are static */
 }
 
-#define CHECK_STAGE(NAME, ID, SIZE)                                                    \
+#define CHECK_STAGE(NAME, ID, SIZE, APPEND_CRC32C)                                      \
     const kvs_stage_type kvs_stage_##NAME##_type = {                                   \
         .name = #NAME,                                                                 \
         .id = ID,                                                                      \
@@ -150,6 +156,7 @@ static void shared_destroy(kvs_stage *self)
         .check_stream_new = NAME##_stream_new,                                         \
         .check_stream_update = NAME##_stream_update,                                   \
         .check_stream_final = NAME##_stream_final,                                     \
+        .check_stream_append_crc32c = APPEND_CRC32C,                                   \
         .params_size = kvs_stage_no_params_size,                                                 \
         .write_params = kvs_stage_no_params_write,                                               \
         .check_params = NAME##_check_params,                                           \
@@ -157,5 +164,5 @@ static void shared_destroy(kvs_stage *self)
         .destroy = shared_destroy,                                                     \
     };
 
-CHECK_STAGE(crc32c, KVS_STAGE_CRC32C, 4)
-CHECK_STAGE(xxh3, KVS_STAGE_XXH3, 8)
+CHECK_STAGE(crc32c, KVS_STAGE_CRC32C, 4, crc32c_stream_append)
+CHECK_STAGE(xxh3, KVS_STAGE_XXH3, 8, NULL) /* no combine: fed in order only */

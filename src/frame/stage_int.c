@@ -114,7 +114,8 @@ static int int_encode_check(const kvs_stage *self, const kvs_memobj *src, uint8_
                             size_t cap, size_t *n, const kvs_stage_type *check, void *state)
 {
     const int_stage *s = KVS_CONTAINER_OF(self, const int_stage, base);
-    return kvs_intq_encode_fed(&s->p, src, out, cap, n, check->check_stream_update, state);
+    return kvs_intq_encode_fed(&s->p, src, out, cap, n, check->check_stream_update,
+                               check->check_stream_append_crc32c, state);
 }
 
 static int int_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,

@@ -24,6 +24,13 @@
  * NULL when len is 0. */
 uint32_t kvs_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/* The CRC-32C of a||b from crc_a = kvs_crc32c(0, a, alen), crc_b =
+ * kvs_crc32c(0, b, len_b) and b's length alone (zlib's crc32_combine):
+ * a producer that checksums a part while it is in cache but must feed the
+ * parts before it first (the int stage's codes come after its scales) adds
+ * the part later by its value, without reading it again. */
+uint32_t kvs_crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t len_b);
+
 /* The same, always through the portable table code (for tests). */
 uint32_t kvs_crc32c_portable(uint32_t crc, const void *buf, size_t len);
 
