@@ -6,24 +6,27 @@
  * permission to use its tile state (basis_products.c). */
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "codecs/basis_products_kernel.h"
 
+/* The configuration lives in static storage: gcc 12's _tile_loadconfig
+ * tells the compiler it reads only a pointer's worth of the 64 bytes, so
+ * a configuration built on the stack can have its stores optimized away
+ * (ldtilecfg then faults on a zero palette). */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config = {
+    .palette = 1,
+    /* 16 floats, 32 bfloat16 or 16 bfloat16 pairs a row */
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
 void kvs_basis_amx_config(void)
 {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64; /* 16 floats, 32 bfloat16 or 16 bfloat16 pairs */
-        cfg.rows[i] = 16;
-    }
-    _tile_loadconfig(&cfg);
+    _tile_loadconfig(&tile_config);
 }
 
 /* C's column tiles nt, nt + 1 += A's rows (tiles 4, 5) x one packed part. */
