@@ -29,10 +29,19 @@
 struct kvs_basis_packed {
     size_t kblocks, ntiles;
     size_t part;   /* uint16_t per part of one layer's K or V basis */
-    uint16_t *fwd; /* [kv][layer][hi, lo][part]: B^T, for the forward product */
-    uint16_t *inv; /* the same for B, for the inverse product */
-    float *bmean;  /* [kv][layer][16 ntiles]: (Bhi + Blo) mean, summed in double */
+    uint16_t *fwd; /* [kv][layer][FWD_PARTS][part]: B^T, for the forward product */
+    uint16_t *inv; /* [kv][layer][INV_PARTS][part]: B, for the inverse product */
+    float *bmean;  /* [kv][layer][16 ntiles]: (the sum of B's parts) mean, in double */
 };
+
+/* Encode splits the basis into three bfloat16 parts (each split leaves at
+ * most 2^-8 of the rest: within 2^-24 of it, float32's rounding): with two
+ * (2^-16) the coefficients rounded the other way from a float64 product's
+ * 15 times as often as sgemm's did (926 against 63 of 12.6 M on kvdata at
+ * step 0.019), with three less often (36; docs/fidelity.md "Speed"). Decode rounds its output
+ * to the destination dtype, where two parts are already below that. */
+#define FWD_PARTS 3
+#define INV_PARTS 2
 
 /* ---- the choice -------------------------------------------------------- */
 
@@ -90,18 +99,19 @@ static size_t round_up(size_t n, size_t m)
     return (n + m - 1) / m * m;
 }
 
-/* A float as the sum of two bfloat16: hi rounded to nearest, lo the
- * remainder rounded (exact when it fits 8 bits, as an integer below 2^15
- * always does). */
-static void split_bf16(float v, uint16_t *hi, uint16_t *lo)
+/* A float as the sum of nparts bfloat16, each the remainder so far
+ * rounded to nearest; part q goes to out[q * stride]. */
+static void split_bf16(float v, size_t nparts, uint16_t *out, size_t stride)
 {
-    *hi = kvs_f32_to_bf16(v);
-    *lo = kvs_f32_to_bf16(v - kvs_bf16_to_f32(*hi));
+    for (size_t q = 0; q < nparts; q++) {
+        out[q * stride] = kvs_f32_to_bf16(v);
+        v -= kvs_bf16_to_f32(out[q * stride]);
+    }
 }
 
-/* split_bf16 for an integer-valued float of magnitude at most 2^15 (the
- * coefficients): no NaN to keep, and the remainder is exact, so both parts
- * are bit operations the loop over a row vectorizes. */
+/* split_bf16 into two parts for an integer-valued float of magnitude at
+ * most 2^15 (the coefficients): no NaN to keep, and the remainder is
+ * exact, so both parts are bit operations the loop over a row vectorizes. */
 static inline void split_integer(float v, uint16_t *hi, uint16_t *lo)
 {
     uint32_t u = kvs_f32_to_bits(v);
@@ -110,10 +120,11 @@ static inline void split_integer(float v, uint16_t *hi, uint16_t *lo)
 }
 
 /* One layer's basis b (h x h, rows = components) as the kernel's operand
- * of K rows x N columns: element (k, n) is b[n][k] when transposed
- * (forward: K runs over the hidden channels), else b[k][n]; zero beyond h. */
+ * of K rows x N columns, in nparts parts p->part apart: element (k, n) is
+ * b[n][k] when transposed (forward: K runs over the hidden channels), else
+ * b[k][n]; zero beyond h. */
 static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis_packed *p,
-                       uint16_t *hi, uint16_t *lo)
+                       size_t nparts, uint16_t *out)
 {
     for (size_t nt = 0; nt < p->ntiles; nt++)
         for (size_t kb = 0; kb < p->kblocks; kb++) {
@@ -124,8 +135,7 @@ static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis
                         size_t k = kb * 32 + 2 * r + pair, col = nt * 16 + n;
                         float v = 0;
                         if (k < h && col < h) v = transposed ? b[col * h + k] : b[k * h + col];
-                        split_bf16(v, &hi[tile + r * 32 + n * 2 + pair],
-                                   &lo[tile + r * 32 + n * 2 + pair]);
+                        split_bf16(v, nparts, &out[tile + r * 32 + n * 2 + pair], p->part);
                     }
         }
 }
@@ -148,8 +158,8 @@ kvs_basis_packed *kvs_basis_pack(const kvs_transform *t)
     p->kblocks = round_up(h, 32) / 32;
     p->ntiles = round_up(h, 32) / 16;
     p->part = p->ntiles * p->kblocks * 512;
-    p->fwd = malloc(streams * 2 * p->part * sizeof(uint16_t));
-    p->inv = malloc(streams * 2 * p->part * sizeof(uint16_t));
+    p->fwd = malloc(streams * FWD_PARTS * p->part * sizeof(uint16_t));
+    p->inv = malloc(streams * INV_PARTS * p->part * sizeof(uint16_t));
     p->bmean = calloc(streams * p->ntiles * 16, sizeof(float));
     if (p->fwd == NULL || p->inv == NULL || p->bmean == NULL) {
         kvs_basis_packed_free(p);
@@ -159,16 +169,18 @@ kvs_basis_packed *kvs_basis_pack(const kvs_transform *t)
         int kv = (int)(s / t->layers);
         size_t l = s % t->layers;
         const float *b = t->basis[kv] + l * h * h, *mean = t->mean[kv] + l * h;
-        pack_basis(b, h, 1, p, p->fwd + 2 * s * p->part, p->fwd + (2 * s + 1) * p->part);
-        pack_basis(b, h, 0, p, p->inv + 2 * s * p->part, p->inv + (2 * s + 1) * p->part);
+        pack_basis(b, h, 1, p, FWD_PARTS, p->fwd + FWD_PARTS * s * p->part);
+        pack_basis(b, h, 0, p, INV_PARTS, p->inv + INV_PARTS * s * p->part);
         /* with the parts the tiles multiply, so the mean's product cancels
          * the same basis the data's does */
         for (size_t j = 0; j < h; j++) {
             double sum = 0;
             for (size_t e = 0; e < h; e++) {
-                uint16_t hi, lo;
-                split_bf16(b[j * h + e], &hi, &lo);
-                sum += ((double)kvs_bf16_to_f32(hi) + kvs_bf16_to_f32(lo)) * mean[e];
+                uint16_t parts[FWD_PARTS];
+                split_bf16(b[j * h + e], FWD_PARTS, parts, 1);
+                double v = 0;
+                for (size_t q = 0; q < FWD_PARTS; q++) v += kvs_bf16_to_f32(parts[q]);
+                sum += v * mean[e];
             }
             p->bmean[s * p->ntiles * 16 + j] = (float)sum;
         }
@@ -209,9 +221,10 @@ int kvs_basis_forward(const kvs_transform *t, int kv, uint32_t l, const uint16_t
         memcpy(apad + r * kpad, x + r * h, h * sizeof(uint16_t));
     float *out = in_place ? c : cpad;
     size_t ldc = in_place ? h : npad;
-    kvs_basis_gemm g = {in_place ? x : apad, NULL,         NULL, kpad,        Tpad, p->kblocks,
-                        p->fwd + 2 * s * p->part, p->fwd + (2 * s + 1) * p->part,
-                        p->kblocks * 512,         p->ntiles, out,  ldc};
+    kvs_basis_gemm g = {.a = in_place ? x : apad, .lda = kpad, .m = Tpad, .kblocks = p->kblocks,
+                        .nparts = FWD_PARTS, .nt_stride = p->kblocks * 512,
+                        .ntiles = p->ntiles, .c = out, .ldc = ldc};
+    for (size_t q = 0; q < FWD_PARTS; q++) g.b[q] = p->fwd + (FWD_PARTS * s + q) * p->part;
     int done = run_gemm(&g);
     const float *bmean = p->bmean + s * npad;
     for (size_t r = 0; done && r < T; r++)
@@ -248,9 +261,11 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
         }
     float *out = in_place ? x : cpad;
     size_t ldc = in_place ? h : npad;
-    kvs_basis_gemm g = {a, a_lo, lo_flags, kpad, Tpad, kblocks,
-                        p->inv + 2 * s * p->part, p->inv + (2 * s + 1) * p->part,
-                        p->kblocks * 512, p->ntiles, out, ldc};
+    kvs_basis_gemm g = {.a = a, .a_lo = a_lo, .a_lo_flags = lo_flags, .lda = kpad, .m = Tpad,
+                        .kblocks = kblocks, .nparts = INV_PARTS,
+                        .nt_stride = p->kblocks * 512, .ntiles = p->ntiles, .c = out, .ldc = ldc};
+    for (size_t part = 0; part < INV_PARTS; part++)
+        g.b[part] = p->inv + (INV_PARTS * s + part) * p->part;
     int done = run_gemm(&g);
     for (size_t r = 0; done && r < T; r++)
         for (size_t e = 0; e < h; e++) x[r * h + e] = out[r * ldc + e] * delta;

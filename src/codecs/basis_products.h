@@ -8,13 +8,14 @@
  *   inverse (decode): x = delta q B_kept, q the integer coefficients
  *     (|q| <= 32768), split q = hi + lo with both parts exact in bfloat16
  *     (lo is 0, and skipped, wherever |q| <= 256).
- * The basis is split B = Bhi + Blo into bfloat16 parts (|B - Bhi - Blo| <=
- * 2^-17 |B|) and every pair of parts is multiplied, so the result keeps
- * float32 sgemm's precision: see docs/fidelity.md "Speed" for the bound
- * and the measured differences, docs/decisions.md "the basis products".
+ * The basis is split into bfloat16 parts, three for encode (within 2^-24
+ * of it) and two for decode (2^-16), and every pair of parts is
+ * multiplied, so the result keeps float32 sgemm's precision: see
+ * docs/fidelity.md "Speed" for the bound and the measured differences,
+ * docs/decisions.md "the basis products".
  *
- * The packed copies of every layer's basis (both orientations, both parts,
- * 8 bytes per basis element, twice the float basis) are made once, by
+ * The packed copies of every layer's basis (both orientations, 5 parts,
+ * 10 bytes per basis element, 2.5 times the float basis) are made once, by
  * kvs_transform_finish, and only when the products will run on AMX. */
 #ifndef KVSERDE_CODECS_BASIS_PRODUCTS_H
 #define KVSERDE_CODECS_BASIS_PRODUCTS_H

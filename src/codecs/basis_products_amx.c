@@ -57,19 +57,17 @@ void kvs_basis_amx_gemm(const kvs_basis_gemm *g)
             _tile_zero(2);
             _tile_zero(3);
             for (size_t kb = 0; kb < g->kblocks; kb++) {
-                const uint16_t *b0 = g->b + nt * nt_stride + kb * 512;
-                const uint16_t *b1 = g->b_lo ? g->b_lo + nt * nt_stride + kb * 512 : NULL;
+                size_t off = nt * nt_stride + kb * 512;
                 _tile_loadd(4, arow + kb * 32, lda_bytes);
                 _tile_loadd(5, arow + 16 * g->lda + kb * 32, lda_bytes);
-                FOUR_PRODUCTS(b0, nt_stride);
-                if (b1) FOUR_PRODUCTS(b1, nt_stride);
+                for (size_t p = 0; p < g->nparts; p++) FOUR_PRODUCTS(g->b[p] + off, nt_stride);
                 /* A's low parts only where a row block of this column
                  * block has any (decode: coefficients beyond +-256) */
                 if (arow_lo && flags[kb]) {
                     _tile_loadd(4, arow_lo + kb * 32, lda_bytes);
                     _tile_loadd(5, arow_lo + 16 * g->lda + kb * 32, lda_bytes);
-                    FOUR_PRODUCTS(b0, nt_stride);
-                    if (b1) FOUR_PRODUCTS(b1, nt_stride);
+                    for (size_t p = 0; p < g->nparts; p++)
+                        FOUR_PRODUCTS(g->b[p] + off, nt_stride);
                 }
             }
             float *c = g->c + m0 * g->ldc + nt * 16;

@@ -7,22 +7,25 @@
  *      multiple of 32, every element readable (the caller pads);
  *   a_lo (or NULL): A's low parts, the same shape, added where
  *      a_lo_flags[(row / 32) * kblocks + kb] is nonzero;
- *   B, b_lo (or NULL): tile-packed bfloat16, column tile nt's block kb at
- *      b + nt * nt_stride + kb * 512: 16 rows (K pairs) x 16 columns x 2
+ *   b[0..nparts): B's parts (nparts <= KVS_BASIS_MAX_PARTS), each
+ *      tile-packed bfloat16, column tile nt's block kb at
+ *      b[p] + nt * nt_stride + kb * 512: 16 rows (K pairs) x 16 columns x 2
  *      (the pair), as TDPBF16PS reads it; ntiles is even.
- * Every pair of parts is multiplied: (A + a_lo)(B + b_lo). */
+ * Every pair of parts is multiplied: (A + a_lo)(b[0] + b[1] + ...). */
 #ifndef KVSERDE_CODECS_BASIS_PRODUCTS_KERNEL_H
 #define KVSERDE_CODECS_BASIS_PRODUCTS_KERNEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#define KVS_BASIS_MAX_PARTS 3
+
 typedef struct kvs_basis_gemm {
     const uint16_t *a, *a_lo;
     const uint8_t *a_lo_flags;
     size_t lda, m, kblocks;
-    const uint16_t *b, *b_lo;
-    size_t nt_stride, ntiles;
+    const uint16_t *b[KVS_BASIS_MAX_PARTS];
+    size_t nparts, nt_stride, ntiles;
     float *c;
     size_t ldc;
 } kvs_basis_gemm;
