@@ -14,8 +14,9 @@
  * (docs/fidelity.md). Set OPENBLAS_NUM_THREADS=1 for one core's figures.
  * Also the AVX512-BF16 dot products' rate where the CPU has them (the
  * inputs are bfloat16), and the AVX512-FP16 multiply-adds' with the GB/s
- * they would allow. Reports medians of --runs (default 7); asserts
- * nothing. */
+ * they would allow; the AMX-BF16 tiles' peak and the library's AMX
+ * products (codecs/basis_products.h) at the same shapes, where the CPU has
+ * AMX. Reports medians of --runs (default 7); asserts nothing. */
 #include <cblas.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +24,11 @@
 #include <string.h>
 
 #include "bench_timing.h"
+#include "codecs/basis_products.h"
+#include "codecs/basis_products_kernel.h"
+#include "codecs/half.h"
+#include "codecs/transform.h"
+#include "kvserde/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -85,6 +91,40 @@ PEAK_KERNEL(peak_fp16, "avx512f,avx512fp16", __m512h, _mm512_set1_ph,
             _mm512_set1_ph((_Float16)0.999f), _mm512_set1_ph((_Float16)0.001f), _mm512_fmadd_ph,
             _mm512_add_ph, _mm512_reduce_add_ph, 64)
 
+/* AMX-BF16 tiles (TDPBF16PS: 16 x 16 x 32 products and sums into a tile of
+ * 16 x 16 float32): 6 independent accumulators (tiles 0-5) fed by the same
+ * two source tiles (6, 7), so the loop runs at the tile unit's throughput.
+ * The sources are zero: the rate does not depend on the values. */
+__attribute__((target("amx-tile,amx-bf16"))) static double peak_amx(long iters)
+{
+    kvs_basis_amx_config(); /* 8 tiles of 16 x 64 bytes */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    iters /= 16;
+    double t = now_s();
+    for (long k = 0; k < iters; k++) {
+        _tile_dpbf16ps(0, 6, 7);
+        _tile_dpbf16ps(1, 6, 7);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_dpbf16ps(3, 6, 7);
+        _tile_dpbf16ps(4, 6, 7);
+        _tile_dpbf16ps(5, 6, 7);
+    }
+    t = now_s() - t;
+    float out[16 * 16];
+    _tile_stored(0, out, 64);
+    volatile float sink = out[0];
+    (void)sink;
+    _tile_release();
+    return (double)iters * 6 * (16.0 * 16 * 32 * 2) / t;
+}
+
 /* The median flops per second of runs of a kernel. */
 static double kernel_flops(double (*kernel)(long), int runs)
 {
@@ -101,6 +141,13 @@ static double bf16dot_flops(int runs)
 static double fp16_flops(int runs)
 {
     return __builtin_cpu_supports("avx512fp16") ? kernel_flops(peak_fp16, runs) : 0;
+}
+
+/* 0 unless the library's products run on AMX (which asks for the
+ * permission to use the tiles). */
+static double amx_flops(int runs)
+{
+    return kvs_basis_amx_in_use() ? kernel_flops(peak_amx, runs) : 0;
 }
 
 /* The widest multiply-add this CPU has: its name, and flops per second
@@ -131,6 +178,11 @@ static double fp16_flops(int runs)
     (void)runs;
     return 0;
 }
+static double amx_flops(int runs)
+{
+    (void)runs;
+    return 0;
+}
 #endif
 
 /* sgemm flops per second at the stage's shape (median of runs): encode is
@@ -151,6 +203,26 @@ static double sgemm_flops(int encode, int T, int H, int kept, const float *a, co
                             b, H, 0.0f, c, H);
         }
         v[r] = reps * 2.0 * T * H * (encode ? H : kept) / (now_s() - t);
+    }
+    return median(v, runs);
+}
+
+/* The library's AMX products (basis_products.h) at the stage's shape, with
+ * their padding, splitting and mean / step arithmetic: flops per second of
+ * the product they stand for (median of runs), 0 where they do not run. */
+static double amx_product_flops(int encode, int T, int H, int kept, const kvs_transform *t,
+                                const uint16_t *x, const float *q, float *c, int runs)
+{
+    double v[100];
+    const int reps = 20;
+    if (!kvs_basis_amx_in_use() || t->packed == NULL) return 0;
+    for (int r = 0; r < runs; r++) {
+        double s = now_s();
+        for (int i = 0; i < reps; i++)
+            if (encode ? !kvs_basis_forward(t, 0, 0, x, (size_t)T, 1.0f, c)
+                       : !kvs_basis_inverse(t, 0, 0, q, (size_t)T, (size_t)kept, 1.0f, c))
+                return 0;
+        v[r] = reps * 2.0 * T * H * (encode ? H : kept) / (now_s() - s);
     }
     return median(v, runs);
 }
@@ -194,20 +266,44 @@ int main(int argc, char **argv)
             printf(" %.3f (kept %d)", half / (2.0 * (k * H / 256)) * 2 / 1e9, k * H / 256);
         printf("\n");
     }
+    double amx = amx_flops(runs);
+    if (amx > 0)
+        printf("AMX-BF16 tiles (6 accumulators): %.1f GFLOP/s; bound GB/s at it: encode %.3f\n",
+               amx / 1e9, amx / (2.0 * H) * 2 / 1e9);
+    /* The AMX products' inputs: a one-layer transform of the same basis,
+     * bfloat16 rows and integer coefficients (|q| <= 99: one bfloat16 part). */
+    kvs_transform *t = NULL;
+    uint16_t *x = malloc((size_t)T * H * sizeof(uint16_t));
+    float *q = malloc((size_t)T * H * sizeof(float));
+    if (x == NULL || q == NULL || kvs_transform_alloc(1, (uint32_t)H, &t) != KVS_OK) {
+        fprintf(stderr, "bench_transform_bound: out of memory\n");
+        return 1;
+    }
+    memcpy(t->basis[0], b, (size_t)H * H * sizeof(float));
+    kvs_transform_finish(t);
+    for (size_t i = 0; i < (size_t)T * H; i++) {
+        x[i] = kvs_f32_to_bf16(a[i]);
+        q[i] = (float)((int)((i * 2654435761u) % 199) - 99);
+    }
     /* bf16 bytes per second a product rate allows: 2 bytes per element,
      * 2 x (H or kept) flops per element. */
-    printf("%-22s %10s %14s %16s\n", "product", "flops/elem", "sgemm GFLOP/s",
-           "bound GB/s: sgemm / core peak");
+    printf("%-22s %10s %14s %14s %16s\n", "product", "flops/elem", "sgemm GFLOP/s",
+           "AMX GFLOP/s", "bound GB/s: sgemm / AMX / core peak");
     double enc = sgemm_flops(1, T, H, H, a, b, c, runs);
-    printf("%-22s %10d %14.1f %10.3f / %.3f\n", "encode (all H)", 2 * H, enc / 1e9,
-           enc / (2.0 * H) * 2 / 1e9, peak / (2.0 * H) * 2 / 1e9);
+    double enc_amx = amx_product_flops(1, T, H, H, t, x, q, c, runs);
+    printf("%-22s %10d %14.1f %14.1f %10.3f / %.3f / %.3f\n", "encode (all H)", 2 * H,
+           enc / 1e9, enc_amx / 1e9, enc / (2.0 * H) * 2 / 1e9, enc_amx / (2.0 * H) * 2 / 1e9,
+           peak / (2.0 * H) * 2 / 1e9);
     const int kept[] = {147 * H / 256, 183 * H / 256, 234 * H / 256};
     const char *name[] = {"decode (kept, 1b)", "decode (kept, 2b)", "decode (kept, 4b)"};
     for (int i = 0; i < 3; i++) {
         double dec = sgemm_flops(0, T, H, kept[i], a, b, c, runs);
-        printf("%-22s %10d %14.1f %10.3f / %.3f\n", name[i], 2 * kept[i], dec / 1e9,
-               dec / (2.0 * kept[i]) * 2 / 1e9, peak / (2.0 * kept[i]) * 2 / 1e9);
+        double dec_amx = amx_product_flops(0, T, H, kept[i], t, x, q, c, runs);
+        printf("%-22s %10d %14.1f %14.1f %10.3f / %.3f / %.3f\n", name[i], 2 * kept[i],
+               dec / 1e9, dec_amx / 1e9, dec / (2.0 * kept[i]) * 2 / 1e9,
+               dec_amx / (2.0 * kept[i]) * 2 / 1e9, peak / (2.0 * kept[i]) * 2 / 1e9);
     }
-    free(a), free(b), free(c);
+    kvs_transform_free(t);
+    free(a), free(b), free(c), free(x), free(q);
     return 0;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile every library source for aarch64 with the project's warnings, as
-# an aarch64 build would (the *_avx2.c / *_avx512*.c files are x86-only and
+# an aarch64 build would (the *_avx2.c / *_avx512*.c / *_amx.c files are x86-only and
 # left out there too), so x86-only code cannot slip into the portable path.
 # jansson's, hiredis', libxxhash's, OpenBLAS's and OpenSSL's headers are the same on both
 # architectures (LP64), so the host's copies serve (OpenSSL's two generated
@@ -32,6 +32,6 @@ while IFS= read -r f; do
     -fvisibility=hidden -fPIC -DKVS_BUILDING_LIBRARY -DKVS_HAVE_X86=0 \
     -I include -I src -isystem "$inc" -c "$f" -o "$out/$n.o"
   n=$((n + 1))
-done < <(find src -name '*.c' ! -name '*_avx2.c' ! -name '*_avx512.c' ! -name '*_avx512fp16.c' ! -name '*_avx512vbmi2.c' | sort)
+done < <(find src -name '*.c' ! -name '*_avx2.c' ! -name '*_avx512.c' ! -name '*_avx512fp16.c' ! -name '*_avx512vbmi2.c' ! -name '*_amx.c' | sort)
 "$CC" -shared -o "$out/libkvserde.so" "$out"/*.o
 echo "check-aarch64: $n sources compiled and linked into an aarch64 libkvserde.so"

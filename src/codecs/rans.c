@@ -260,9 +260,7 @@ static int use_simd(void)
 {
     int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
     if (s < 0) {
-        const char *isa = getenv("KVSERDE_ISA");
-        int forced_off = isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
-        s = !forced_off && simd_available();
+        s = !kvs_cpu_isa_forced_pre_avx512() && simd_available();
         atomic_store_explicit(&simd_state, s, memory_order_relaxed);
     }
     return s;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "codecs/basis_products.h"
 #include "codecs/blas.h"
 #include "kvserde/error.h"
 
@@ -66,6 +67,7 @@ void kvs_transform_free(kvs_transform *t)
         free(t->basis[kv]);
         free(t->rms[kv]);
     }
+    kvs_basis_packed_free(t->packed);
     free(t);
 }
 
@@ -90,6 +92,8 @@ void kvs_transform_finish(kvs_transform *t)
             /* a layer without spread still gets a usable unit */
             t->rms[kv][l] = r > 1e-30f ? r : 1.0f;
         }
+    kvs_basis_packed_free(t->packed);
+    t->packed = kvs_basis_pack(t);
     XXH3_state_t *st = XXH3_createState();
     static const char tag[] = "kvserde-transform-v1";
     uint8_t dims[8];

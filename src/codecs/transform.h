@@ -38,13 +38,17 @@ typedef struct kvs_transform {
     float *var[2];   /* layers x hidden */
     float *rms[2];   /* layers: sqrt of the mean variance (the step's unit) */
     uint64_t fingerprint;
+    /* the basis tile-packed for the AMX products, or NULL (sgemm serves):
+     * made by kvs_transform_finish (codecs/basis_products.h) */
+    struct kvs_basis_packed *packed;
 } kvs_transform;
 
 /* Allocate an empty transform of this size (every array zeroed). */
 int kvs_transform_alloc(uint32_t layers, uint32_t hidden, kvs_transform **out);
 void kvs_transform_free(kvs_transform *t);
 
-/* Fill t->rms and t->fingerprint from the arrays. */
+/* Fill t->rms, t->fingerprint and t->packed from the arrays (which must
+ * not change afterwards). */
 void kvs_transform_finish(kvs_transform *t);
 
 /* Load and check a transform file: the tensors above with consistent

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/basis_products.h"
 #include "codecs/blas.h"
 #include "codecs/coef_coder.h"
 #include "codecs/coef_rans.h"
@@ -358,12 +359,18 @@ static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_
     uint32_t l = (uint32_t)(i % t->layers);
     uint8_t *rec = j->out + PAYLOAD_HEADER + i * RECORD_SIZE, *dst = j->out + j->slots + i * j->slot;
     float delta = layer_step(t, kv, l, j->s->step[kv]);
-    load_rows(j->src, j->dtype, i * rows, rows, a);
-    const float *mean = t->mean[kv] + (size_t)l * h;
-    for (size_t r = 0; r < T; r++)
-        for (size_t e = 0; e < h; e++) a[r * h + e] -= mean[e];
-    j->blas->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h, 1.0f / delta,
-                   a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, c, (int)h);
+    /* bfloat16 rows go to the AMX products as they are (basis_products.h);
+     * float16 and float32 rows, or a CPU without AMX, take sgemm */
+    if (j->dtype != KVS_DTYPE_BFLOAT16 ||
+        !kvs_basis_forward(t, kv, l, (const uint16_t *)j->src + i * rows, T, 1.0f / delta, c)) {
+        load_rows(j->src, j->dtype, i * rows, rows, a);
+        const float *mean = t->mean[kv] + (size_t)l * h;
+        for (size_t r = 0; r < T; r++)
+            for (size_t e = 0; e < h; e++) a[r * h + e] -= mean[e];
+        j->blas->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)h, (int)h,
+                       1.0f / delta, a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f,
+                       c, (int)h);
+    }
     for (size_t e = 0; e < rows; e++) q[e] = quantize(c[e]);
     /* Components are kept up to the last one with a nonzero value: the
      * trailing ones cost neither bits nor decode time. */
@@ -525,11 +532,12 @@ static int rebuild_range(void *ctx, uint64_t begin, uint64_t end)
         int kv = (int)(i / t->layers);
         uint32_t l = (uint32_t)(i % t->layers);
         const float *mean = t->mean[kv] + (size_t)l * h;
-        if (kept)
+        float delta = layer_step(t, kv, l, j->step[kv]);
+        if (kept && !kvs_basis_inverse(t, kv, l, j->coef + j->cpos[i], T, kept, delta, x))
             j->blas->sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)h, (int)kept,
-                           layer_step(t, kv, l, j->step[kv]), j->coef + j->cpos[i], (int)kept,
+                           delta, j->coef + j->cpos[i], (int)kept,
                            t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
-        else
+        else if (!kept)
             memset(x, 0, T * h * sizeof(float));
         for (size_t r = 0; r < T; r++)
             for (size_t e = 0; e < h; e++) x[r * h + e] += mean[e];

@@ -3,12 +3,35 @@
 #include "util/cpu_features.h"
 
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvs_cpu_isa_forced_pre_avx512(void)
+{
+    const char *isa = getenv("KVSERDE_ISA");
+    return isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
+}
 
 #if KVS_HAVE_X86
 #include <cpuid.h>
 
 static unsigned features;
 static pthread_once_t features_once = PTHREAD_ONCE_INIT;
+
+/* CPUID 7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (bit 24); XCR0 (xgetbv 0,
+ * which needs OSXSAVE, CPUID 1 ECX bit 27): XTILECFG and XTILEDATA (bits
+ * 17, 18), without which the OS does not save tile state. */
+static int amx_bf16(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return 0;
+    if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & (3u << 17)) == (3u << 17);
+}
 
 static void read_features(void)
 {
@@ -27,6 +50,7 @@ static void read_features(void)
         f |= KVS_CPU_AVX512;
     if ((f & KVS_CPU_AVX512) && fp16) f |= KVS_CPU_AVX512FP16;
     if ((f & KVS_CPU_AVX512) && __builtin_cpu_supports("avx512vbmi2")) f |= KVS_CPU_AVX512VBMI2;
+    if (amx_bf16()) f |= KVS_CPU_AMX_BF16;
     features = f;
 }
 
