@@ -28,10 +28,12 @@ static kvs_rans_dec_tables dec_tables;
 static int32_t sym_base[NSYM]; /* signed: -m for a negative symbol */
 static int32_t sym_dir[NSYM];  /* +1 or -1: the raw bits add to the magnitude */
 static uint8_t sym_raw[NSYM];
-/* The AVX-512 decoder's look-ups, 256 entries (a gather's index is a byte):
- * each symbol's raw bit count, and its value where that is 0. */
-static int32_t sym_raw32[256];
-static float sym_value[256];
+/* The AVX-512 kernels' look-ups (coef_rans_kernels.h): each class's coded
+ * range, and each symbol's decoder entry, 256 (a gather's index is a
+ * byte; those above the escape are escapes, never decoded). */
+static uint32_t range_of[KVS_COEF_RANS_CLASSES];
+static int ranges_exact; /* every class's table codes exactly its range and the escape */
+static uint32_t entry_of[256];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void tables_init(void)
@@ -59,9 +61,23 @@ static void tables_init(void)
     }
     sym_raw[KVS_COEF_ESCAPE] = KVS_COEF_ESCAPE_RAW;
     sym_dir[KVS_COEF_ESCAPE] = 1;
-    for (unsigned s = 0; s < NSYM; s++) {
-        sym_raw32[s] = sym_raw[s];
-        sym_value[s] = (float)sym_base[s];
+    for (unsigned s = 0; s < 256; s++) {
+        uint32_t m = s < NSYM ? (uint32_t)(sym_base[s] < 0 ? -sym_base[s] : sym_base[s]) : 0;
+        entry_of[s] = s < KVS_COEF_ESCAPE ? sym_raw[s] | (sym_dir[s] < 0 ? KVS_COEF_ENTRY_NEG : 0) |
+                                                m << 8
+                                          : KVS_COEF_ENTRY_ESCAPE;
+    }
+    /* The generated tables each code one range of symbols (from 0, or from
+     * a bucket for the widest classes) and the escape; the AVX-512 escape
+     * test relies on it, so a table with a gap leaves encoding scalar. */
+    ranges_exact = 1;
+    for (unsigned c = 0; c < KVS_COEF_RANS_CLASSES; c++) {
+        unsigned lo = 0, hi = 0;
+        while (lo < KVS_COEF_ESCAPE && kvs_coef_freq[c][lo] == 0) lo++;
+        for (unsigned s = lo; s < KVS_COEF_ESCAPE; s++)
+            if (kvs_coef_freq[c][s]) hi = s;
+        for (unsigned s = lo; s <= hi; s++) ranges_exact &= kvs_coef_freq[c][s] != 0;
+        range_of[c] = lo | hi << 8;
     }
 }
 
@@ -131,6 +147,20 @@ static inline void bits_refill(bit_reader *r)
         r->count += 8;
     }
 }
+
+#if KVS_HAVE_X86
+/* Move to bit `at` (at most the stream's bits), where a vector kernel
+ * left off. */
+static void bits_seek(bit_reader *r, size_t at)
+{
+    r->pos = at / 8;
+    r->acc = 0;
+    r->count = 0;
+    bits_refill(r);
+    r->acc >>= at % 8;
+    r->count -= (unsigned)(at % 8);
+}
+#endif
 
 /* n <= 16 bits, or -1 when the stream has fewer left. */
 static inline int32_t bits_get(bit_reader *r, unsigned n)
@@ -255,8 +285,8 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
         memcpy(ctx + r * cols, cls, cols);
         size_t k = 0, j = 0;
 #if KVS_HAVE_X86
-        if (kvs_rans_simd_in_use())
-            j = kvs_coef_rans_row_avx512(row, cols, cls, &enc_tables, sym + r * cols, pending, &k);
+        if (ranges_exact && kvs_rans_simd_in_use())
+            j = kvs_coef_rans_row_avx512(row, cols, cls, range_of, sym + r * cols, pending, &k);
 #endif
         kvs_coef_rans_row_scalar(row, j, cols, cls, &enc_tables, sym + r * cols, pending, &k);
         for (size_t i = 0; i < k; i++) bits_put(&w, pending[i] & 0xFFFF, pending[i] >> 16);
@@ -327,33 +357,37 @@ int kvs_coef_rans_decode(const uint8_t *in, size_t n, size_t rows, size_t cols,
 #if KVS_HAVE_X86
     int simd = kvs_rans_simd_in_use();
 #endif
-    for (size_t r = 0; r < rows && rc == KVS_OK; r++) {
-        const uint8_t *srow = sym + r * cols;
-        float *orow = out + r * cols;
-        for (size_t j = 0; j < cols && rc == KVS_OK;) {
-            size_t stop = cols;
+    /* The matrix as one run of coefficients (rows are contiguous in sym
+     * and out), j following i's column for its class. */
+    for (size_t i = 0, j = 0; rc == KVS_OK && i < count;) {
+        size_t stop = count;
 #if KVS_HAVE_X86
-            /* groups of 16 without raw bits by vector; one with them here */
-            if (simd) {
-                j = kvs_coef_rans_plain_avx512(srow, j, cols, sym_raw32, sym_value, orow);
-                stop = j + 16 < cols ? j + 16 : cols;
+        /* groups of 16 by vector; the one it stops at here */
+        if (simd) {
+            size_t at = br.pos * 8 - br.count, from = i;
+            i = kvs_coef_rans_values_avx512(sym, i, count, entry_of, br.in, br.n, &at, out);
+            if (i != from) {
+                bits_seek(&br, at);
+                j = (j + i - from) % cols;
             }
+            stop = i + 16 < count ? i + 16 : count;
+        }
 #endif
-            for (; j < stop; j++) {
-                rc = decode_one(&br, srow[j], cls[j], &orow[j]);
-                if (rc) {
-                    rc = rc == 1 ? kvs_set_error(KVS_ECORRUPT,
-                                                 "%s: coefficient stream damaged: its %zu raw "
-                                                 "bytes end at coefficient %zu of %zu x %zu",
-                                                 what, br.n, r * cols + j, rows, cols)
-                                 : kvs_set_error(KVS_ECORRUPT,
-                                                 "%s: coefficient stream damaged: coefficient "
-                                                 "%zu escapes %d, which class %u codes without "
-                                                 "escape",
-                                                 what, r * cols + j, rc - 2 - 0x8000, cls[j]);
-                    break;
-                }
+        for (; i < stop; i++) {
+            rc = decode_one(&br, sym[i], cls[j], &out[i]);
+            if (rc) {
+                rc = rc == 1 ? kvs_set_error(KVS_ECORRUPT,
+                                             "%s: coefficient stream damaged: its %zu raw "
+                                             "bytes end at coefficient %zu of %zu x %zu",
+                                             what, br.n, i, rows, cols)
+                             : kvs_set_error(KVS_ECORRUPT,
+                                             "%s: coefficient stream damaged: coefficient "
+                                             "%zu escapes %d, which class %u codes without "
+                                             "escape",
+                                             what, i, rc - 2 - 0x8000, cls[j]);
+                break;
             }
+            if (++j == cols) j = 0;
         }
     }
     if (rc == KVS_OK) {

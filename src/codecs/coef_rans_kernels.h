@@ -7,8 +7,7 @@
  * raw codes (the bits | their count << 16) appended at pending[*k]; a
  * symbol that the table of its column's class cls[j] does not code (info:
  * the rANS encoder's entries, rans.h, frequency 0) becomes the escape with
- * 16 raw bits. The AVX-512 variant does whole groups of 16 and returns the
- * column it stopped at; the scalar one does the rest. */
+ * 16 raw bits. The scalar one does the columns from j0 on. */
 #ifndef KVSERDE_CODECS_COEF_RANS_KERNELS_H
 #define KVSERDE_CODECS_COEF_RANS_KERNELS_H
 
@@ -17,20 +16,33 @@
 
 #include "codecs/rans.h"
 
+/* The decoder's entry of a symbol (entry_of): its raw bit count (bits
+ * 0-4), whether it is the escape (which the scalar decoder takes), whether
+ * its value is negative, and its magnitude before the raw bits (bits 8-31):
+ * the value is +-(magnitude + raw bits). */
+#define KVS_COEF_ENTRY_ESCAPE 0x20u
+#define KVS_COEF_ENTRY_NEG 0x40u
+
 void kvs_coef_rans_row_scalar(const int32_t *row, size_t j0, size_t cols, const uint8_t *cls,
                               const kvs_rans_enc_tables *info, uint8_t *srow, uint32_t *pending,
                               size_t *k);
 #if KVS_HAVE_X86
-/* Decoding: from column j of a row of decoded symbols srow[0..cols), the
- * values of whole groups of 16 none of whose symbols has raw bits
- * (raw_of[s] == 0; value_of[s] its value) into orow; returns the column of
- * the first group that has some, or where fewer than 16 are left (the
- * scalar decoder takes those, in order with the raw bits). */
-size_t kvs_coef_rans_plain_avx512(const uint8_t *srow, size_t j, size_t cols,
-                                  const int32_t *raw_of, const float *value_of, float *orow);
+/* Encoding, the same with range_of[c] = the first | the last symbol << 8
+ * that class c codes (every class's table codes a range and the escape,
+ * coef_rans.c checks), for whole groups of 16; returns the column it
+ * stopped at. pending has room for cols codes. */
 size_t kvs_coef_rans_row_avx512(const int32_t *row, size_t cols, const uint8_t *cls,
-                                const kvs_rans_enc_tables *info, uint8_t *srow,
-                                uint32_t *pending, size_t *k);
+                                const uint32_t *range_of, uint8_t *srow, uint32_t *pending,
+                                size_t *k);
+/* Decoding: from coefficient i of the decoded symbols sym[0..count) (the
+ * matrix in row order), whole groups of 16 into their values out[i..],
+ * their raw bits from bit *bitpos of raw[0..raw_n) on (*bitpos moves past
+ * them); stops before a group with an escape, one whose raw bits are not
+ * all inside raw (4 bytes beyond the last), or fewer than 16 left, and
+ * returns where: the scalar decoder takes that group. */
+size_t kvs_coef_rans_values_avx512(const uint8_t *sym, size_t i, size_t count,
+                                   const uint32_t *entry_of, const uint8_t *raw, size_t raw_n,
+                                   size_t *bitpos, float *out);
 #endif
 
 #endif /* KVSERDE_CODECS_COEF_RANS_KERNELS_H */

@@ -178,19 +178,20 @@ int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_
     return KVS_OK;
 }
 
-/* The reciprocal and shift of every frequency f >= 2 (f = 1: rcp_of[1] =
- * ~0, shift 0, below): a block's encoder builds up to eight tables, and the
- * 64-bit division and shift search per symbol were most of that. */
-static uint32_t rcp_of[KVS_RANS_TOTAL + 1];
+/* The reciprocal (rans_kernels.h) and shift of every frequency f >= 2
+ * (f = 1: ~0, shift 0, below): a block's encoder builds up to eight
+ * tables, and the 64-bit division and shift search per symbol were most
+ * of that. */
+uint32_t kvs_rans_rcp_of[KVS_RANS_TOTAL + 1];
 static uint8_t shift_of[KVS_RANS_TOTAL + 1];
 static pthread_once_t rcp_once = PTHREAD_ONCE_INIT;
 
 static void rcp_init(void)
 {
-    rcp_of[1] = ~0u;
+    kvs_rans_rcp_of[1] = ~0u;
     for (uint32_t f = 2, shift = 1; f <= KVS_RANS_TOTAL; f++) {
         while (f > (1u << shift)) shift++;
-        rcp_of[f] = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+        kvs_rans_rcp_of[f] = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
         shift_of[f] = (uint8_t)(shift - 1);
     }
 }
@@ -206,7 +207,6 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
             /* f = 1: q = x - 1 (the reciprocal of 1 does not fit): the bias
              * makes bias + x + (x - 1)(M - 1) = x M + start */
             uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : f ? start : 0;
-            e->rcp[c * 256 + s] = rcp_of[f];
             e->info[c * 256 + s] = bias | f << 13 | (uint32_t)shift_of[f] << 26;
             start += f;
         }
@@ -285,12 +285,12 @@ int kvs_rans_set_simd(int on)
 
 /* ---- encode ---------------------------------------------------------- */
 
-/* One symbol into state x (info, rcp: its table entries); the word is
- * stored at p - 2 whether or not it is kept (p moves down only if it is),
- * so no branch on the data. */
-static inline uint32_t enc_put(uint32_t x, uint32_t info, uint32_t rcp, uint8_t **pp)
+/* One symbol into state x (info: its table entry); the word is stored at
+ * p - 2 whether or not it is kept (p moves down only if it is), so no
+ * branch on the data. */
+static inline uint32_t enc_put(uint32_t x, uint32_t info, uint8_t **pp)
 {
-    uint32_t f = info >> 13 & 0x1FFF;
+    uint32_t f = info >> 13 & 0x1FFF, rcp = kvs_rans_rcp_of[f];
     uint8_t *p = *pp;
     uint32_t out = x >= f << KVS_RANS_XMAX_SHIFT; /* x_max = ((L >> scale) << 16) f */
     p[-2] = (uint8_t)x;
@@ -313,7 +313,7 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
             unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
             uint32_t info = e->info[k];
             bad |= (info >> 13 & 0x1FFF) == 0;
-            x[l] = enc_put(x[l], info, e->rcp[k], &p);
+            x[l] = enc_put(x[l], info, &p);
         }
     }
     *pp = p;
@@ -335,7 +335,7 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
         unsigned k = CTX_AT(ctx, i, e->top) * 256u + sym[i];
         uint32_t info = e->info[k];
         nocode |= (info >> 13 & 0x1FFF) == 0;
-        x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, e->rcp[k], &p);
+        x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, &p);
     }
     size_t groups = n / KVS_RANS_LANES;
 #if KVS_HAVE_X86

@@ -135,8 +135,8 @@ static inline __m512i enc_half(const kvs_rans_enc_tables *e, __m512i X, const ui
     __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sym16));
     if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, e->top, 8));
     __m512i info = _mm512_i32gather_epi32(k, (const void *)e->info, 4);
-    __m512i rcp = _mm512_i32gather_epi32(k, (const void *)e->rcp, 4);
     __m512i f = _mm512_and_si512(_mm512_srli_epi32(info, 13), _mm512_set1_epi32(0x1FFF));
+    __m512i rcp = _mm512_i32gather_epi32(f, (const void *)kvs_rans_rcp_of, 4);
     *bad |= _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512());
     __mmask16 out = _mm512_cmpge_epu32_mask(X, _mm512_slli_epi32(f, KVS_RANS_XMAX_SHIFT));
     unsigned cnt = (unsigned)__builtin_popcount(out);
