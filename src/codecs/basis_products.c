@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "codecs/basis_products_kernel.h"
+#include "codecs/clones.h"
 #include "codecs/half.h"
 #include "util/cpu_features.h"
 
@@ -201,6 +202,40 @@ static int run_gemm(const kvs_basis_gemm *g)
 #endif
 }
 
+/* The T x kept coefficients q as their hi and lo parts (split_integer)
+ * in rows of kpad, and per 32 rows x 32 columns whether any lo is nonzero
+ * (lo_flags, zeroed by the caller). */
+CLONES static void split_rows(const float *q, size_t T, size_t kept, size_t kpad, uint16_t *a,
+                              uint16_t *a_lo, uint8_t *lo_flags)
+{
+    size_t kblocks = kpad / 32;
+    for (size_t r = 0; r < T; r++)
+        for (size_t kb = 0; kb < kblocks; kb++) {
+            size_t k0 = kb * 32, k1 = k0 + 32 < kept ? k0 + 32 : kept;
+            uint16_t any = 0;
+            for (size_t k = k0; k < k1; k++) {
+                split_integer(q[r * kept + k], &a[r * kpad + k], &a_lo[r * kpad + k]);
+                any |= a_lo[r * kpad + k];
+            }
+            lo_flags[r / 32 * kblocks + kb] |= any != 0;
+        }
+}
+
+/* out (T rows of h, ldc apart) into dst (rows of h): (out - sub) * scale,
+ * or out * scale where sub is NULL. */
+CLONES static void scale_rows(const float *out, size_t ldc, size_t T, size_t h,
+                              const float *sub, float scale, float *dst)
+{
+    for (size_t r = 0; r < T; r++) {
+        const float *o = out + r * ldc;
+        float *d = dst + r * h;
+        if (sub)
+            for (size_t j = 0; j < h; j++) d[j] = (o[j] - sub[j]) * scale;
+        else
+            for (size_t j = 0; j < h; j++) d[j] = o[j] * scale;
+    }
+}
+
 int kvs_basis_forward(const kvs_transform *t, int kv, uint32_t l, const uint16_t *x, size_t T,
                       float inv_delta, float *c)
 {
@@ -227,8 +262,7 @@ int kvs_basis_forward(const kvs_transform *t, int kv, uint32_t l, const uint16_t
     for (size_t q = 0; q < FWD_PARTS; q++) g.b[q] = p->fwd + (FWD_PARTS * s + q) * p->part;
     int done = run_gemm(&g);
     const float *bmean = p->bmean + s * npad;
-    for (size_t r = 0; done && r < T; r++)
-        for (size_t j = 0; j < h; j++) c[r * h + j] = (out[r * ldc + j] - bmean[j]) * inv_delta;
+    if (done) scale_rows(out, ldc, T, h, bmean, inv_delta, c);
     free(apad), free(cpad);
     return done;
 }
@@ -249,16 +283,7 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
         free(a), free(lo_flags), free(cpad);
         return 0;
     }
-    for (size_t r = 0; r < T; r++)
-        for (size_t kb = 0; kb < kblocks; kb++) {
-            size_t k0 = kb * 32, k1 = k0 + 32 < kept ? k0 + 32 : kept;
-            uint16_t any = 0;
-            for (size_t k = k0; k < k1; k++) {
-                split_integer(q[r * kept + k], &a[r * kpad + k], &a_lo[r * kpad + k]);
-                any |= a_lo[r * kpad + k];
-            }
-            lo_flags[r / 32 * kblocks + kb] |= any != 0;
-        }
+    split_rows(q, T, kept, kpad, a, a_lo, lo_flags);
     float *out = in_place ? x : cpad;
     size_t ldc = in_place ? h : npad;
     kvs_basis_gemm g = {.a = a, .a_lo = a_lo, .a_lo_flags = lo_flags, .lda = kpad, .m = Tpad,
@@ -267,8 +292,7 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
     for (size_t part = 0; part < INV_PARTS; part++)
         g.b[part] = p->inv + (INV_PARTS * s + part) * p->part;
     int done = run_gemm(&g);
-    for (size_t r = 0; done && r < T; r++)
-        for (size_t e = 0; e < h; e++) x[r * h + e] = out[r * ldc + e] * delta;
+    if (done) scale_rows(out, ldc, T, h, NULL, delta, x);
     free(a), free(lo_flags), free(cpad);
     return done;
 }
