@@ -203,13 +203,16 @@ static int run_gemm(const kvs_basis_gemm *g)
 }
 
 /* The T x kept coefficients q as their hi and lo parts (split_integer)
- * in rows of kpad, and per 32 rows x 32 columns whether any lo is nonzero
- * (lo_flags, zeroed by the caller). */
-CLONES static void split_rows(const float *q, size_t T, size_t kept, size_t kpad, uint16_t *a,
-                              uint16_t *a_lo, uint8_t *lo_flags)
+ * in Tpad rows of kpad, zero beyond them, and per 32 rows x 32 columns
+ * whether any lo is nonzero: every byte of a, a_lo and lo_flags written,
+ * so the buffers need no clearing first (a calloc of them cost a pass of
+ * its own). */
+CLONES static void split_rows(const float *q, size_t T, size_t Tpad, size_t kept, size_t kpad,
+                              uint16_t *a, uint16_t *a_lo, uint8_t *lo_flags)
 {
     size_t kblocks = kpad / 32;
-    for (size_t r = 0; r < T; r++)
+    memset(lo_flags, 0, Tpad / 32 * kblocks);
+    for (size_t r = 0; r < T; r++) {
         for (size_t kb = 0; kb < kblocks; kb++) {
             size_t k0 = kb * 32, k1 = k0 + 32 < kept ? k0 + 32 : kept;
             uint16_t any = 0;
@@ -219,6 +222,10 @@ CLONES static void split_rows(const float *q, size_t T, size_t kept, size_t kpad
             }
             lo_flags[r / 32 * kblocks + kb] |= any != 0;
         }
+        for (size_t k = kept; k < kpad; k++) a[r * kpad + k] = a_lo[r * kpad + k] = 0;
+    }
+    memset(a + T * kpad, 0, (Tpad - T) * kpad * sizeof(uint16_t));
+    memset(a_lo + T * kpad, 0, (Tpad - T) * kpad * sizeof(uint16_t));
 }
 
 /* out (T rows of h, ldc apart) into dst (rows of h): (out - sub) * scale,
@@ -276,14 +283,14 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
     size_t kblocks = round_up(kept, 32) / 32, kpad = kblocks * 32;
     size_t s = (size_t)kv * t->layers + l;
     int in_place = T == Tpad && h == npad;
-    uint16_t *a = calloc(2 * Tpad * kpad, sizeof(uint16_t)), *a_lo = a + Tpad * kpad;
-    uint8_t *lo_flags = calloc(Tpad / 32 * kblocks, 1);
+    uint16_t *a = malloc(2 * Tpad * kpad * sizeof(uint16_t)), *a_lo = a + Tpad * kpad;
+    uint8_t *lo_flags = malloc(Tpad / 32 * kblocks);
     float *cpad = in_place ? NULL : malloc(Tpad * npad * sizeof(float));
     if (a == NULL || lo_flags == NULL || (!in_place && cpad == NULL)) {
         free(a), free(lo_flags), free(cpad);
         return 0;
     }
-    split_rows(q, T, kept, kpad, a, a_lo, lo_flags);
+    split_rows(q, T, Tpad, kept, kpad, a, a_lo, lo_flags);
     float *out = in_place ? x : cpad;
     size_t ldc = in_place ? h : npad;
     kvs_basis_gemm g = {.a = a, .a_lo = a_lo, .a_lo_flags = lo_flags, .lda = kpad, .m = Tpad,
