@@ -120,12 +120,14 @@ static inline void split_integer(float v, uint16_t *hi, uint16_t *lo)
     *lo = (uint16_t)(kvs_f32_to_bits(v - kvs_bf16_to_f32(*hi)) >> 16);
 }
 
-/* One layer's basis b (h x h, rows = components) as the kernel's operand
- * of K rows x N columns, in nparts parts p->part apart: element (k, n) is
- * b[n][k] when transposed (forward: K runs over the hidden channels), else
- * b[k][n]; zero beyond h. */
-static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis_packed *p,
-                       size_t nparts, uint16_t *out)
+/* One layer's basis, split once (split_bf16, FWD_PARTS parts; the first
+ * INV_PARTS of them are the inverse's split too, each part being the
+ * remainder so far rounded) into parts[q][j * h + e], as the kernel's
+ * operand of K rows x N columns, in nparts parts p->part apart: element
+ * (k, n) is basis element (n, k) when transposed (forward: K runs over the
+ * hidden channels), else (k, n); zero beyond h. */
+static void pack_basis(const uint16_t *parts, size_t h, int transposed,
+                       const kvs_basis_packed *p, size_t nparts, uint16_t *out)
 {
     for (size_t nt = 0; nt < p->ntiles; nt++)
         for (size_t kb = 0; kb < p->kblocks; kb++) {
@@ -134,9 +136,10 @@ static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis
                 for (size_t n = 0; n < 16; n++)
                     for (size_t pair = 0; pair < 2; pair++) {
                         size_t k = kb * 32 + 2 * r + pair, col = nt * 16 + n;
-                        float v = 0;
-                        if (k < h && col < h) v = transposed ? b[col * h + k] : b[k * h + col];
-                        split_bf16(v, nparts, &out[tile + r * 32 + n * 2 + pair], p->part);
+                        size_t at = transposed ? col * h + k : k * h + col;
+                        for (size_t q = 0; q < nparts; q++)
+                            out[q * p->part + tile + r * 32 + n * 2 + pair] =
+                                k < h && col < h ? parts[q * h * h + at] : 0;
                     }
         }
 }
@@ -166,26 +169,32 @@ kvs_basis_packed *kvs_basis_pack(const kvs_transform *t)
         kvs_basis_packed_free(p);
         return NULL;
     }
+    uint16_t *parts = malloc(FWD_PARTS * h * h * sizeof(uint16_t));
+    if (parts == NULL) {
+        kvs_basis_packed_free(p);
+        return NULL;
+    }
     for (size_t s = 0; s < streams; s++) {
         int kv = (int)(s / t->layers);
         size_t l = s % t->layers;
         const float *b = t->basis[kv] + l * h * h, *mean = t->mean[kv] + l * h;
-        pack_basis(b, h, 1, p, FWD_PARTS, p->fwd + FWD_PARTS * s * p->part);
-        pack_basis(b, h, 0, p, INV_PARTS, p->inv + INV_PARTS * s * p->part);
+        for (size_t e = 0; e < h * h; e++) split_bf16(b[e], FWD_PARTS, parts + e, h * h);
+        pack_basis(parts, h, 1, p, FWD_PARTS, p->fwd + FWD_PARTS * s * p->part);
+        pack_basis(parts, h, 0, p, INV_PARTS, p->inv + INV_PARTS * s * p->part);
         /* with the parts the tiles multiply, so the mean's product cancels
          * the same basis the data's does */
         for (size_t j = 0; j < h; j++) {
             double sum = 0;
             for (size_t e = 0; e < h; e++) {
-                uint16_t parts[FWD_PARTS];
-                split_bf16(b[j * h + e], FWD_PARTS, parts, 1);
                 double v = 0;
-                for (size_t q = 0; q < FWD_PARTS; q++) v += kvs_bf16_to_f32(parts[q]);
+                for (size_t q = 0; q < FWD_PARTS; q++)
+                    v += kvs_bf16_to_f32(parts[q * h * h + j * h + e]);
                 sum += v * mean[e];
             }
             p->bmean[s * p->ntiles * 16 + j] = (float)sum;
         }
     }
+    free(parts);
     return p;
 }
 
