@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "codecs/basis_products_kernel.h"
+#include "codecs/clones.h"
 #include "codecs/half.h"
 #include "util/cpu_features.h"
 
@@ -119,12 +120,14 @@ static inline void split_integer(float v, uint16_t *hi, uint16_t *lo)
     *lo = (uint16_t)(kvs_f32_to_bits(v - kvs_bf16_to_f32(*hi)) >> 16);
 }
 
-/* One layer's basis b (h x h, rows = components) as the kernel's operand
- * of K rows x N columns, in nparts parts p->part apart: element (k, n) is
- * b[n][k] when transposed (forward: K runs over the hidden channels), else
- * b[k][n]; zero beyond h. */
-static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis_packed *p,
-                       size_t nparts, uint16_t *out)
+/* One layer's basis, split once (split_bf16, FWD_PARTS parts; the first
+ * INV_PARTS of them are the inverse's split too, each part being the
+ * remainder so far rounded) into parts[q][j * h + e], as the kernel's
+ * operand of K rows x N columns, in nparts parts p->part apart: element
+ * (k, n) is basis element (n, k) when transposed (forward: K runs over the
+ * hidden channels), else (k, n); zero beyond h. */
+static void pack_basis(const uint16_t *parts, size_t h, int transposed,
+                       const kvs_basis_packed *p, size_t nparts, uint16_t *out)
 {
     for (size_t nt = 0; nt < p->ntiles; nt++)
         for (size_t kb = 0; kb < p->kblocks; kb++) {
@@ -133,9 +136,10 @@ static void pack_basis(const float *b, size_t h, int transposed, const kvs_basis
                 for (size_t n = 0; n < 16; n++)
                     for (size_t pair = 0; pair < 2; pair++) {
                         size_t k = kb * 32 + 2 * r + pair, col = nt * 16 + n;
-                        float v = 0;
-                        if (k < h && col < h) v = transposed ? b[col * h + k] : b[k * h + col];
-                        split_bf16(v, nparts, &out[tile + r * 32 + n * 2 + pair], p->part);
+                        size_t at = transposed ? col * h + k : k * h + col;
+                        for (size_t q = 0; q < nparts; q++)
+                            out[q * p->part + tile + r * 32 + n * 2 + pair] =
+                                k < h && col < h ? parts[q * h * h + at] : 0;
                     }
         }
 }
@@ -165,26 +169,32 @@ kvs_basis_packed *kvs_basis_pack(const kvs_transform *t)
         kvs_basis_packed_free(p);
         return NULL;
     }
+    uint16_t *parts = malloc(FWD_PARTS * h * h * sizeof(uint16_t));
+    if (parts == NULL) {
+        kvs_basis_packed_free(p);
+        return NULL;
+    }
     for (size_t s = 0; s < streams; s++) {
         int kv = (int)(s / t->layers);
         size_t l = s % t->layers;
         const float *b = t->basis[kv] + l * h * h, *mean = t->mean[kv] + l * h;
-        pack_basis(b, h, 1, p, FWD_PARTS, p->fwd + FWD_PARTS * s * p->part);
-        pack_basis(b, h, 0, p, INV_PARTS, p->inv + INV_PARTS * s * p->part);
+        for (size_t e = 0; e < h * h; e++) split_bf16(b[e], FWD_PARTS, parts + e, h * h);
+        pack_basis(parts, h, 1, p, FWD_PARTS, p->fwd + FWD_PARTS * s * p->part);
+        pack_basis(parts, h, 0, p, INV_PARTS, p->inv + INV_PARTS * s * p->part);
         /* with the parts the tiles multiply, so the mean's product cancels
          * the same basis the data's does */
         for (size_t j = 0; j < h; j++) {
             double sum = 0;
             for (size_t e = 0; e < h; e++) {
-                uint16_t parts[FWD_PARTS];
-                split_bf16(b[j * h + e], FWD_PARTS, parts, 1);
                 double v = 0;
-                for (size_t q = 0; q < FWD_PARTS; q++) v += kvs_bf16_to_f32(parts[q]);
+                for (size_t q = 0; q < FWD_PARTS; q++)
+                    v += kvs_bf16_to_f32(parts[q * h * h + j * h + e]);
                 sum += v * mean[e];
             }
             p->bmean[s * p->ntiles * 16 + j] = (float)sum;
         }
     }
+    free(parts);
     return p;
 }
 
@@ -199,6 +209,47 @@ static int run_gemm(const kvs_basis_gemm *g)
     (void)g;
     return 0;
 #endif
+}
+
+/* The T x kept coefficients q as their hi and lo parts (split_integer)
+ * in Tpad rows of kpad, zero beyond them, and per 32 rows x 32 columns
+ * whether any lo is nonzero: every byte of a, a_lo and lo_flags written,
+ * so the buffers need no clearing first (a calloc of them cost a pass of
+ * its own). */
+CLONES static void split_rows(const float *q, size_t T, size_t Tpad, size_t kept, size_t kpad,
+                              uint16_t *a, uint16_t *a_lo, uint8_t *lo_flags)
+{
+    size_t kblocks = kpad / 32;
+    memset(lo_flags, 0, Tpad / 32 * kblocks);
+    for (size_t r = 0; r < T; r++) {
+        for (size_t kb = 0; kb < kblocks; kb++) {
+            size_t k0 = kb * 32, k1 = k0 + 32 < kept ? k0 + 32 : kept;
+            uint16_t any = 0;
+            for (size_t k = k0; k < k1; k++) {
+                split_integer(q[r * kept + k], &a[r * kpad + k], &a_lo[r * kpad + k]);
+                any |= a_lo[r * kpad + k];
+            }
+            lo_flags[r / 32 * kblocks + kb] |= any != 0;
+        }
+        for (size_t k = kept; k < kpad; k++) a[r * kpad + k] = a_lo[r * kpad + k] = 0;
+    }
+    memset(a + T * kpad, 0, (Tpad - T) * kpad * sizeof(uint16_t));
+    memset(a_lo + T * kpad, 0, (Tpad - T) * kpad * sizeof(uint16_t));
+}
+
+/* out (T rows of h, ldc apart) into dst (rows of h): (out - sub) * scale,
+ * or out * scale where sub is NULL. */
+CLONES static void scale_rows(const float *out, size_t ldc, size_t T, size_t h,
+                              const float *sub, float scale, float *dst)
+{
+    for (size_t r = 0; r < T; r++) {
+        const float *o = out + r * ldc;
+        float *d = dst + r * h;
+        if (sub)
+            for (size_t j = 0; j < h; j++) d[j] = (o[j] - sub[j]) * scale;
+        else
+            for (size_t j = 0; j < h; j++) d[j] = o[j] * scale;
+    }
 }
 
 int kvs_basis_forward(const kvs_transform *t, int kv, uint32_t l, const uint16_t *x, size_t T,
@@ -227,8 +278,7 @@ int kvs_basis_forward(const kvs_transform *t, int kv, uint32_t l, const uint16_t
     for (size_t q = 0; q < FWD_PARTS; q++) g.b[q] = p->fwd + (FWD_PARTS * s + q) * p->part;
     int done = run_gemm(&g);
     const float *bmean = p->bmean + s * npad;
-    for (size_t r = 0; done && r < T; r++)
-        for (size_t j = 0; j < h; j++) c[r * h + j] = (out[r * ldc + j] - bmean[j]) * inv_delta;
+    if (done) scale_rows(out, ldc, T, h, bmean, inv_delta, c);
     free(apad), free(cpad);
     return done;
 }
@@ -242,23 +292,14 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
     size_t kblocks = round_up(kept, 32) / 32, kpad = kblocks * 32;
     size_t s = (size_t)kv * t->layers + l;
     int in_place = T == Tpad && h == npad;
-    uint16_t *a = calloc(2 * Tpad * kpad, sizeof(uint16_t)), *a_lo = a + Tpad * kpad;
-    uint8_t *lo_flags = calloc(Tpad / 32 * kblocks, 1);
+    uint16_t *a = malloc(2 * Tpad * kpad * sizeof(uint16_t)), *a_lo = a + Tpad * kpad;
+    uint8_t *lo_flags = malloc(Tpad / 32 * kblocks);
     float *cpad = in_place ? NULL : malloc(Tpad * npad * sizeof(float));
     if (a == NULL || lo_flags == NULL || (!in_place && cpad == NULL)) {
         free(a), free(lo_flags), free(cpad);
         return 0;
     }
-    for (size_t r = 0; r < T; r++)
-        for (size_t kb = 0; kb < kblocks; kb++) {
-            size_t k0 = kb * 32, k1 = k0 + 32 < kept ? k0 + 32 : kept;
-            uint16_t any = 0;
-            for (size_t k = k0; k < k1; k++) {
-                split_integer(q[r * kept + k], &a[r * kpad + k], &a_lo[r * kpad + k]);
-                any |= a_lo[r * kpad + k];
-            }
-            lo_flags[r / 32 * kblocks + kb] |= any != 0;
-        }
+    split_rows(q, T, Tpad, kept, kpad, a, a_lo, lo_flags);
     float *out = in_place ? x : cpad;
     size_t ldc = in_place ? h : npad;
     kvs_basis_gemm g = {.a = a, .a_lo = a_lo, .a_lo_flags = lo_flags, .lda = kpad, .m = Tpad,
@@ -267,8 +308,7 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
     for (size_t part = 0; part < INV_PARTS; part++)
         g.b[part] = p->inv + (INV_PARTS * s + part) * p->part;
     int done = run_gemm(&g);
-    for (size_t r = 0; done && r < T; r++)
-        for (size_t e = 0; e < h; e++) x[r * h + e] = out[r * ldc + e] * delta;
+    if (done) scale_rows(out, ldc, T, h, NULL, delta, x);
     free(a), free(lo_flags), free(cpad);
     return done;
 }

@@ -24,6 +24,7 @@
 
 #include "codecs/basis_products.h"
 #include "codecs/blas.h"
+#include "codecs/clones.h"
 #include "codecs/coef_coder.h"
 #include "codecs/coef_rans.h"
 #include "codecs/half.h"
@@ -261,15 +262,13 @@ static float layer_step(const kvs_transform *t, int kv, uint32_t l, float step)
     return step * t->rms[kv][l];
 }
 
-/* A component's context class: the mean square of its quantized values
- * in half-octaves, 0 for up to 2^-8 (one +-1 in 256 tokens) and below (the
- * encoder's choice, stored: the decoder reads it). The tables of
- * coef_tables.h were fitted to this mapping. */
-static uint8_t component_class(const int32_t *q, size_t rows, size_t cols, size_t j)
+/* A component's context class from the sum of its T quantized values'
+ * squares: their mean square in half-octaves, 0 for up to 2^-8 (one +-1 in
+ * 256 tokens) and below (the encoder's choice, stored: the decoder reads
+ * it). The tables of coef_tables.h were fitted to this mapping. */
+static uint8_t component_class(double sum_sq, size_t rows)
 {
-    double ms = 0;
-    for (size_t r = 0; r < rows; r++) ms += (double)q[r * cols + j] * q[r * cols + j];
-    ms /= (double)rows;
+    double ms = sum_sq / (double)rows;
     if (ms <= 0) return 0;
     int c = (int)floor(2 * log2(ms)) + 16;
     return (uint8_t)(c < 0 ? 0 : c >= KVS_COEF_RANS_CLASSES ? KVS_COEF_RANS_CLASSES - 1 : c);
@@ -304,16 +303,23 @@ static void load_rows(const void *src, kvs_dtype dtype, size_t offset, size_t n,
     }
 }
 
-static void store_rows(const float *in, size_t n, kvs_dtype dtype, void *dst, size_t offset)
+/* T rows of h values, each x + mean, rounded to dtype at dst: the mean
+ * added and the result converted in one pass. */
+CLONES static void store_rows_mean(const float *x, size_t T, size_t h, const float *mean,
+                                   kvs_dtype dtype, void *dst)
 {
-    if (dtype == KVS_DTYPE_FLOAT32) {
-        memcpy((float *)dst + offset, in, n * sizeof(float));
-    } else if (dtype == KVS_DTYPE_BFLOAT16) {
-        uint16_t *p = (uint16_t *)dst + offset;
-        for (size_t i = 0; i < n; i++) p[i] = kvs_f32_to_bf16(in[i]);
-    } else {
-        uint16_t *p = (uint16_t *)dst + offset;
-        for (size_t i = 0; i < n; i++) p[i] = kvs_f32_to_f16(in[i]);
+    for (size_t r = 0; r < T; r++) {
+        const float *in = x + r * h;
+        if (dtype == KVS_DTYPE_FLOAT32) {
+            float *p = (float *)dst + r * h;
+            for (size_t e = 0; e < h; e++) p[e] = in[e] + mean[e];
+        } else if (dtype == KVS_DTYPE_BFLOAT16) {
+            uint16_t *p = (uint16_t *)dst + r * h;
+            for (size_t e = 0; e < h; e++) p[e] = kvs_f32_to_bf16(in[e] + mean[e]);
+        } else {
+            uint16_t *p = (uint16_t *)dst + r * h;
+            for (size_t e = 0; e < h; e++) p[e] = kvs_f32_to_f16(in[e] + mean[e]);
+        }
     }
 }
 
@@ -329,6 +335,22 @@ static int32_t quantize(float c)
     v = v > (float)Q_MAX ? (float)Q_MAX : v;
     v = v < -(float)Q_MAX ? -(float)Q_MAX : v;
     return (int32_t)((v + ROUND_MAGIC) - ROUND_MAGIC);
+}
+
+/* q = quantize(c) for T rows of h, and per component whether any value is
+ * nonzero (the OR) and the sum of the squares, summed in token order as
+ * the classes always were: one pass, so neither needs another over q. */
+CLONES static void quantize_rows(const float *c, size_t T, size_t h, int32_t *q,
+                                 int32_t *nonzero, double *sum_sq)
+{
+    for (size_t k = 0; k < h; k++) nonzero[k] = 0, sum_sq[k] = 0;
+    for (size_t r = 0; r < T; r++)
+        for (size_t k = 0; k < h; k++) {
+            int32_t v = quantize(c[r * h + k]);
+            q[r * h + k] = v;
+            nonzero[k] |= v;
+            sum_sq[k] += (double)v * v;
+        }
 }
 
 /* ---- encode: the streams (K or V of one layer) split across workers ----
@@ -348,11 +370,22 @@ typedef struct enc_job {
     size_t slot;  /* bytes per slot */
 } enc_job;
 
-/* Stream i into its record and its slot; a, c (T x hidden floats), q (as
- * many i32) and cls (hidden bytes) are the caller's scratch. */
-static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_t *q,
-                          uint8_t *cls)
+/* A worker's scratch for one stream at a time. */
+typedef struct enc_scratch {
+    float *a, *c;     /* T x hidden: the rows as float (sgemm path), the coefficients */
+    int32_t *q;       /* T x hidden: the quantized coefficients */
+    uint8_t *cls;     /* hidden: the context classes */
+    int32_t *nonzero; /* hidden: the OR of each component's values */
+    double *sum_sq;   /* hidden: the sum of each component's squares */
+} enc_scratch;
+
+/* Stream i into its record and its slot. */
+static void encode_stream(const enc_job *j, size_t i, const enc_scratch *w)
 {
+    float *a = w->a, *c = w->c;
+    int32_t *q = w->q, *nonzero = w->nonzero;
+    uint8_t *cls = w->cls;
+    double *sum_sq = w->sum_sq;
     const kvs_transform *t = j->s->t;
     size_t h = t->hidden, T = j->T, rows = T * h;
     int kv = (int)(i / t->layers);
@@ -371,20 +404,18 @@ static void encode_stream(const enc_job *j, size_t i, float *a, float *c, int32_
                        1.0f / delta, a, (int)h, t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f,
                        c, (int)h);
     }
-    for (size_t e = 0; e < rows; e++) q[e] = quantize(c[e]);
+    quantize_rows(c, T, h, q, nonzero, sum_sq);
     /* Components are kept up to the last one with a nonzero value: the
      * trailing ones cost neither bits nor decode time. */
-    uint32_t kept = 0;
-    for (size_t r = 0; r < T; r++)
-        for (size_t k = kept; k < h; k++)
-            if (q[r * h + k] != 0) kept = (uint32_t)k + 1;
+    uint32_t kept = (uint32_t)h;
+    while (kept > 0 && nonzero[kept - 1] == 0) kept--;
     /* rows of kept values, in place (row r moves down, never up) */
     for (size_t r = 1; r < T && kept < h; r++)
         memmove(q + r * kept, q + r * h, kept * sizeof(int32_t));
     size_t nq = T * kept, written = 0;
     int mode = MODE_CODED;
     if (kept) {
-        for (size_t k = 0; k < kept; k++) cls[k] = component_class(q, T, kept, k);
+        for (size_t k = 0; k < kept; k++) cls[k] = component_class(sum_sq[k], T);
         /* a coded stream holds its classes; a raw one has them as bytes in
          * front (unused: version 1's layout) */
         if (kvs_coef_rans_encode(q, T, kept, cls, dst, nq * 2 + kept, &written) != KVS_OK) {
@@ -405,16 +436,16 @@ static int encode_range(void *ctx, uint64_t begin, uint64_t end)
 {
     const enc_job *j = ctx;
     size_t h = j->s->t->hidden, rows = j->T * h;
-    float *a = malloc(rows * sizeof(float)), *c = malloc(rows * sizeof(float));
-    int32_t *q = malloc(rows * sizeof(int32_t));
-    uint8_t *cls = malloc(h);
+    enc_scratch w = {malloc(rows * sizeof(float)), malloc(rows * sizeof(float)),
+                     malloc(rows * sizeof(int32_t)), malloc(h), malloc(h * sizeof(int32_t)),
+                     malloc(h * sizeof(double))};
     int rc = KVS_OK;
-    if (a == NULL || c == NULL || q == NULL || cls == NULL)
+    if (!w.a || !w.c || !w.q || !w.cls || !w.nonzero || !w.sum_sq)
         rc = kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu coefficients",
                            j->T, h);
     for (uint64_t i = begin / KVS_SPLIT_ALIGN; rc == KVS_OK && i < end / KVS_SPLIT_ALIGN; i++)
-        encode_stream(j, (size_t)i, a, c, q, cls);
-    free(a), free(c), free(q), free(cls);
+        encode_stream(j, (size_t)i, &w);
+    free(w.a), free(w.c), free(w.q), free(w.cls), free(w.nonzero), free(w.sum_sq);
     return rc;
 }
 
@@ -522,7 +553,7 @@ static int rebuild_range(void *ctx, uint64_t begin, uint64_t end)
 {
     const dec_job *j = ctx;
     const kvs_transform *t = j->t;
-    size_t h = t->hidden, T = j->T;
+    size_t h = t->hidden, T = j->T, es = kvs_dtype_size(j->dtype);
     float *x = malloc(T * h * sizeof(float));
     if (x == NULL)
         return kvs_set_error(KVS_ENOMEM, "transform: out of memory for %zu x %zu values", T, h);
@@ -539,9 +570,7 @@ static int rebuild_range(void *ctx, uint64_t begin, uint64_t end)
                            t->basis[kv] + (size_t)l * h * h, (int)h, 0.0f, x, (int)h);
         else if (!kept)
             memset(x, 0, T * h * sizeof(float));
-        for (size_t r = 0; r < T; r++)
-            for (size_t e = 0; e < h; e++) x[r * h + e] += mean[e];
-        store_rows(x, T * h, j->dtype, j->dst, i * T * h);
+        store_rows_mean(x, T, h, mean, j->dtype, (char *)j->dst + i * T * h * es);
     }
     free(x);
     return KVS_OK;
