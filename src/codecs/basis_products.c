@@ -292,13 +292,14 @@ int kvs_basis_inverse(const kvs_transform *t, int kv, uint32_t l, const float *q
     size_t kblocks = round_up(kept, 32) / 32, kpad = kblocks * 32;
     size_t s = (size_t)kv * t->layers + l;
     int in_place = T == Tpad && h == npad;
-    uint16_t *a = malloc(2 * Tpad * kpad * sizeof(uint16_t)), *a_lo = a + Tpad * kpad;
+    uint16_t *a = malloc(2 * Tpad * kpad * sizeof(uint16_t));
     uint8_t *lo_flags = malloc(Tpad / 32 * kblocks);
     float *cpad = in_place ? NULL : malloc(Tpad * npad * sizeof(float));
     if (a == NULL || lo_flags == NULL || (!in_place && cpad == NULL)) {
         free(a), free(lo_flags), free(cpad);
         return 0;
     }
+    uint16_t *a_lo = a + Tpad * kpad; /* not before the check: no offset from NULL */
     split_rows(q, T, Tpad, kept, kpad, a, a_lo, lo_flags);
     float *out = in_place ? x : cpad;
     size_t ldc = in_place ? h : npad;

@@ -236,8 +236,7 @@ static int classes_get(bit_reader *r, uint8_t *cls, size_t cols, const char *wha
 /* ---- encode ---------------------------------------------------------- */
 
 void kvs_coef_rans_row_scalar(const int32_t *row, size_t j0, size_t cols, const uint8_t *cls,
-                              const kvs_rans_enc_tables *info, uint8_t *srow, uint32_t *pending,
-                              size_t *k)
+                              uint8_t *srow, uint32_t *pending, size_t *k)
 {
     size_t n = *k;
     for (size_t j = j0; j < cols; j++) {
@@ -246,8 +245,7 @@ void kvs_coef_rans_row_scalar(const int32_t *row, size_t j0, size_t cols, const 
         v = v < -KVS_COEF_RANS_MAX ? -KVS_COEF_RANS_MAX : v;
         uint32_t bits;
         unsigned nbits, s = symbol_of(v, &bits, &nbits);
-        /* beyond the class's table: frequency 0 (rans.h's entry, bits 13-25) */
-        int escape = (info->info[cls[j] * 256u + s] >> 13 & 0x1FFF) == 0;
+        int escape = kvs_coef_freq[cls[j]][s] == 0; /* beyond the class's table */
         uint32_t esc_bits = (uint32_t)(v < 0 ? -v : v) | (uint32_t)(v < 0) << 15;
         s = escape ? KVS_COEF_ESCAPE : s;
         bits = escape ? esc_bits : bits;
@@ -288,7 +286,7 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
         if (ranges_exact && kvs_rans_simd_in_use())
             j = kvs_coef_rans_row_avx512(row, cols, cls, range_of, sym + r * cols, pending, &k);
 #endif
-        kvs_coef_rans_row_scalar(row, j, cols, cls, &enc_tables, sym + r * cols, pending, &k);
+        kvs_coef_rans_row_scalar(row, j, cols, cls, sym + r * cols, pending, &k);
         for (size_t i = 0; i < k; i++) bits_put(&w, pending[i] & 0xFFFF, pending[i] >> 16);
     }
     bits_flush(&w);
@@ -296,7 +294,7 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
     int rc = kvs_rans_encode(&enc_tables, sym, ctx, count, stream, bound, &len);
     if (rc == KVS_OK && (len > UINT32_MAX || LEN_WORD + len + w.pos > cap)) rc = KVS_ENOSPC;
     if (rc == KVS_OK) {
-        for (int b = 0; b < LEN_WORD; b++) out[b] = (uint8_t)(len >> (8 * b));
+        put_le32(out, (uint32_t)len);
         memcpy(out + LEN_WORD, stream, len);
         memcpy(out + LEN_WORD + len, raw, w.pos);
         *n = LEN_WORD + len + w.pos;
@@ -338,7 +336,7 @@ int kvs_coef_rans_decode(const uint8_t *in, size_t n, size_t rows, size_t cols,
                              "%s: coefficient stream damaged: %zu bytes, shorter than its "
                              "%d-byte length",
                              what, n, LEN_WORD);
-    size_t len = (size_t)in[0] | (size_t)in[1] << 8 | (size_t)in[2] << 16 | (size_t)in[3] << 24;
+    size_t len = get_le32(in);
     if (len > n - LEN_WORD)
         return kvs_set_error(KVS_ECORRUPT,
                              "%s: coefficient stream damaged: its rANS stream of %zu bytes runs "

@@ -5,16 +5,14 @@
  * A row's coefficients row[j0..cols) (clamped to +-KVS_COEF_RANS_MAX) into
  * their symbols srow[j] and, for those with raw bits only, in order, their
  * raw codes (the bits | their count << 16) appended at pending[*k]; a
- * symbol that the table of its column's class cls[j] does not code (info:
- * the rANS encoder's entries, rans.h, frequency 0) becomes the escape with
- * 16 raw bits. The scalar one does the columns from j0 on. */
+ * symbol that the table of its column's class cls[j] does not code
+ * (frequency 0 in coef_tables.h) becomes the escape with 16 raw bits.
+ * The scalar one does the columns from j0 on. */
 #ifndef KVSERDE_CODECS_COEF_RANS_KERNELS_H
 #define KVSERDE_CODECS_COEF_RANS_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include "codecs/rans.h"
 
 /* The decoder's entry of a symbol (entry_of): its raw bit count (bits
  * 0-4), whether it is the escape (which the scalar decoder takes), whether
@@ -24,8 +22,7 @@
 #define KVS_COEF_ENTRY_NEG 0x40u
 
 void kvs_coef_rans_row_scalar(const int32_t *row, size_t j0, size_t cols, const uint8_t *cls,
-                              const kvs_rans_enc_tables *info, uint8_t *srow, uint32_t *pending,
-                              size_t *k);
+                              uint8_t *srow, uint32_t *pending, size_t *k);
 #if KVS_HAVE_X86
 /* Encoding, the same with range_of[c] = the first | the last symbol << 8
  * that class c codes (every class's table codes a range and the escape,
