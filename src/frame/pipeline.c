@@ -628,13 +628,45 @@ uint64_t kvs_pipeline_scratch_allocs(kvs_deserializer *de)
     return n;
 }
 
+/* Whether [a, a + an) and [b, b + bn) share a byte (as addresses: the
+ * two may be different objects). */
+static int overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y ? y - x < an : x - y < bn;
+}
+
+/* Where stage 1 (fs) may decode in[0..n), m bytes, straight into dst
+ * (NULL: into a scratch buffer, then the typed stage): when the typed
+ * stage's decode is a copy of them into dst (typed_decode_target), stage 1
+ * writes nothing unless it succeeds (transform_decode_direct) and takes
+ * this payload, and dst shares no byte with what is read, in or the blob:
+ * so a refusal still leaves dst untouched, and the copy is saved. */
+static uint8_t *direct_target(const kvs_frame *f, const kvs_frame_stage *fs, const uint8_t *in,
+                              size_t n, size_t m, kvs_memobj *dst)
+{
+    const kvs_frame_stage *typed = &f->stages[0];
+    const kvs_stage_type *t = fs->type;
+    if (dst == NULL || typed->type->typed_decode_target == NULL ||
+        t->transform_decode_direct == NULL)
+        return NULL;
+    uint8_t *to = typed->type->typed_decode_target(typed->params, typed->nparams, m, dst);
+    if (to == NULL || overlaps(to, m, in, n) ||
+        overlaps(to, m, f->header, f->header_len + (size_t)f->payload_len) ||
+        !t->transform_direct_ok(fs->params, fs->nparams, in, n))
+        return NULL;
+    return to;
+}
+
 /* Undo the bytes stages, last first: checks verify in place, transforms
- * write into scratch buffers (never dst). On success *out / *outn are the
- * typed stage's bytes, and *owned the scratch buffer they are in (p NULL
- * when none), for the caller to give back. */
+ * write into scratch buffers (never dst), except that stage 1 may decode
+ * straight into dst (direct_target; dst NULL: never), which sets *done.
+ * On success *out / *outn are the typed stage's bytes, and *owned the
+ * scratch buffer they are in (p NULL when none), for the caller to give
+ * back. */
 static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
                              const kvs_object_key *key, const uint8_t **out, size_t *outn,
-                             scratch_buf *owned)
+                             scratch_buf *owned, kvs_memobj *dst, int *done)
 {
     const kvs_keyring *keyring = self->keyring;
     const uint8_t *cur = f->payload;
@@ -677,6 +709,21 @@ static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
         size_t m;
         rc = t->transform_decoded_size(fs->params, fs->nparams, cur, n, &m);
         if (rc) break;
+        uint8_t *to = i == 1 ? direct_target(f, fs, cur, n, m, dst) : NULL;
+        if (to) {
+            kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
+            kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
+                                  &ctx.channels);
+            size_t got;
+            rc = t->transform_decode_direct(fs->params, fs->nparams, &ctx, cur, n, to, m, &got);
+            if (rc == KVS_OK && got != m)
+                rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name,
+                                   got, m);
+            if (rc == KVS_OK) *done = 1;
+            cur = to;
+            n = m;
+            break; /* stage 1 was the last to undo */
+        }
         scratch_buf next = scratch_take(self, m);
         if (next.p == NULL) {
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
@@ -723,8 +770,12 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     const uint8_t *bytes;
     size_t n;
     scratch_buf owned;
-    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
-    if (rc) return rc;
+    int done = 0;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned, dst, &done);
+    if (rc || done) {
+        scratch_give(self, owned);
+        return rc;
+    }
     const kvs_frame_stage *typed = &f.stages[0];
     kvs_stage_ctx ctx = {key, f.header, f.header_len, self->keyring, 0, 0, self->transform};
     rc = typed->type->typed_decode(typed->params, typed->nparams, &ctx, bytes, n, dst);
@@ -747,7 +798,8 @@ int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
     const uint8_t *bytes;
     size_t n;
     scratch_buf owned;
-    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
+    int done = 0;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned, NULL, &done);
     scratch_give(self, owned);
     return rc;
 }

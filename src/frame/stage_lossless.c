@@ -535,6 +535,7 @@ typedef struct dec_job {
     const uint32_t *len;
     uint8_t *out;
     const ll_head *h;
+    kvs_llx_held *held; /* not NULL: the blocks are held, written after all (ll_decode_direct) */
 } dec_job;
 
 static int get_plane(ZSTD_DCtx *dc, const uint8_t *rec, size_t avail, size_t k, uint8_t *plane,
@@ -591,7 +592,8 @@ static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *ds
 }
 
 /* Version 2 blocks [b0, b1) (lossless_exponent.c), two at a time where
- * there are two: their rANS streams decode at once (kvs_llx_decode_pair). */
+ * there are two: their rANS streams decode at once (kvs_llx_decode_pair);
+ * with j->held only checked and held (kvs_llx_hold), for dec_write. */
 static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
 {
     const ll_head *h = j->h;
@@ -611,9 +613,12 @@ static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
             blk[s] = (kvs_llx_block){j->in + j->offset[b + (uint64_t)s], j->len[b + (uint64_t)s],
                                      k, e0, b + (uint64_t)s, j->out + e0 * 2};
         }
-        rc = pair ? kvs_llx_decode_pair(w, blk, h->period, tools)
-                  : kvs_llx_decode_block(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first,
-                                         h->period, tools, blk[0].block, blk[0].dst);
+        if (j->held)
+            rc = kvs_llx_hold(w, j->held, b, blk, 1 + pair, h->period, tools);
+        else
+            rc = pair ? kvs_llx_decode_pair(w, blk, h->period, tools)
+                      : kvs_llx_decode_block(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first,
+                                             h->period, tools, blk[0].block, blk[0].dst);
         b += 1 + (uint64_t)pair;
     }
     kvs_llx_scratch_give(w[0]);
@@ -655,14 +660,60 @@ static int dec_range(void *vctx, uint64_t begin, uint64_t end)
     return rc;
 }
 
+/* The held blocks [b0, b1) written (every block of the object checked). */
+static int dec_write(void *vctx, uint64_t begin, uint64_t end)
+{
+    const dec_job *j = vctx;
+    for (uint64_t b = begin / KVS_SPLIT_ALIGN; b < end / KVS_SPLIT_ALIGN; b++)
+        kvs_llx_held_write(j->held, b);
+    return KVS_OK;
+}
+
+/* Whether ll_decode_direct takes in[0..n): the rANS coder's versions (the
+ * zstd planes are joined as each block decodes) in blocks of the
+ * encoder's size, at most KVS_LLX_HELD_MAX of them (a slot a block). */
+static int ll_direct_ok(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n)
+{
+    (void)params;
+    (void)nparams;
+    ll_head h;
+    if (n < LL_HEADER || in[0] == LL_VERSION || read_head(in, n, &h) != KVS_OK) return 0;
+    return h.E == LL_BLOCK_ELEMS && h.nblocks >= 1 && h.nblocks <= KVS_LLX_HELD_MAX;
+}
+
+static int ll_decode_to(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                        const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn,
+                        int direct);
+
 static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                      const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
+{
+    return ll_decode_to(params, nparams, ctx, in, n, out, cap, outn, 0);
+}
+
+/* ll_decode into the caller's destination: every block is checked and held
+ * first (kvs_llx_hold), then all are written, so a refusal (the same, with
+ * the same message) leaves out untouched. Only where ll_direct_ok. */
+static int ll_decode_direct(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                            const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
+{
+    return ll_decode_to(params, nparams, ctx, in, n, out, cap, outn, 1);
+}
+
+static int ll_decode_to(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
+                        const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn,
+                        int direct)
 {
     (void)params;
     (void)nparams;
     ll_head h;
     int rc = read_head(in, n, &h);
     if (rc) return rc;
+    if (direct && (h.version == LL_VERSION || h.E != LL_BLOCK_ELEMS || h.nblocks == 0 ||
+                   h.nblocks > KVS_LLX_HELD_MAX))
+        return kvs_set_error(KVS_EINVAL, "lossless: decoding into the destination takes payload "
+                             "versions 2-4 of 1 to %u blocks of %u elements (ll_direct_ok)",
+                             KVS_LLX_HELD_MAX, LL_BLOCK_ELEMS);
     if (ctx && ctx->elem_size && ctx_elem_size(ctx) != h.s)
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: stored with %u-byte elements; the typed stage before "
@@ -685,8 +736,15 @@ static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx 
         offset[b] = at;
         at += len[b];
     }
-    dec_job job = {in, offset, len, out, &h};
-    rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_range, &job);
+    dec_job job = {in, offset, len, out, &h, NULL};
+    if (direct && (job.held = kvs_llx_held_take(h.nblocks)) == NULL)
+        rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory for %llu held blocks",
+                           (unsigned long long)h.nblocks);
+    if (rc == KVS_OK)
+        rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_range, &job);
+    if (rc == KVS_OK && direct)
+        rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_write, &job);
+    kvs_llx_held_give(job.held);
     free(offset);
     free(len);
     if (rc) return rc;
@@ -748,6 +806,8 @@ const kvs_stage_type kvs_stage_lossless_type = {
     .transform_encode = ll_encode,
     .transform_decoded_size = ll_decoded_size,
     .transform_decode = ll_decode,
+    .transform_direct_ok = ll_direct_ok,
+    .transform_decode_direct = ll_decode_direct,
     .params_size = ll_params_size,
     .write_params = ll_write_params,
     .check_params = ll_check_params,
