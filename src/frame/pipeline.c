@@ -490,7 +490,24 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
         }
         uint8_t *to = t->in_place ? cur : other;
         size_t m;
-        rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m);
+        const kvs_stage_type *next = i + 1 < self->nstages ? self->stages[i + 1]->type : NULL;
+        if (!t->in_place && t->transform_encode_crc32c && next && next->kind == KVS_STAGE_CHECK &&
+            next->check_stream_append_crc32c) {
+            /* the check after it from the CRC-32C the stage took as it wrote */
+            uint32_t crc = 0;
+            void *state = NULL;
+            rc = t->transform_encode_crc32c(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m,
+                                            &crc);
+            if (rc == KVS_OK) rc = next->check_stream_new(&state);
+            if (rc == KVS_OK) {
+                next->check_stream_append_crc32c(state, crc, m);
+                next->check_stream_final(state, to + m);
+                m += next->digest_size;
+                i++;
+            }
+        } else {
+            rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m);
+        }
         if (rc == KVS_OK && t->needs_header && m != t->bytes_bound(st, n))
             rc = kvs_set_error(KVS_EINVAL, "pipeline: stage '%s' wrote %zu bytes, announced %zu",
                                t->name, m, t->bytes_bound(st, n));

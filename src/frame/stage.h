@@ -155,6 +155,15 @@ struct kvs_stage_type {
     int (*transform_encode)(const kvs_stage *self, const uint8_t *params, size_t nparams,
                             const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
                             uint8_t *out, size_t cap, size_t *outn);
+    /* Optional, transforms that write elsewhere: transform_encode, and in
+     * *crc the kvs_crc32c from 0 of the out[0..*outn) it wrote, taken as
+     * parts of it were written (while in cache), so that a check right
+     * after it that combines CRC-32Cs (check_stream_append_crc32c) need not
+     * read the output again (pipeline.c). */
+    int (*transform_encode_crc32c)(const kvs_stage *self, const uint8_t *params,
+                                   size_t nparams, const kvs_stage_ctx *ctx, const uint8_t *in,
+                                   size_t n, uint8_t *out, size_t cap, size_t *outn,
+                                   uint32_t *crc);
     /* The exact size transform_decode will write for in[0..n), read from the
      * stage's own encoding, so the pipeline can allocate it; refuses sizes
      * that cannot be (KVS_ECORRUPT). */

@@ -62,6 +62,7 @@
 #include "kvserde/error.h"
 #include "kvserde/registry.h"
 #include "kvserde/serde.h"
+#include "util/crc32c.h"
 
 #define LL_VERSION 1    /* byte planes through zstd */
 #define LL_VERSION_RANS 2 /* the exponent through rANS (lossless_exponent.c) */
@@ -230,9 +231,14 @@ static void buf_give(uint8_t *b, size_t need)
 
 typedef struct enc_job {
     const uint8_t *in;
-    uint8_t *out;       /* block b is written at slot b: out + base + b * slot */
+    uint8_t *out;       /* a range of blocks [b0, b1) is written from slot b0,
+                         * out + base + b0 * slot, each block right after the one
+                         * before, so that one range (one thread) ends in place */
     size_t base, slot;  /* slot = block_max(E): a block never needs more */
     uint32_t *stored;   /* bytes block b used */
+    size_t *at;         /* where block b was written, from out */
+    uint32_t *crc;      /* not NULL: the kvs_crc32c of block b's record, taken
+                         * right after it is written */
     uint8_t *kinds;     /* version 2: the kind beyond 1 block b's record uses
                          * (KVS_LLX_REFS, KVS_LLX_SIGNS, 0) */
     uint64_t nelems;
@@ -319,6 +325,7 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
 {
     kvs_llx_scratch *w = kvs_llx_scratch_take(LL_BLOCK_ELEMS);
     if (w == NULL) return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
+    size_t pos = j->base + (size_t)b0 * j->slot;
     for (uint64_t b = b0; b < b1; b++) {
         uint64_t e0 = b * LL_BLOCK_ELEMS;
         size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
@@ -326,8 +333,11 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
         unsigned tools = (j->level >= LL_REFS_LEVEL ? KVS_LLX_REFS : 0) |
                          (j->level >= LL_SIGNS_LEVEL ? KVS_LLX_SIGNS : 0);
         j->kinds[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period, tools,
-                                                    j->out + j->base + (size_t)b * j->slot, &used);
+                                                    j->out + pos, &used);
         j->stored[b] = (uint32_t)used;
+        j->at[b] = pos;
+        if (j->crc) j->crc[b] = kvs_crc32c(0, j->out + pos, used);
+        pos += used;
     }
     kvs_llx_scratch_give(w);
     return KVS_OK;
@@ -354,11 +364,12 @@ static int enc_range(void *vctx, uint64_t begin, uint64_t end)
         return kvs_set_error(KVS_EINVAL, "lossless: zstd refuses level %d: %s", j->level,
                              ZSTD_getErrorName(ZSTD_isError(e2) ? e2 : e1));
     }
+    size_t pos = j->base + (size_t)b0 * j->slot;
     for (uint64_t b = b0; b < b1; b++) {
         uint64_t e0 = b * LL_BLOCK_ELEMS;
         size_t k = (size_t)(j->nelems - e0 < LL_BLOCK_ELEMS ? j->nelems - e0 : LL_BLOCK_ELEMS);
         const uint8_t *src = j->in + e0 * j->s;
-        uint8_t *rec = j->out + j->base + (size_t)b * j->slot;
+        uint8_t *rec = j->out + pos;
         size_t used = 0;
         if (j->s == 1) {
             used = put_plane(cc, j->level, 0, src, k, rec);
@@ -369,6 +380,9 @@ static int enc_range(void *vctx, uint64_t begin, uint64_t end)
                                   rec + used);
         }
         j->stored[b] = (uint32_t)used;
+        j->at[b] = pos;
+        if (j->crc) j->crc[b] = kvs_crc32c(0, rec, used);
+        pos += used;
     }
     cctx_give(cc);
     buf_give(planes, need);
@@ -381,12 +395,12 @@ static unsigned ctx_elem_size(const kvs_stage_ctx *ctx)
     return s == 1 || s == 2 || s == 4 ? s : 1;
 }
 
-static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparams,
-                     const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
-                     size_t cap, size_t *outn)
+/* ll_encode, and with crc not NULL the kvs_crc32c of its output, from each
+ * block's as it was written (the blocks' bytes do not change as they move
+ * down) and the header, table and tail's. */
+static int ll_encode_to(const kvs_stage *self, const kvs_stage_ctx *ctx, const uint8_t *in,
+                        size_t n, uint8_t *out, size_t cap, size_t *outn, uint32_t *crc)
 {
-    (void)params;
-    (void)nparams;
     const lossless_stage *st = KVS_CONTAINER_OF(self, const lossless_stage, base);
     unsigned s = ctx_elem_size(ctx);
     int version = st->coder == LL_CODER_RANS && s == 2 ? LL_VERSION_RANS : LL_VERSION;
@@ -408,16 +422,19 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
         return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %zu", cap,
                              ll_bound(self, n));
     uint32_t *stored = malloc(nblocks ? (size_t)nblocks * sizeof *stored : 1);
+    size_t *at_b = malloc(nblocks ? (size_t)nblocks * sizeof *at_b : 1);
+    uint32_t *crc_b = crc ? malloc(nblocks ? (size_t)nblocks * sizeof *crc_b : 1) : NULL;
     uint8_t *kinds = calloc(nblocks ? (size_t)nblocks : 1, 1);
-    if (stored == NULL || kinds == NULL) {
-        free(stored);
-        free(kinds);
-        return kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
-    }
-    enc_job job = {in, out, base, slot, stored, kinds, nelems, s, st->level, version, period};
-    int rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
+    int rc = KVS_OK;
+    if (stored == NULL || at_b == NULL || kinds == NULL || (crc && crc_b == NULL))
+        rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory");
+    enc_job job = {in,   out,   base,      slot,    stored,  at_b, crc_b,
+                   kinds, nelems, s,       st->level, version, period};
+    if (rc == KVS_OK) rc = kvs_serde_parallel_for(nblocks * KVS_SPLIT_ALIGN, n, enc_range, &job);
     if (rc) {
         free(stored);
+        free(at_b);
+        free(crc_b);
         free(kinds);
         return rc;
     }
@@ -427,15 +444,15 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
         if (kinds[b] == KVS_LLX_REFS && version < LL_VERSION_REFS) version = LL_VERSION_REFS;
     }
     free(kinds);
-    /* Close the gaps: block b moves down to its final offset (never up). */
+    /* Close the gaps between ranges: block b moves down to its final
+     * offset (never up; none moves when one range took them all). */
     size_t at = base;
     for (uint64_t b = 0; b < nblocks; b++) {
-        uint8_t *from = out + base + (size_t)b * slot;
-        if (from != out + at) memmove(out + at, from, stored[b]);
+        if (at_b[b] != at) memmove(out + at, out + at_b[b], stored[b]);
         put32(out + header + 4 * (size_t)b, stored[b]);
         at += stored[b];
     }
-    free(stored);
+    free(at_b);
     if (tail) memcpy(out + at, in + (size_t)nelems * s, tail);
     at += tail;
     out[0] = (uint8_t)version;
@@ -447,8 +464,33 @@ static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparam
         put32(out + 16, period);
         put32(out + 20, 0);
     }
+    if (crc) {
+        uint32_t c = kvs_crc32c(0, out, base);
+        for (uint64_t b = 0; b < nblocks; b++) c = kvs_crc32c_combine(c, crc_b[b], stored[b]);
+        *crc = kvs_crc32c(c, out + at - tail, tail);
+    }
+    free(crc_b);
+    free(stored);
     *outn = at;
     return KVS_OK;
+}
+
+static int ll_encode(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                     const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
+                     size_t cap, size_t *outn)
+{
+    (void)params;
+    (void)nparams;
+    return ll_encode_to(self, ctx, in, n, out, cap, outn, NULL);
+}
+
+static int ll_encode_crc32c(const kvs_stage *self, const uint8_t *params, size_t nparams,
+                            const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
+                            size_t cap, size_t *outn, uint32_t *crc)
+{
+    (void)params;
+    (void)nparams;
+    return ll_encode_to(self, ctx, in, n, out, cap, outn, crc);
 }
 
 /* ---- decode ---------------------------------------------------------- */
@@ -804,6 +846,7 @@ const kvs_stage_type kvs_stage_lossless_type = {
     .in_place = 0,
     .needs_header = 0,
     .transform_encode = ll_encode,
+    .transform_encode_crc32c = ll_encode_crc32c,
     .transform_decoded_size = ll_decoded_size,
     .transform_decode = ll_decode,
     .transform_direct_ok = ll_direct_ok,
