@@ -1562,13 +1562,12 @@ static int block_hold(kvs_llx_scratch *w, const llx_out *o, const kvs_llx_block 
     return rc ? rc : block_check(pd);
 }
 
-/* Two blocks (n 2) or one (n 1) held: their streams decoded at once where
- * both are coded. The refusal is the first that holding them one at a
- * time, in order, meets: a pair that fails anywhere is held again so. */
+/* Two blocks held: their streams decoded at once where both are coded.
+ * The refusal is the first that holding them one at a time, in order,
+ * meets: a pair that fails anywhere is held again so. */
 static int hold_pair(kvs_llx_scratch *w[2], const llx_out o[2], const kvs_llx_block blk[2],
-                     int n, uint32_t period, unsigned tools, llx_pending pd[2])
+                     uint32_t period, unsigned tools, llx_pending pd[2])
 {
-    if (n == 1) return block_hold(w[0], &o[0], &blk[0], period, tools, &pd[0]);
     int rc = block_parse(w[0], &o[0], &blk[0], period, tools, &pd[0]);
     if (rc) return rc; /* nothing before it: the refusal one at a time */
     if (block_parse(w[1], &o[1], &blk[1], period, tools, &pd[1]) == KVS_OK) {
@@ -1615,7 +1614,7 @@ int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint3
 {
     llx_out o[2] = {scratch_out(w[0]), scratch_out(w[1])};
     llx_pending pd[2];
-    if (hold_pair(w, o, blk, 2, period, tools, pd) == KVS_OK) {
+    if (hold_pair(w, o, blk, period, tools, pd) == KVS_OK) {
         block_finish(&pd[0]);
         block_finish(&pd[1]);
         return KVS_OK;
@@ -1706,11 +1705,71 @@ static llx_out held_out(kvs_llx_held *h, uint64_t slot)
     return o;
 }
 
-int kvs_llx_hold(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
-                 const kvs_llx_block blk[2], int n, uint32_t period, unsigned tools)
+/* The lanes of kvs_llx_hold_range: each a block whose stream is being
+ * decoded (-1: none). */
+typedef struct llx_lanes {
+    kvs_llx_scratch **w;
+    kvs_llx_held *h;
+    uint64_t slot;
+    const kvs_llx_block *blk;
+    size_t n, next;
+    uint32_t period;
+    unsigned tools;
+    long blk_of[2];
+    kvs_rans_dec_stream st[2];
+} llx_lanes;
+
+/* Lane l takes the next block with a stream (blocks without one, raw, are
+ * held on the way); KVS_OK with blk_of[l] -1 when none is left. */
+static int lane_fill(llx_lanes *q, int l)
 {
-    llx_out o[2] = {held_out(h, slot), n == 2 ? held_out(h, slot + 1) : held_out(h, slot)};
-    return hold_pair(w, o, blk, n, period, tools, h->pd + slot);
+    q->blk_of[l] = -1;
+    while (q->next < q->n) {
+        size_t i = q->next++;
+        llx_out o = held_out(q->h, q->slot + i);
+        llx_pending *pd = &q->h->pd[q->slot + i];
+        int rc = block_parse(q->w[l], &o, &q->blk[i], q->period, q->tools, pd);
+        if (rc == KVS_OK && pd->coded) rc = kvs_rans_stream_start(&q->st[l], &pd->job);
+        if (rc) return rc;
+        if (pd->coded) {
+            q->blk_of[l] = (long)i;
+            return KVS_OK;
+        }
+    }
+    return KVS_OK;
+}
+
+/* Lane l's stream to its end, its block's last check, the lane refilled. */
+static int lane_end(llx_lanes *q, int l)
+{
+    int rc = kvs_rans_stream_finish(&q->st[l]);
+    if (rc == KVS_OK) rc = block_check(&q->h->pd[q->slot + (size_t)q->blk_of[l]]);
+    return rc ? rc : lane_fill(q, l);
+}
+
+int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
+                       const kvs_llx_block *blk, size_t n, uint32_t period, unsigned tools)
+{
+    llx_lanes q;
+    memset(&q, 0, sizeof q);
+    q.w = w, q.h = h, q.slot = slot, q.blk = blk, q.n = n, q.period = period, q.tools = tools;
+    int rc = lane_fill(&q, 0);
+    if (rc == KVS_OK) rc = lane_fill(&q, 1);
+    while (rc == KVS_OK && q.blk_of[0] >= 0 && q.blk_of[1] >= 0) {
+        kvs_rans_dec_stream *s[2] = {&q.st[0], &q.st[1]};
+        rc = lane_end(&q, kvs_rans_streams_joint(s));
+    }
+    for (int l = 0; l < 2 && rc == KVS_OK; l++)
+        while (rc == KVS_OK && q.blk_of[l] >= 0) rc = lane_end(&q, l);
+    if (rc == KVS_OK) return KVS_OK;
+    /* A refusal, maybe of a later block than the first one refused: one
+     * block at a time, in order, for the first refusal and its message. */
+    for (size_t i = 0; i < n; i++) {
+        llx_out o = held_out(h, slot + i);
+        rc = block_hold(w[0], &o, &blk[i], period, tools, &h->pd[slot + i]);
+        if (rc) return rc;
+    }
+    return KVS_OK;
 }
 
 void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot)

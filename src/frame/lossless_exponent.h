@@ -89,13 +89,13 @@ typedef struct kvs_llx_held kvs_llx_held;
 kvs_llx_held *kvs_llx_held_take(uint64_t nblocks);
 void kvs_llx_held_give(kvs_llx_held *h);
 
-/* Hold blk[0] in slot `slot` (n 1), or blk[0] and blk[1] in slots slot and
- * slot + 1 (n 2: their streams decoded at once, as kvs_llx_decode_pair),
- * with the scratches w (w[1] only for n 2). The refusal and its message
- * are kvs_llx_decode_block's on the first block refused, in order;
- * nothing is written to any block's destination. k <= 65,536. */
-int kvs_llx_hold(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
-                 const kvs_llx_block blk[2], int n, uint32_t period, unsigned tools);
+/* Hold the n blocks blk[0..n) in slots slot .. slot + n - 1, with the two
+ * scratches w: two blocks' streams decoded at once, the next block's
+ * started as soon as one ends (kvs_rans_streams_joint). The refusal and
+ * its message are kvs_llx_decode_block's on the first block refused, in
+ * order; nothing is written to any block's destination. k <= 65,536. */
+int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
+                       const kvs_llx_block *blk, size_t n, uint32_t period, unsigned tools);
 /* Write the elements of the block held in `slot` (kvs_llx_hold returned
  * KVS_OK for it) to its destination: what kvs_llx_decode_block writes. */
 void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot);

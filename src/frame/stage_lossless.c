@@ -633,9 +633,19 @@ static void join_planes(const uint8_t *planes, size_t k, unsigned s, uint8_t *ds
         for (unsigned b = 0; b < s; b++) dst[s * i + b] = planes[b * k + i];
 }
 
+/* Block b of the payload, for lossless_exponent.c. */
+static kvs_llx_block rans_block(const dec_job *j, uint64_t b)
+{
+    const ll_head *h = j->h;
+    uint64_t e0 = b * h->E;
+    size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
+    return (kvs_llx_block){j->in + j->offset[b], j->len[b], k, e0, b, j->out + e0 * 2};
+}
+
 /* Version 2 blocks [b0, b1) (lossless_exponent.c), two at a time where
  * there are two: their rANS streams decode at once (kvs_llx_decode_pair);
- * with j->held only checked and held (kvs_llx_hold), for dec_write. */
+ * with j->held only checked and held (kvs_llx_hold_range, two streams at
+ * once from the first block to the last), for dec_write. */
 static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
 {
     const ll_head *h = j->h;
@@ -646,21 +656,19 @@ static int dec_range_rans(const dec_job *j, uint64_t b0, uint64_t b1)
         rc = kvs_set_error(KVS_ENOMEM, "lossless: out of memory for a block's fields");
     unsigned tools = (h->version >= LL_VERSION_REFS ? KVS_LLX_REFS : 0) |
                      (h->version >= LL_VERSION_SIGNS ? KVS_LLX_SIGNS : 0);
+    if (j->held && rc == KVS_OK) {
+        kvs_llx_block blk[KVS_LLX_HELD_MAX]; /* ll_direct_ok: at most that many */
+        for (uint64_t b = b0; b < b1; b++) blk[b - b0] = rans_block(j, b);
+        rc = kvs_llx_hold_range(w, j->held, b0, blk, (size_t)(b1 - b0), h->period, tools);
+        b0 = b1;
+    }
     for (uint64_t b = b0; b < b1 && rc == KVS_OK;) {
         kvs_llx_block blk[2];
         int pair = b1 - b >= 2;
-        for (int s = 0; s < 1 + pair; s++) {
-            uint64_t e0 = (b + (uint64_t)s) * h->E;
-            size_t k = (size_t)(h->nelems - e0 < h->E ? h->nelems - e0 : h->E);
-            blk[s] = (kvs_llx_block){j->in + j->offset[b + (uint64_t)s], j->len[b + (uint64_t)s],
-                                     k, e0, b + (uint64_t)s, j->out + e0 * 2};
-        }
-        if (j->held)
-            rc = kvs_llx_hold(w, j->held, b, blk, 1 + pair, h->period, tools);
-        else
-            rc = pair ? kvs_llx_decode_pair(w, blk, h->period, tools)
-                      : kvs_llx_decode_block(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first,
-                                             h->period, tools, blk[0].block, blk[0].dst);
+        for (int s = 0; s < 1 + pair; s++) blk[s] = rans_block(j, b + (uint64_t)s);
+        rc = pair ? kvs_llx_decode_pair(w, blk, h->period, tools)
+                  : kvs_llx_decode_block(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first,
+                                         h->period, tools, blk[0].block, blk[0].dst);
         b += 1 + (uint64_t)pair;
     }
     kvs_llx_scratch_give(w[0]);
@@ -734,7 +742,7 @@ static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx 
 }
 
 /* ll_decode into the caller's destination: every block is checked and held
- * first (kvs_llx_hold), then all are written, so a refusal (the same, with
+ * first (kvs_llx_hold_range), then all are written, so a refusal (the same, with
  * the same message) leaves out untouched. Only where ll_direct_ok. */
 static int ll_decode_direct(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                             const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
