@@ -18,6 +18,10 @@
  *   - a refused decode leaves nothing read past the input (ASan) and a
  *     decoded payload re-encodes (same element size) to one that decodes to
  *     the same bytes;
+ *   - where the stage offers to decode straight into the destination
+ *     (transform_direct_ok), that decode refuses exactly when decode does,
+ *     with the same code and message, leaving its output (0xA5 bytes)
+ *     untouched, and otherwise writes decode's bytes;
  *   - encode: the output is at most bytes_bound(n), and at most its block
  *     headers over n; decoding it gives the data back bit for bit; every
  *     truncation of it is refused.
@@ -77,6 +81,36 @@ static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, siz
     return KVS_OK;
 }
 
+/* decode(), and where the stage offers it the decode into the destination:
+ * the same refusal before any byte of it, or the same bytes. */
+static int decode_both(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, size_t *m)
+{
+    int rc = decode(in, n, elem, out, m);
+    if (!T->transform_direct_ok(PARAMS, 2, in, n)) return rc;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc ? kvs_last_error() : "");
+    size_t m2 = 0;
+    FZ_ASSERT(T->transform_decoded_size(PARAMS, 2, in, n, &m2) == KVS_OK,
+              "direct_ok on a payload decoded_size refuses");
+    if (m2 > MAX_OUT) return rc;
+    uint8_t *dst = malloc(m2 ? m2 : 1);
+    memset(dst, 0xA5, m2);
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
+    size_t got = 0;
+    int rc2 = T->transform_decode_direct(PARAMS, 2, &ctx, in, n, dst, m2, &got);
+    FZ_ASSERT(rc2 == rc, "direct decode returned %d, decode %d", rc2, rc);
+    if (rc) {
+        FZ_ASSERT(strcmp(msg, kvs_last_error()) == 0, "direct decode refused with '%s', decode '%s'",
+                  kvs_last_error(), msg);
+        for (size_t i = 0; i < m2; i++)
+            FZ_ASSERT(dst[i] == 0xA5, "refused direct decode wrote byte %zu", i);
+    } else {
+        FZ_ASSERT(got == *m && memcmp(dst, *out, *m) == 0, "direct decode differs from decode");
+    }
+    free(dst);
+    return rc;
+}
+
 static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
                        uint64_t channels, size_t *m)
 {
@@ -101,7 +135,7 @@ static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned
     else
         FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
     uint8_t *back;
-    int rc = decode(enc, m, elem, &back, &back_n);
+    int rc = decode_both(enc, m, elem, &back, &back_n);
     FZ_ASSERT(rc == KVS_OK, "own output refused: %s", kvs_last_error());
     FZ_ASSERT(back_n == n && (n == 0 || memcmp(back, in, n) == 0), "round trip differs");
     free(back);
@@ -134,7 +168,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         uint8_t *out;
         size_t m;
-        if (decode(in, n, elem, &out, &m) == KVS_OK) {
+        if (decode_both(in, n, elem, &out, &m) == KVS_OK) {
             roundtrip(g_stage[in[0] >= 2 && in[0] <= 4 ? in[0] + 2 : 0], out, m, elem, 256);
             free(out);
         }
