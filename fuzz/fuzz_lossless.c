@@ -21,12 +21,14 @@
  *   - where the stage offers to decode straight into the destination
  *     (transform_direct_ok), that decode refuses exactly when decode does,
  *     with the same code and message, leaving its output (0xA5 bytes)
- *     untouched, and otherwise writes decode's bytes;
+ *     untouched, and otherwise writes decode's bytes; the check folded
+ *     into it is given the input's CRC-32C exactly once;
  *   - encode: the output is at most bytes_bound(n), and at most its block
  *     headers over n; decoding it gives the data back bit for bit; every
  *     truncation of it is refused.
  */
 #include "frame/stage.h"
+#include "util/crc32c.h"
 #include "fuzz_common.h"
 #include "kvserde/error.h"
 #include <jansson.h>
@@ -81,6 +83,21 @@ static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, siz
     return KVS_OK;
 }
 
+/* The check folded into the direct decode: it must be given the input's
+ * CRC-32C, once, before the stage writes or refuses. */
+typedef struct fz_check {
+    uint32_t want;
+    int calls;
+} fz_check;
+
+static int fz_accept(void *arg, uint32_t crc)
+{
+    fz_check *c = arg;
+    c->calls++;
+    FZ_ASSERT(crc == c->want, "folded check given CRC %08x, the input's is %08x", crc, c->want);
+    return KVS_OK;
+}
+
 /* decode(), and where the stage offers it the decode into the destination:
  * the same refusal before any byte of it, or the same bytes. */
 static int decode_both(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, size_t *m)
@@ -97,7 +114,9 @@ static int decode_both(const uint8_t *in, size_t n, unsigned elem, uint8_t **out
     memset(dst, 0xA5, m2);
     kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
     size_t got = 0;
-    int rc2 = T->transform_decode_direct(PARAMS, 2, &ctx, in, n, dst, m2, &got);
+    fz_check chk = {kvs_crc32c(0, in, n), 0};
+    int rc2 = T->transform_decode_direct(PARAMS, 2, &ctx, in, n, dst, m2, &got, fz_accept, &chk);
+    FZ_ASSERT(chk.calls == 1, "folded check called %d times", chk.calls);
     FZ_ASSERT(rc2 == rc, "direct decode returned %d, decode %d", rc2, rc);
     if (rc) {
         FZ_ASSERT(strcmp(msg, kvs_last_error()) == 0, "direct decode refused with '%s', decode '%s'",

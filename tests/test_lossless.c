@@ -1127,7 +1127,9 @@ static void test_rans_damaged_pair(void)
  * refusal and message of the stage decoding into a scratch (blocks two at
  * a time there, streams kept two at once here); accepted ones decode what
  * the scratch path decodes. A destination that overlaps the
- * blob takes the scratch path and still decodes exactly. */
+ * blob takes the scratch path and still decodes exactly. The frame's
+ * CRC-32C is folded into that decode: a damaged byte without the refit is
+ * refused by it, with its message, the destination untouched. */
 static void refit_crc(uint8_t *b, size_t len)
 {
     size_t h = (size_t)b[6] | (size_t)b[7] << 8;
@@ -1179,6 +1181,18 @@ static void direct_refusals(const char *json, int rows, int nblocks, int *refuse
         } else {
             CHECK(want == KVS_OK && got == n && memcmp(back->data, ref->data, n) == 0);
         }
+        b[k] ^= 0x40;
+        /* without the CRC refit: the check folded into the decode refuses
+         * first, as the check before it did, naming the checksum */
+        refit_crc(b, len);
+        b[k] ^= 0x40;
+        memset(back->data, 0xA5, n);
+        rc = deser(&p, b, len, back);
+        if (rc != KVS_ECORRUPT || strstr(kvs_last_error(), "crc32c: payload damaged") == NULL)
+            KVS_FAIL_("%s: byte %zu damaged: rc %d, %s", json, k, rc, kvs_last_error());
+        int untouched = 1;
+        for (size_t i = 0; i < n; i++) untouched &= ((uint8_t *)back->data)[i] == 0xA5;
+        CHECK(untouched);
         b[k] ^= 0x40;
     }
     refit_crc(b, len);

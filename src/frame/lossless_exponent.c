@@ -69,6 +69,7 @@
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 #include "util/cpu_features.h"
+#include "util/crc32c.h"
 #include "util/le.h"
 
 #define LLX_RAW 0
@@ -1644,6 +1645,7 @@ int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint3
 struct kvs_llx_held {
     uint64_t cap; /* slots */
     llx_pending *pd;
+    uint32_t *crc; /* kvs_crc32c of each held block's record */
     uint8_t *buf; /* cap x HELD_SLOT_BYTES */
 };
 
@@ -1655,6 +1657,7 @@ static void held_free(kvs_llx_held *h)
 {
     if (h == NULL) return;
     free(h->pd);
+    free(h->crc);
     free(h->buf);
     free(h);
 }
@@ -1671,8 +1674,9 @@ kvs_llx_held *kvs_llx_held_take(uint64_t nblocks)
     if (h == NULL) return NULL;
     h->cap = nblocks;
     h->pd = malloc((size_t)nblocks * sizeof *h->pd);
+    h->crc = malloc((size_t)nblocks * sizeof *h->crc);
     h->buf = malloc((size_t)nblocks * HELD_SLOT_BYTES);
-    if (h->pd == NULL || h->buf == NULL) {
+    if (h->pd == NULL || h->crc == NULL || h->buf == NULL) {
         held_free(h);
         return NULL;
     }
@@ -1719,6 +1723,12 @@ typedef struct llx_lanes {
     kvs_rans_dec_stream st[2];
 } llx_lanes;
 
+/* Block i is held: its record's CRC-32C, while the record is in cache. */
+static void held_crc(llx_lanes *q, size_t i)
+{
+    q->h->crc[q->slot + i] = kvs_crc32c(0, q->blk[i].rec, q->blk[i].len);
+}
+
 /* Lane l takes the next block with a stream (blocks without one, raw, are
  * held on the way); KVS_OK with blk_of[l] -1 when none is left. */
 static int lane_fill(llx_lanes *q, int l)
@@ -1735,6 +1745,7 @@ static int lane_fill(llx_lanes *q, int l)
             q->blk_of[l] = (long)i;
             return KVS_OK;
         }
+        held_crc(q, i);
     }
     return KVS_OK;
 }
@@ -1744,7 +1755,9 @@ static int lane_end(llx_lanes *q, int l)
 {
     int rc = kvs_rans_stream_finish(&q->st[l]);
     if (rc == KVS_OK) rc = block_check(&q->h->pd[q->slot + (size_t)q->blk_of[l]]);
-    return rc ? rc : lane_fill(q, l);
+    if (rc) return rc;
+    held_crc(q, (size_t)q->blk_of[l]);
+    return lane_fill(q, l);
 }
 
 int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
@@ -1768,8 +1781,14 @@ int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
         llx_out o = held_out(h, slot + i);
         rc = block_hold(w[0], &o, &blk[i], period, tools, &h->pd[slot + i]);
         if (rc) return rc;
+        held_crc(&q, i);
     }
     return KVS_OK;
+}
+
+uint32_t kvs_llx_held_crc(const kvs_llx_held *h, uint64_t slot)
+{
+    return h->crc[slot];
 }
 
 void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot)

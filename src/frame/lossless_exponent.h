@@ -99,5 +99,8 @@ int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
 /* Write the elements of the block held in `slot` (kvs_llx_hold returned
  * KVS_OK for it) to its destination: what kvs_llx_decode_block writes. */
 void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot);
+/* The kvs_crc32c (from 0) of the record of the block held in `slot`,
+ * taken right after the block was checked (while the record is in cache). */
+uint32_t kvs_llx_held_crc(const kvs_llx_held *h, uint64_t slot);
 
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

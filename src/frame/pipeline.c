@@ -675,6 +675,66 @@ static uint8_t *direct_target(const kvs_frame *f, const kvs_frame_stage *fs, con
     return to;
 }
 
+/* A check stage's verdict on its digest of n bytes against the one stored
+ * after them: KVS_OK, or the refusal naming both. */
+static int check_verdict(const kvs_stage_type *t, const uint8_t *digest, const uint8_t *stored,
+                         size_t n, const kvs_object_key *key)
+{
+    size_t d = t->digest_size;
+    if (memcmp(digest, stored, d) == 0) return KVS_OK;
+    uint64_t got = 0, want = 0;
+    for (size_t b = d; b-- > 0;) {
+        got = got << 8 | digest[b];
+        want = want << 8 | stored[b];
+    }
+    char who[128];
+    kvs_key_describe(key, who, sizeof who);
+    return kvs_set_error(KVS_ECORRUPT,
+                         "pipeline: %s: payload damaged: checksum %0*llx over %zu bytes, stored "
+                         "%0*llx; loading %s",
+                         t->name, (int)(2 * d), (unsigned long long)got, n, (int)(2 * d),
+                         (unsigned long long)want, who);
+}
+
+/* A crc32c check folded into stage 1's decode into dst (direct_target): the
+ * stage gives the CRC-32C it took of the n payload bytes as it read them. */
+typedef struct folded_check {
+    const kvs_stage_type *t;
+    const uint8_t *stored;
+    size_t n;
+    const kvs_object_key *key;
+} folded_check;
+
+static int folded_accept(void *arg, uint32_t crc)
+{
+    const folded_check *c = arg;
+    void *state = NULL;
+    uint8_t digest[16];
+    int rc = c->t->check_stream_new(&state);
+    if (rc) return rc;
+    c->t->check_stream_append_crc32c(state, crc, c->n);
+    c->t->check_stream_final(state, digest);
+    return check_verdict(c->t, digest, c->stored, c->n, c->key);
+}
+
+/* Stage 1 (fs) decodes in[0..n) into `to` (m bytes, direct_target), with
+ * the check after it folded in when accept is not NULL. */
+static int direct_decode(const kvs_frame *f, const kvs_frame_stage *fs,
+                         const kvs_object_key *key, const kvs_keyring *keyring,
+                         const uint8_t *in, size_t n, uint8_t *to, size_t m,
+                         int (*accept)(void *, uint32_t), void *arg)
+{
+    const kvs_stage_type *t = fs->type;
+    kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
+    kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size, &ctx.channels);
+    size_t got;
+    int rc = t->transform_decode_direct(fs->params, fs->nparams, &ctx, in, n, to, m, &got,
+                                        accept, arg);
+    if (rc == KVS_OK && got != m)
+        rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name, got, m);
+    return rc;
+}
+
 /* Undo the bytes stages, last first: checks verify in place, transforms
  * write into scratch buffers (never dst), except that stage 1 may decode
  * straight into dst (direct_target; dst NULL: never), which sets *done.
@@ -707,20 +767,27 @@ static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
                 break;
             }
             n -= d;
-            t->check_digest(cur, n, digest);
-            if (memcmp(digest, cur + n, d) != 0) {
-                uint64_t got = 0, want = 0;
-                for (size_t b = d; b-- > 0;) {
-                    got = got << 8 | digest[b];
-                    want = want << 8 | cur[n + b];
-                }
-                kvs_key_describe(key, who, sizeof who);
-                rc = kvs_set_error(KVS_ECORRUPT,
-                                   "pipeline: %s: payload damaged: checksum %0*llx over %zu "
-                                   "bytes, stored %0*llx; loading %s",
-                                   t->name, (int)(2 * d), (unsigned long long)got, n,
-                                   (int)(2 * d), (unsigned long long)want, who);
+            /* A crc32c check right after stage 1, which decodes into dst:
+             * folded into that decode, which takes the CRC-32C of each
+             * block while in cache and gives it before writing dst or
+             * refusing (its refusal then only when this check passes). */
+            const kvs_frame_stage *s1 = &f->stages[1];
+            size_t m1;
+            uint8_t *to;
+            if (i == 2 && t->check_stream_append_crc32c &&
+                s1->type->kind == KVS_STAGE_TRANSFORM && s1->type->transform_decode_direct &&
+                s1->type->transform_decoded_size(s1->params, s1->nparams, cur, n, &m1) ==
+                    KVS_OK &&
+                (to = direct_target(f, s1, cur, n, m1, dst)) != NULL) {
+                folded_check fc = {t, cur + n, n, key};
+                rc = direct_decode(f, s1, key, keyring, cur, n, to, m1, folded_accept, &fc);
+                if (rc == KVS_OK) *done = 1;
+                cur = to;
+                n = m1;
+                break; /* stage 1, the last to undo, is done */
             }
+            t->check_digest(cur, n, digest);
+            rc = check_verdict(t, digest, cur + n, n, key);
             continue;
         }
         size_t m;
@@ -728,14 +795,7 @@ static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
         if (rc) break;
         uint8_t *to = i == 1 ? direct_target(f, fs, cur, n, m, dst) : NULL;
         if (to) {
-            kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
-            kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size,
-                                  &ctx.channels);
-            size_t got;
-            rc = t->transform_decode_direct(fs->params, fs->nparams, &ctx, cur, n, to, m, &got);
-            if (rc == KVS_OK && got != m)
-                rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name,
-                                   got, m);
+            rc = direct_decode(f, fs, key, keyring, cur, n, to, m, NULL, NULL);
             if (rc == KVS_OK) *done = 1;
             cur = to;
             n = m;

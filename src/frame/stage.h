@@ -193,12 +193,17 @@ struct kvs_stage_type {
      * and a copy; *outn is then transform_decoded_size. transform_direct_ok
      * says whether it takes in[0..n) (lossless: the rANS payloads of a
      * bounded number of blocks); when it does not, or in is not what the
-     * stage reads, transform_decode is used. */
+     * stage reads, transform_decode is used. With accept not NULL, in is
+     * not checked yet: the stage takes its kvs_crc32c as it reads (in
+     * cache) and calls accept(arg, crc) before its first write and before
+     * any refusal of its own, and returns accept's refusal instead (the
+     * crc32c check after it, folded in: pipeline.c). */
     int (*transform_direct_ok)(const uint8_t *params, size_t nparams, const uint8_t *in,
                                size_t n);
     int (*transform_decode_direct)(const uint8_t *params, size_t nparams,
                                    const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
-                                   uint8_t *out, size_t cap, size_t *outn);
+                                   uint8_t *out, size_t cap, size_t *outn,
+                                   int (*accept)(void *arg, uint32_t crc), void *arg);
 
     /* ---- every stage ------------------------------------------------- */
     /* The parameter block this instance records in a frame: at most

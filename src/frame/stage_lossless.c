@@ -731,54 +731,68 @@ static int ll_direct_ok(const uint8_t *params, size_t nparams, const uint8_t *in
     return h.E == LL_BLOCK_ELEMS && h.nblocks >= 1 && h.nblocks <= KVS_LLX_HELD_MAX;
 }
 
-static int ll_decode_to(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
-                        const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn,
-                        int direct);
+typedef int (*ll_accept_fn)(void *arg, uint32_t crc);
+
+static int ll_decode_to(const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
+                        size_t cap, size_t *outn, int direct, ll_accept_fn accept, void *arg);
 
 static int ll_decode(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                      const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
 {
-    return ll_decode_to(params, nparams, ctx, in, n, out, cap, outn, 0);
+    (void)params;
+    (void)nparams;
+    return ll_decode_to(ctx, in, n, out, cap, outn, 0, NULL, NULL);
 }
 
 /* ll_decode into the caller's destination: every block is checked and held
  * first (kvs_llx_hold_range), then all are written, so a refusal (the same, with
  * the same message) leaves out untouched. Only where ll_direct_ok. */
 static int ll_decode_direct(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
-                            const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn)
-{
-    return ll_decode_to(params, nparams, ctx, in, n, out, cap, outn, 1);
-}
-
-static int ll_decode_to(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
-                        const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn,
-                        int direct)
+                            const uint8_t *in, size_t n, uint8_t *out, size_t cap, size_t *outn,
+                            ll_accept_fn accept, void *arg)
 {
     (void)params;
     (void)nparams;
+    return ll_decode_to(ctx, in, n, out, cap, outn, 1, accept, arg);
+}
+
+/* A refusal rc of ll_decode_direct's input not yet checked: the check's
+ * refusal instead when the input does not pass it (it came first). */
+static int ll_refuse(int rc, const uint8_t *in, size_t n, ll_accept_fn accept, void *arg)
+{
+    int a = accept ? accept(arg, kvs_crc32c(0, in, n)) : KVS_OK;
+    return a ? a : rc;
+}
+
+static int ll_decode_to(const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
+                        size_t cap, size_t *outn, int direct, ll_accept_fn accept, void *arg)
+{
     ll_head h;
     int rc = read_head(in, n, &h);
-    if (rc) return rc;
+    if (rc) return ll_refuse(rc, in, n, accept, arg);
     if (direct && (h.version == LL_VERSION || h.E != LL_BLOCK_ELEMS || h.nblocks == 0 ||
                    h.nblocks > KVS_LLX_HELD_MAX))
         return kvs_set_error(KVS_EINVAL, "lossless: decoding into the destination takes payload "
                              "versions 2-4 of 1 to %u blocks of %u elements (ll_direct_ok)",
                              KVS_LLX_HELD_MAX, LL_BLOCK_ELEMS);
     if (ctx && ctx->elem_size && ctx_elem_size(ctx) != h.s)
-        return kvs_set_error(KVS_ECORRUPT,
-                             "lossless: stored with %u-byte elements; the typed stage before "
-                             "it produces %u-byte elements",
-                             h.s, ctx_elem_size(ctx));
+        return ll_refuse(kvs_set_error(KVS_ECORRUPT,
+                                       "lossless: stored with %u-byte elements; the typed stage "
+                                       "before it produces %u-byte elements",
+                                       h.s, ctx_elem_size(ctx)),
+                         in, n, accept, arg);
     if (cap < h.n)
-        return kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %llu", cap,
-                             (unsigned long long)h.n);
+        return ll_refuse(kvs_set_error(KVS_ENOSPC, "lossless: output holds %zu bytes, need %llu",
+                                       cap, (unsigned long long)h.n),
+                         in, n, accept, arg);
     size_t *offset = malloc(h.nblocks ? (size_t)h.nblocks * sizeof *offset : 1);
     uint32_t *len = malloc(h.nblocks ? (size_t)h.nblocks * sizeof *len : 1);
     if (offset == NULL || len == NULL) {
         free(offset);
         free(len);
-        return kvs_set_error(KVS_ENOMEM, "lossless: out of memory for %llu blocks",
-                             (unsigned long long)h.nblocks);
+        return ll_refuse(kvs_set_error(KVS_ENOMEM, "lossless: out of memory for %llu blocks",
+                                       (unsigned long long)h.nblocks),
+                         in, n, accept, arg);
     }
     size_t at = h.table + 4 * (size_t)h.nblocks;
     for (uint64_t b = 0; b < h.nblocks; b++) {
@@ -792,6 +806,15 @@ static int ll_decode_to(const uint8_t *params, size_t nparams, const kvs_stage_c
                            (unsigned long long)h.nblocks);
     if (rc == KVS_OK)
         rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_range, &job);
+    if (rc) {
+        rc = ll_refuse(rc, in, n, accept, arg);
+    } else if (accept) {
+        /* the input's CRC-32C from its blocks' (taken as they were held) */
+        uint32_t c = kvs_crc32c(0, in, h.table + 4 * (size_t)h.nblocks);
+        for (uint64_t b = 0; b < h.nblocks; b++)
+            c = kvs_crc32c_combine(c, kvs_llx_held_crc(job.held, b), len[b]);
+        rc = accept(arg, kvs_crc32c(c, in + at, h.tail));
+    }
     if (rc == KVS_OK && direct)
         rc = kvs_serde_parallel_for(h.nblocks * KVS_SPLIT_ALIGN, h.n, dec_write, &job);
     kvs_llx_held_give(job.held);
