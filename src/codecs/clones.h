@@ -3,10 +3,9 @@
  * glibc only): twice the vector width from the same source, so the same
  * operations and the same bytes either way (the build is ISO C, so no FMA
  * contraction tells the two apart). CLONES_V4 adds a third, for AVX-512
- * (x86-64-v4: 32 vector registers, so loops with many accumulators do not
- * spill), on the loops where it was measured to pay: the transform stage's
- * rows (2026-12-02: encode 13-15 % faster, decode 5-10 %, the same bytes;
- * docs/fidelity.md "Speed"). -DKVS_NO_CLONES builds the portable
+ * (x86-64-v4), on the loops where it was measured to pay: the transform
+ * stage's rows (2026-12-02: encode 7-15 % faster, decode 0-10 %, the same
+ * bytes; docs/fidelity.md "Speed"). -DKVS_NO_CLONES builds the portable
  * version only, and so does a TSan build: ThreadSanitizer crashes in ifunc
  * resolvers, which run before its runtime is initialized. */
 #ifndef KVSERDE_CODECS_CLONES_H
