@@ -318,7 +318,65 @@ static void test_pack_unpack(void)
                 unpack(K, want + off, n, bits, back[1]);
                 CHECK(memcmp(back[0], back[1], n + 1) == 0 && memcmp(back[1], codes, n) == 0);
             }
-    CHECK(K->pack[2] && K->pack[4] && K->unpack[2] && K->unpack[4]); /* the presets' widths */
+    for (unsigned bits = 2; bits < 8; bits++) CHECK(K->pack[bits] && K->unpack[bits]);
+}
+
+/* Long rows of every width below 8 (several 64-code blocks and every
+ * tail), each from an odd address, every byte past the packed or unpacked
+ * end left alone, codes of all ones and random. */
+static void test_pack_unpack_long(void)
+{
+    enum { N = 1100 };
+    static uint8_t codes[N], want[N + 8], got[N + 8], back[2][N + 8];
+    uint64_t s = 47;
+    for (unsigned bits = 2; bits < 8; bits++)
+        for (unsigned n = 0; n < N; n += 1 + (unsigned)(lcg(&s) % 23)) {
+            int ones = lcg(&s) % 4 == 0;
+            for (unsigned i = 0; i < n; i++)
+                codes[i] = (uint8_t)(ones ? (1u << bits) - 1 : lcg(&s) & ((1u << bits) - 1));
+            memset(want, 0xA5, sizeof want);
+            memset(got, 0xA5, sizeof got);
+            pack_codes(codes, n, bits, want + 1);
+            K->pack[bits](codes, n, got + 1);
+            CHECK(memcmp(got, want, sizeof want) == 0);
+            memset(back, 0x5A, sizeof back);
+            unpack_codes(want + 1, n, bits, back[0] + 1);
+            K->unpack[bits](want + 1, n, back[1] + 1);
+            CHECK(memcmp(back[0], back[1], sizeof back[0]) == 0 &&
+                  memcmp(back[1] + 1, codes, n) == 0);
+        }
+}
+
+/* The rotation against hadamard_row, every head size, rows of 1 to 5
+ * heads (and 1 to 40 heads of the small ones: their masked tails), from
+ * an odd float offset: values of every kind (+-0, subnormal, halves,
+ * huge ones whose sums overflow to inf, where inf - inf makes NaN, and
+ * inf itself: the decoder's dequantized values), the floats past the row
+ * untouched. */
+static void test_hadamard(void)
+{
+    enum { N = 5 * 1024 };
+    static float x[N + 2], want[N + 2], got[N + 2];
+    uint64_t s = 53;
+    for (unsigned h = 2; h <= 1024; h *= 2)
+        for (int round = 0; round < 60; round++) {
+            unsigned heads = 1 + (unsigned)(lcg(&s) % (h < 16 ? 40 : 5));
+            uint64_t D = (uint64_t)h * heads;
+            int mode = round % 4;
+            for (uint64_t i = 0; i < D; i++) {
+                float v = nasty(&s);
+                if (mode == 1) v = unif(&s) * 3.4e38f; /* sums past FLT_MAX */
+                if (mode == 2 && lcg(&s) % 50 == 0) v = lcg(&s) % 2 ? INFINITY : -INFINITY;
+                if (mode == 3) v = lcg(&s) % 2 ? 0.0f : -0.0f;
+                x[1 + i] = v;
+            }
+            x[0] = x[1 + D] = 777.0f;
+            memcpy(want, x, sizeof(float) * (D + 2));
+            memcpy(got, x, sizeof(float) * (D + 2));
+            hadamard_row(want + 1, D, h);
+            K->hadamard(got + 1, D, h);
+            CHECK(memcmp(got, want, sizeof(float) * (D + 2)) == 0);
+        }
 }
 
 static void test_dequantize(void)
@@ -645,12 +703,12 @@ static void test_objects_every_variant(void)
         p.zero_point = (int)(lcg(&s) % 2);
         p.scale_dtype = lcg(&s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
         p.levels = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
-        p.hadamard = lcg(&s) % 5 ? 0 : 16;
+        p.hadamard = lcg(&s) % 5 ? 0 : 2u << (lcg(&s) % 9); /* 2 to 512 */
         p.k_outliers = lcg(&s) % 4 ? 0 : 2;
         kvs_dtype dt = lcg(&s) % 4 ? KVS_DTYPE_BFLOAT16
                                    : (lcg(&s) % 2 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32);
         /* a third of them 64 to 192 channels: the fused rows' shapes */
-        int64_t D = p.hadamard     ? 16 * (1 + (int64_t)(lcg(&s) % 9))
+        int64_t D = p.hadamard     ? p.hadamard * (1 + (int64_t)(lcg(&s) % (1 + 256 / p.hadamard)))
                     : lcg(&s) % 3 ? 1 + (int64_t)(lcg(&s) % 150)
                                    : 64 * (1 + (int64_t)(lcg(&s) % 3));
         fused_shapes += D % 64 == 0 && !p.hadamard && dt == KVS_DTYPE_BFLOAT16 && p.bits % 2 == 0 &&
@@ -782,6 +840,8 @@ int main(void)
     RUN(test_quantize_ties);
     RUN(test_quantize_reciprocal);
     RUN(test_pack_unpack);
+    RUN(test_pack_unpack_long);
+    RUN(test_hadamard);
     RUN(test_dequantize);
     RUN(test_load_scales);
     RUN(test_fused_encode);

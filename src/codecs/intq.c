@@ -501,6 +501,12 @@ static void dequantize(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t
                            x + c0);
 }
 
+static void rotate(const kvs_intq_kernels *k, float *x, uint64_t D, unsigned h)
+{
+    if (k->hadamard) k->hadamard(x, D, h);
+    else hadamard_row(x, D, h);
+}
+
 static void pack(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n, unsigned bits,
                  uint8_t *out)
 {
@@ -743,7 +749,7 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
                                  (unsigned long long)t, (unsigned long long)c,
                                  (unsigned long long)pi);
     for (unsigned o = 0; o < nout; o++) row[get_le16(outl + 2 * o)] = 0.0f;
-    if (j->p->hadamard) hadamard_row(row, g->D, j->p->hadamard);
+    if (j->p->hadamard) rotate(j->k, row, g->D, j->p->hadamard);
     return KVS_OK;
 }
 
@@ -1266,7 +1272,7 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
             u = w->codes;
         }
         dequantize(j->k, u, D, s, z, group, mid, row);
-        if (p->hadamard) hadamard_row(row, D, p->hadamard);
+        if (p->hadamard) rotate(j->k, row, D, p->hadamard);
         narrow(j->k, row, g->dtype, D, dst, j->stream);
     }
     const uint8_t *val = base + r->off_values + t * r->nout * g->es;

@@ -60,6 +60,10 @@ typedef struct kvs_intq_kernels {
     /* intq.c's pack_codes / unpack_codes, indexed by bits (NULL: portable) */
     void (*pack[9])(const uint8_t *codes, uint64_t n, uint8_t *out);
     void (*unpack[9])(const uint8_t *in, uint64_t n, uint8_t *codes);
+    /* intq.c's hadamard_row: every head of h channels of x[0..D) rotated
+     * in place (h a power of two from 2 to 1024 dividing D), for values
+     * finite or inf (the encoder's and the decoder's rows) */
+    void (*hadamard)(float *x, uint64_t D, unsigned h);
     /* intq.c's dequantize_run, element i with s[i / group], z[i / group] */
     void (*dequantize)(const uint8_t *codes, uint64_t n, const float *s, const float *z,
                        uint64_t group, float mid, float *x);
