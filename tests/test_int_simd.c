@@ -660,6 +660,79 @@ static void test_fused_decode(void)
     }
 }
 
+/* widen_rotated_bf16 against widen_row and hadamard_row: every head size
+ * it takes, rows of 16 to 1024 channels, every bfloat16 kind (subnormal,
+ * +-0, huge ones whose sums overflow), a NaN or inf somewhere (the flag,
+ * as widen_row's), a prefetched row or none, nothing written past the
+ * row. */
+static void test_rotated_widen(void)
+{
+    static uint8_t src[2 * FN + 2];
+    static float want[FN + 1], got[FN + 1];
+    uint64_t s = 61;
+    for (int round = 0; round < 4000; round++) {
+        unsigned h = 2u << (lcg(&s) % 8); /* 2 to 256 */
+        unsigned n = 16 * (1 + (unsigned)(lcg(&s) % 64));
+        n = (n + h - 1) / h * h;
+        int mode = (int)(lcg(&s) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            float v = mode == 1 ? unif(&s) * 3.3e38f : nasty(&s);
+            uint16_t b = (uint16_t)(kvs_f32_to_bits(v) >> 16);
+            if (mode == 2) b = (uint16_t)lcg(&s); /* any pattern */
+            put_le16(src + 1 + 2 * i, b);
+        }
+        if (mode == 3) put_le16(src + 1 + 2 * (lcg(&s) % n), lcg(&s) % 2 ? 0x7F80 : 0xFFC1);
+        int bad = widen_row(src + 1, KVS_DTYPE_BFLOAT16, n, want);
+        hadamard_row(want, n, h);
+        got[n] = want[n] = 777.0f;
+        const uint8_t *ahead = lcg(&s) % 2 ? src : NULL;
+        CHECK_EQ_INT(K->widen_rotated_bf16(src + 1, n, h, got, ahead), bad);
+        if (!bad) CHECK(memcmp(got, want, sizeof(float) * (n + 1)) == 0);
+        CHECK(got[n] == 777.0f);
+    }
+}
+
+/* decode_rotated_bf16 against dequantize_run, hadamard_row and
+ * narrow_row: every head size it takes, rows of 32 to 1024 channels,
+ * groups of 1, multiples of 16 and the whole row, mid 128 (its centred
+ * codes), 0 and others, scales so large that sums overflow (inf, and NaN
+ * from inf - inf) or subnormal results (bfloat16's own narrowing), on a
+ * line (streamed or not) or off it, nothing written past the row. */
+static void test_rotated_decode(void)
+{
+    static _Alignas(64) uint8_t got[2 * FN + 128];
+    static uint8_t u[FN], want[2 * FN];
+    static float sc[FN], z[FN], row[FN];
+    uint64_t s = 59;
+    for (int round = 0; round < 4000; round++) {
+        unsigned h = 2u << (lcg(&s) % 8); /* 2 to 256 */
+        unsigned n = 32 * (1 + (unsigned)(lcg(&s) % 32));
+        n = (n + h - 1) / h * h;
+        unsigned group = (unsigned[]){1, 16, 32, 48, 64, 128}[lcg(&s) % 6];
+        if (lcg(&s) % 4 == 0 || n % group) group = n; /* the tensor axis */
+        float mid = (float[]){128.0f, 0.0f, 4.0f, 32.0f}[lcg(&s) % 4];
+        int mode = (int)(lcg(&s) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            u[i] = (uint8_t)lcg(&s);
+            sc[i] = fabsf(nasty(&s));
+            if (mode == 1) sc[i] = 2e37f * (float)(1 + lcg(&s) % 8);  /* sums past FLT_MAX */
+            if (mode == 2) sc[i] = kvs_f32_from_bits((uint32_t)lcg(&s) % 0x00400000u); /* tiny */
+            z[i] = mode == 2 ? 0.0f : nasty(&s);
+        }
+        for (unsigned c0 = 0; c0 < n; c0 += group)
+            dequantize_run(u + c0, group, sc + c0 / group, z + c0 / group, group == 1, mid, row + c0);
+        hadamard_row(row, n, h);
+        narrow_row(row, KVS_DTYPE_BFLOAT16, n, want);
+        unsigned off = (unsigned)(lcg(&s) % 2) * 2;
+        int stream = (int)(lcg(&s) % 2);
+        memset(got, 0xA5, sizeof got);
+        K->decode_rotated_bf16(u, n, sc, z, group, mid, h, got + 64 + off, stream);
+        if (stream) K->store_fence();
+        CHECK(memcmp(got + 64 + off, want, 2 * n) == 0);
+        CHECK(got[63 + off] == 0xA5 && got[64 + off + 2 * n] == 0xA5);
+    }
+}
+
 /* ---------------------------------------------------------------------
  * Whole objects through every variant
  * ------------------------------------------------------------------ */
@@ -847,6 +920,8 @@ int main(void)
     RUN(test_fused_encode);
     RUN(test_fused_encode_channels);
     RUN(test_fused_decode);
+    RUN(test_rotated_decode);
+    RUN(test_rotated_widen);
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();
 }

@@ -985,6 +985,45 @@ static void hadamard(float *x, uint64_t D, unsigned h)
     }
 }
 
+/* widen_rotated_bf16: chunks of max(h, 16) elements loaded as widen16's,
+ * through rotate_chunk's operations, stored; nv (the chunk's vectors) and
+ * h constants in each copy. */
+KVS_AI int widen_rotated(const uint8_t *src, uint64_t n, unsigned nv, unsigned h, float *out,
+                         const uint8_t *ahead)
+{
+    const __m512 norm = _mm512_set1_ps(1.0f / __builtin_sqrtf((float)h)); /* hadamard's */
+    const __m256i exp = _mm256_set1_epi16(0x7F80);
+    __mmask16 bad = 0;
+    for (uint64_t e = 0; e < n; e += 16 * nv) {
+        __m512 v[16];
+        EACH_VECTOR(i, nv, {
+            if (ahead && (e + 16 * i) % 32 == 0)
+                _mm_prefetch((const char *)(ahead + 2 * (e + 16 * i)), _MM_HINT_T0);
+            __m256i b = _mm256_loadu_si256((const __m256i *)(src + 2 * (e + 16 * i)));
+            bad |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exp), exp);
+            v[i] = bf16_to_ps(b);
+        });
+        stages_in_registers(v, nv, h);
+        EACH_VECTOR(i, nv, _mm512_storeu_ps(out + e + 16 * i, _mm512_mul_ps(v[i], norm)));
+    }
+    return bad != 0;
+}
+
+static int widen_rotated_bf16(const uint8_t *src, uint64_t n, unsigned h, float *out,
+                              const uint8_t *ahead)
+{
+    switch (h) {
+    case 2: return widen_rotated(src, n, 1, 2, out, ahead);
+    case 4: return widen_rotated(src, n, 1, 4, out, ahead);
+    case 8: return widen_rotated(src, n, 1, 8, out, ahead);
+    case 16: return widen_rotated(src, n, 1, 16, out, ahead);
+    case 32: return widen_rotated(src, n, 2, 32, out, ahead);
+    case 64: return widen_rotated(src, n, 4, 64, out, ahead);
+    case 128: return widen_rotated(src, n, 8, 128, out, ahead);
+    default: return widen_rotated(src, n, 16, 256, out, ahead);
+    }
+}
+
 /* ---- decode ------------------------------------------------------------ */
 
 KVS_AI __m512i spread4(__m256i b)
@@ -1233,6 +1272,57 @@ static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const floa
         decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0, ahead);
 }
 
+/* decode_rotated_bf16: chunks of max(h, 32) elements (one head, or two
+ * to eight small ones: a line of bfloat16 at least), each dequantized
+ * (decode16: dequantize's operations), rotated (stages_in_registers, then
+ * the product by norm: hadamard's) and narrowed (bf16x32: narrow_bf16's
+ * bits) in registers; nv = the chunk's vectors and h constants in each
+ * copy. */
+KVS_AI void rotated_rows(const uint8_t *codes, uint64_t n, const float *s, const float *z,
+                         uint64_t group, __m512 vmid, unsigned nv, unsigned h, uint8_t *dst,
+                         int stream, int centred)
+{
+    const __m512 norm = _mm512_set1_ps(1.0f / __builtin_sqrtf((float)h)); /* hadamard's */
+    uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
+    for (uint64_t e = 0; e < n; e += 16 * nv) {
+        __m512 v[16];
+        EACH_VECTOR(i, nv, {
+            __m128i u = _mm_loadu_si128((const __m128i *)(codes + e + 16 * i));
+            if (centred) u = _mm_xor_si128(u, _mm_set1_epi8((char)0x80));
+            v[i] = decode16(u, s, z, group, e + 16 * i, &k, &left, vmid, centred);
+        });
+        stages_in_registers(v, nv, h);
+        EACH_VECTOR(i, nv, if (i % 2 == 0) {
+            __m512i line = bf16x32(_mm512_mul_ps(v[i], norm), _mm512_mul_ps(v[(i + 1) & 15], norm));
+            uint8_t *o = dst + 2 * (e + 16 * i);
+            if (stream) _mm512_stream_si512((void *)o, line);
+            else _mm512_storeu_si512(o, line);
+        });
+    }
+}
+
+static void decode_rotated_bf16(const uint8_t *codes, uint64_t n, const float *s,
+                                const float *z, uint64_t group, float mid, unsigned h,
+                                uint8_t *dst, int stream)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    int c = mid == 128.0f;
+#define ROTATED(nv, h) c ? rotated_rows(codes, n, s, z, group, vmid, nv, h, dst, stream, 1) \
+                         : rotated_rows(codes, n, s, z, group, vmid, nv, h, dst, stream, 0)
+    switch (h) {
+    case 2: ROTATED(2, 2); break;
+    case 4: ROTATED(2, 4); break;
+    case 8: ROTATED(2, 8); break;
+    case 16: ROTATED(2, 16); break;
+    case 32: ROTATED(2, 32); break;
+    case 64: ROTATED(4, 64); break;
+    case 128: ROTATED(8, 128); break;
+    default: ROTATED(16, 256); break;
+    }
+#undef ROTATED
+}
+
 static void store_fence(void)
 {
     _mm_sfence();
@@ -1241,6 +1331,7 @@ static void store_fence(void)
 static const kvs_intq_kernels avx512_kernels = {
     .isa = "avx512",
     .widen_bf16 = widen_bf16,
+    .widen_rotated_bf16 = widen_rotated_bf16,
     .minmax = minmax,
     .fold_columns = fold_columns,
     .scales = scales,
@@ -1256,6 +1347,7 @@ static const kvs_intq_kernels avx512_kernels = {
     .encode_token_bf16 = encode_token_bf16,
     .encode_channel_bf16 = encode_channel_bf16,
     .decode_bf16 = decode_bf16,
+    .decode_rotated_bf16 = decode_rotated_bf16,
     .store_fence = store_fence,
 };
 
