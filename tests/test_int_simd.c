@@ -2,9 +2,11 @@
  * (src/codecs/intq_avx512.c, intq_kernels.h) against its portable code
  * (src/codecs/intq.c), bit for bit: each kernel on adversarial inputs
  * (every bfloat16 pattern, +-0, NaN, inf, subnormals, halves, float16
- * overflow, every length to past two vectors, misaligned buffers), the
- * fused rows against the portable functions they stand for (their bytes,
- * or nothing written where they leave a row to the portable code), then
+ * overflow, every length to past two vectors, misaligned buffers; the
+ * Hadamard rotation for every head size and the packing for every width),
+ * the fused and rotated rows against the portable functions they stand
+ * for (their bytes, or nothing written where they leave a row to the
+ * portable code), then
  * whole objects through every variant (KVSERDE_ISA names) against the
  * portable build, payload, decoded bytes, codes and messages of refusals
  * (damaged payloads too), with the decoder's streaming stores on and off;

@@ -20,7 +20,10 @@
  * 16-bit patterns (magnitudes or order keys, whose extremes are the
  * values' extremes) and codes from the even and odd bfloat16 of each
  * 32-bit lane; what they cannot do exactly they leave to intq.c's
- * ordinary path, writing nothing.
+ * ordinary path, writing nothing. The Hadamard rotation (hadamard, and
+ * in the rotated rows widen_rotated_bf16 / decode_rotated_bf16) does the
+ * portable butterflies' operations on the same values (below, "Hadamard
+ * rotation"); the odd widths' packing moves the same bits (pack_odd).
  */
 #include <immintrin.h>
 #include <string.h>
