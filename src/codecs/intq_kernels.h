@@ -145,8 +145,8 @@ typedef struct kvs_intq_kernels {
     void (*store_fence)(void);
 } kvs_intq_kernels;
 
-/* The AVX-512 variant (F, BW, DQ, VL, BF16, F16C; the fp8 dispatcher's
- * avx512 check covers them), compiled in on x86 only. It
+/* The AVX-512 variant (F, BW, DQ, VL, BF16, VBMI, F16C, FMA; the fp8
+ * dispatcher's avx512 check covers them), compiled in on x86 only. It
  * does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
 
