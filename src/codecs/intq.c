@@ -736,8 +736,9 @@ static void prefetch_next(const enc_job *j, const group_plan *g, uint64_t pi, ui
     }
 }
 
-/* The fused token rows (and the rotated rows' widen_rotated_bf16) prefetch the row this many on (intq_kernels.h's
- * `ahead`), line by line as they work: 2 was a little faster than 1 in
+/* The fused token rows (and the rotated rows' widen_rotated_bf16)
+ * prefetch the row this many on (intq_kernels.h's `ahead`), line by line
+ * as they work: 2 was a little faster than 1 in
  * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
  * burst of prefetches before the row that prefetch_next issues (its
  * prefetcht0 waited for fill buffers: a sixth of the encoder's time). */
