@@ -22,6 +22,12 @@ static const char *const configs[][2] = {
     {"int4 kivi", "{\"type\":\"int\",\"bits\":4}"},
     {"int2 kivi g32", "{\"type\":\"int\",\"bits\":2,\"group\":32}"},
     {"int3 hadamard", "{\"type\":\"int\",\"bits\":3,\"k_axis\":\"token\",\"hadamard\":64}"},
+    {"int5 hadamard", "{\"type\":\"int\",\"bits\":5,\"k_axis\":\"token\",\"hadamard\":128}"},
+    {"int6 hadamard", "{\"type\":\"int\",\"bits\":6,\"hadamard\":256}"},
+    {"int7 hadamard", "{\"type\":\"int\",\"bits\":7,\"k_axis\":\"token\",\"hadamard\":128}"},
+    /* the int stage of the presets int47-had-ll / int21-had-ll, alone */
+    {"int8 had tensor", "{\"type\":\"int\",\"bits\":8,\"levels\":47,\"k_axis\":\"tensor\","
+                        "\"v_axis\":\"tensor\",\"zero_point\":false,\"hadamard\":256}"},
 };
 
 int main(int argc, char **argv)

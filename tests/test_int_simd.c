@@ -2,9 +2,11 @@
  * (src/codecs/intq_avx512.c, intq_kernels.h) against its portable code
  * (src/codecs/intq.c), bit for bit: each kernel on adversarial inputs
  * (every bfloat16 pattern, +-0, NaN, inf, subnormals, halves, float16
- * overflow, every length to past two vectors, misaligned buffers), the
- * fused rows against the portable functions they stand for (their bytes,
- * or nothing written where they leave a row to the portable code), then
+ * overflow, every length to past two vectors, misaligned buffers; the
+ * Hadamard rotation for every head size and the packing for every width),
+ * the fused and rotated rows against the portable functions they stand
+ * for (their bytes, or nothing written where they leave a row to the
+ * portable code), then
  * whole objects through every variant (KVSERDE_ISA names) against the
  * portable build, payload, decoded bytes, codes and messages of refusals
  * (damaged payloads too), with the decoder's streaming stores on and off;
@@ -318,7 +320,65 @@ static void test_pack_unpack(void)
                 unpack(K, want + off, n, bits, back[1]);
                 CHECK(memcmp(back[0], back[1], n + 1) == 0 && memcmp(back[1], codes, n) == 0);
             }
-    CHECK(K->pack[2] && K->pack[4] && K->unpack[2] && K->unpack[4]); /* the presets' widths */
+    for (unsigned bits = 2; bits < 8; bits++) CHECK(K->pack[bits] && K->unpack[bits]);
+}
+
+/* Long rows of every width below 8 (several 64-code blocks and every
+ * tail), each from an odd address, every byte past the packed or unpacked
+ * end left alone, codes of all ones and random. */
+static void test_pack_unpack_long(void)
+{
+    enum { N = 1100 };
+    static uint8_t codes[N], want[N + 8], got[N + 8], back[2][N + 8];
+    uint64_t s = 47;
+    for (unsigned bits = 2; bits < 8; bits++)
+        for (unsigned n = 0; n < N; n += 1 + (unsigned)(lcg(&s) % 23)) {
+            int ones = lcg(&s) % 4 == 0;
+            for (unsigned i = 0; i < n; i++)
+                codes[i] = (uint8_t)(ones ? (1u << bits) - 1 : lcg(&s) & ((1u << bits) - 1));
+            memset(want, 0xA5, sizeof want);
+            memset(got, 0xA5, sizeof got);
+            pack_codes(codes, n, bits, want + 1);
+            K->pack[bits](codes, n, got + 1);
+            CHECK(memcmp(got, want, sizeof want) == 0);
+            memset(back, 0x5A, sizeof back);
+            unpack_codes(want + 1, n, bits, back[0] + 1);
+            K->unpack[bits](want + 1, n, back[1] + 1);
+            CHECK(memcmp(back[0], back[1], sizeof back[0]) == 0 &&
+                  memcmp(back[1] + 1, codes, n) == 0);
+        }
+}
+
+/* The rotation against hadamard_row, every head size, rows of 1 to 5
+ * heads (and 1 to 40 heads of the small ones: their masked tails), from
+ * an odd float offset: values of every kind (+-0, subnormal, halves,
+ * huge ones whose sums overflow to inf, where inf - inf makes NaN, and
+ * inf itself: the decoder's dequantized values), the floats past the row
+ * untouched. */
+static void test_hadamard(void)
+{
+    enum { N = 5 * 1024 };
+    static float x[N + 2], want[N + 2], got[N + 2];
+    uint64_t s = 53;
+    for (unsigned h = 2; h <= 1024; h *= 2)
+        for (int round = 0; round < 60; round++) {
+            unsigned heads = 1 + (unsigned)(lcg(&s) % (h < 16 ? 40 : 5));
+            uint64_t D = (uint64_t)h * heads;
+            int mode = round % 4;
+            for (uint64_t i = 0; i < D; i++) {
+                float v = nasty(&s);
+                if (mode == 1) v = unif(&s) * 3.4e38f; /* sums past FLT_MAX */
+                if (mode == 2 && lcg(&s) % 50 == 0) v = lcg(&s) % 2 ? INFINITY : -INFINITY;
+                if (mode == 3) v = lcg(&s) % 2 ? 0.0f : -0.0f;
+                x[1 + i] = v;
+            }
+            x[0] = x[1 + D] = 777.0f;
+            memcpy(want, x, sizeof(float) * (D + 2));
+            memcpy(got, x, sizeof(float) * (D + 2));
+            hadamard_row(want + 1, D, h);
+            K->hadamard(got + 1, D, h);
+            CHECK(memcmp(got, want, sizeof(float) * (D + 2)) == 0);
+        }
 }
 
 static void test_dequantize(void)
@@ -602,6 +662,79 @@ static void test_fused_decode(void)
     }
 }
 
+/* widen_rotated_bf16 against widen_row and hadamard_row: every head size
+ * it takes, rows of 16 to 1024 channels, every bfloat16 kind (subnormal,
+ * +-0, huge ones whose sums overflow), a NaN or inf somewhere (the flag,
+ * as widen_row's), a prefetched row or none, nothing written past the
+ * row. */
+static void test_rotated_widen(void)
+{
+    static uint8_t src[2 * FN + 2];
+    static float want[FN + 1], got[FN + 1];
+    uint64_t s = 61;
+    for (int round = 0; round < 4000; round++) {
+        unsigned h = 2u << (lcg(&s) % 8); /* 2 to 256 */
+        unsigned n = 16 * (1 + (unsigned)(lcg(&s) % 64));
+        n = (n + h - 1) / h * h;
+        int mode = (int)(lcg(&s) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            float v = mode == 1 ? unif(&s) * 3.3e38f : nasty(&s);
+            uint16_t b = (uint16_t)(kvs_f32_to_bits(v) >> 16);
+            if (mode == 2) b = (uint16_t)lcg(&s); /* any pattern */
+            put_le16(src + 1 + 2 * i, b);
+        }
+        if (mode == 3) put_le16(src + 1 + 2 * (lcg(&s) % n), lcg(&s) % 2 ? 0x7F80 : 0xFFC1);
+        int bad = widen_row(src + 1, KVS_DTYPE_BFLOAT16, n, want);
+        hadamard_row(want, n, h);
+        got[n] = want[n] = 777.0f;
+        const uint8_t *ahead = lcg(&s) % 2 ? src : NULL;
+        CHECK_EQ_INT(K->widen_rotated_bf16(src + 1, n, h, got, ahead), bad);
+        if (!bad) CHECK(memcmp(got, want, sizeof(float) * (n + 1)) == 0);
+        CHECK(got[n] == 777.0f);
+    }
+}
+
+/* decode_rotated_bf16 against dequantize_run, hadamard_row and
+ * narrow_row: every head size it takes, rows of 32 to 1024 channels,
+ * groups of 1, multiples of 16 and the whole row, mid 128 (its centred
+ * codes), 0 and others, scales so large that sums overflow (inf, and NaN
+ * from inf - inf) or subnormal results (bfloat16's own narrowing), on a
+ * line (streamed or not) or off it, nothing written past the row. */
+static void test_rotated_decode(void)
+{
+    static _Alignas(64) uint8_t got[2 * FN + 128];
+    static uint8_t u[FN], want[2 * FN];
+    static float sc[FN], z[FN], row[FN];
+    uint64_t s = 59;
+    for (int round = 0; round < 4000; round++) {
+        unsigned h = 2u << (lcg(&s) % 8); /* 2 to 256 */
+        unsigned n = 32 * (1 + (unsigned)(lcg(&s) % 32));
+        n = (n + h - 1) / h * h;
+        unsigned group = (unsigned[]){1, 16, 32, 48, 64, 128}[lcg(&s) % 6];
+        if (lcg(&s) % 4 == 0 || n % group) group = n; /* the tensor axis */
+        float mid = (float[]){128.0f, 0.0f, 4.0f, 32.0f}[lcg(&s) % 4];
+        int mode = (int)(lcg(&s) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            u[i] = (uint8_t)lcg(&s);
+            sc[i] = fabsf(nasty(&s));
+            if (mode == 1) sc[i] = 2e37f * (float)(1 + lcg(&s) % 8);  /* sums past FLT_MAX */
+            if (mode == 2) sc[i] = kvs_f32_from_bits((uint32_t)lcg(&s) % 0x00400000u); /* tiny */
+            z[i] = mode == 2 ? 0.0f : nasty(&s);
+        }
+        for (unsigned c0 = 0; c0 < n; c0 += group)
+            dequantize_run(u + c0, group, sc + c0 / group, z + c0 / group, group == 1, mid, row + c0);
+        hadamard_row(row, n, h);
+        narrow_row(row, KVS_DTYPE_BFLOAT16, n, want);
+        unsigned off = (unsigned)(lcg(&s) % 2) * 2;
+        int stream = (int)(lcg(&s) % 2);
+        memset(got, 0xA5, sizeof got);
+        K->decode_rotated_bf16(u, n, sc, z, group, mid, h, got + 64 + off, stream);
+        if (stream) K->store_fence();
+        CHECK(memcmp(got + 64 + off, want, 2 * n) == 0);
+        CHECK(got[63 + off] == 0xA5 && got[64 + off + 2 * n] == 0xA5);
+    }
+}
+
 /* ---------------------------------------------------------------------
  * Whole objects through every variant
  * ------------------------------------------------------------------ */
@@ -645,12 +778,12 @@ static void test_objects_every_variant(void)
         p.zero_point = (int)(lcg(&s) % 2);
         p.scale_dtype = lcg(&s) % 4 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32;
         p.levels = p.zero_point ? 1u << p.bits : (1u << p.bits) - 1;
-        p.hadamard = lcg(&s) % 5 ? 0 : 16;
+        p.hadamard = lcg(&s) % 5 ? 0 : 2u << (lcg(&s) % 9); /* 2 to 512 */
         p.k_outliers = lcg(&s) % 4 ? 0 : 2;
         kvs_dtype dt = lcg(&s) % 4 ? KVS_DTYPE_BFLOAT16
                                    : (lcg(&s) % 2 ? KVS_DTYPE_FLOAT16 : KVS_DTYPE_FLOAT32);
         /* a third of them 64 to 192 channels: the fused rows' shapes */
-        int64_t D = p.hadamard     ? 16 * (1 + (int64_t)(lcg(&s) % 9))
+        int64_t D = p.hadamard     ? p.hadamard * (1 + (int64_t)(lcg(&s) % (1 + 256 / p.hadamard)))
                     : lcg(&s) % 3 ? 1 + (int64_t)(lcg(&s) % 150)
                                    : 64 * (1 + (int64_t)(lcg(&s) % 3));
         fused_shapes += D % 64 == 0 && !p.hadamard && dt == KVS_DTYPE_BFLOAT16 && p.bits % 2 == 0 &&
@@ -782,11 +915,15 @@ int main(void)
     RUN(test_quantize_ties);
     RUN(test_quantize_reciprocal);
     RUN(test_pack_unpack);
+    RUN(test_pack_unpack_long);
+    RUN(test_hadamard);
     RUN(test_dequantize);
     RUN(test_load_scales);
     RUN(test_fused_encode);
     RUN(test_fused_encode_channels);
     RUN(test_fused_decode);
+    RUN(test_rotated_decode);
+    RUN(test_rotated_widen);
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();
 }

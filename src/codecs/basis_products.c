@@ -216,7 +216,7 @@ static int run_gemm(const kvs_basis_gemm *g)
  * whether any lo is nonzero: every byte of a, a_lo and lo_flags written,
  * so the buffers need no clearing first (a calloc of them cost a pass of
  * its own). */
-CLONES static void split_rows(const float *q, size_t T, size_t Tpad, size_t kept, size_t kpad,
+CLONES_V4 static void split_rows(const float *q, size_t T, size_t Tpad, size_t kept, size_t kpad,
                               uint16_t *a, uint16_t *a_lo, uint8_t *lo_flags)
 {
     size_t kblocks = kpad / 32;
@@ -239,7 +239,7 @@ CLONES static void split_rows(const float *q, size_t T, size_t Tpad, size_t kept
 
 /* out (T rows of h, ldc apart) into dst (rows of h): (out - sub) * scale,
  * or out * scale where sub is NULL. */
-CLONES static void scale_rows(const float *out, size_t ldc, size_t T, size_t h,
+CLONES_V4 static void scale_rows(const float *out, size_t ldc, size_t T, size_t h,
                               const float *sub, float scale, float *dst)
 {
     for (size_t r = 0; r < T; r++) {

@@ -501,6 +501,12 @@ static void dequantize(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t
                            x + c0);
 }
 
+static void rotate(const kvs_intq_kernels *k, float *x, uint64_t D, unsigned h)
+{
+    if (k->hadamard) k->hadamard(x, D, h);
+    else hadamard_row(x, D, h);
+}
+
 static void pack(const kvs_intq_kernels *k, const uint8_t *codes, uint64_t n, unsigned bits,
                  uint8_t *out)
 {
@@ -730,9 +736,26 @@ static void prefetch_next(const enc_job *j, const group_plan *g, uint64_t pi, ui
     }
 }
 
+/* The fused token rows (and the rotated rows' widen_rotated_bf16)
+ * prefetch the row this many on (intq_kernels.h's `ahead`), line by line
+ * as they work: 2 was a little faster than 1 in
+ * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
+ * burst of prefetches before the row that prefetch_next issues (its
+ * prefetcht0 waited for fill buffers: a sixth of the encoder's time). */
+#define TOKEN_AHEAD 2
+
 static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const uint8_t *outl,
                     unsigned nout, uint64_t t, float *row)
 {
+    /* a bfloat16 row without outliers widened and rotated in registers
+     * (intq_kernels.h); one with a value not finite is read again below,
+     * which names it */
+    if (j->k->widen_rotated_bf16 && g->dtype == KVS_DTYPE_BFLOAT16 && nout == 0 &&
+        j->p->hadamard && j->p->hadamard <= 256 && g->D % 16 == 0) {
+        const uint8_t *ahead = t + TOKEN_AHEAD < g->T ? row_src(j, g, pi, t + TOKEN_AHEAD) : NULL;
+        if (!j->k->widen_rotated_bf16(row_src(j, g, pi, t), g->D, j->p->hadamard, row, ahead))
+            return KVS_OK;
+    }
     prefetch_next(j, g, pi, t);
     if (widen(j->k, row_src(j, g, pi, t), g->dtype, g->D, row))
         for (uint64_t c = 0; c < g->D; c++)
@@ -743,7 +766,7 @@ static int load_row(const enc_job *j, const group_plan *g, uint64_t pi, const ui
                                  (unsigned long long)t, (unsigned long long)c,
                                  (unsigned long long)pi);
     for (unsigned o = 0; o < nout; o++) row[get_le16(outl + 2 * o)] = 0.0f;
-    if (j->p->hadamard) hadamard_row(row, g->D, j->p->hadamard);
+    if (j->p->hadamard) rotate(j->k, row, g->D, j->p->hadamard);
     return KVS_OK;
 }
 
@@ -810,6 +833,15 @@ static int fused_shape(const kvs_intq_params *p, const group_plan *g)
            (p->bits == 2 || p->bits == 4 || p->bits == 8) && g->D % 64 == 0;
 }
 
+/* The kernels' rotated rows (decode_rotated_bf16) take bfloat16 rows of
+ * heads up to 256 channels, 32 channels at a time. */
+static int fused_rotated(const kvs_intq_kernels *k, const kvs_intq_params *p,
+                         const group_plan *g)
+{
+    return k->decode_rotated_bf16 && g->dtype == KVS_DTYPE_BFLOAT16 && p->hadamard &&
+           p->hadamard <= 256 && g->D % 32 == 0;
+}
+
 /* The fused rows prefetch the codes this many payload bytes past the
  * row's, the decoder to read them (decode_bf16's `ahead`), the token
  * encoder to write them (encode_token_bf16's `codes_ahead`). Decode at
@@ -831,12 +863,6 @@ static const uint8_t *payload_ahead(const uint8_t *payload, uint64_t size, const
     return off + n <= size ? payload + off : NULL;
 }
 
-/* The fused token rows prefetch the row this many on (intq_kernels.h's
- * `ahead`), line by line as they work: 2 was a little faster than 1 in
- * bench_int at 64 MiB (noisy; docs/performance.md), both faster than the
- * burst of prefetches before the row that prefetch_next issues (its
- * prefetcht0 waited for fill buffers: a sixth of the encoder's time). */
-#define TOKEN_AHEAD 2
 static int fused_token(const enc_job *j, const group_plan *g, const role_plan *r)
 {
     return j->k->encode_token_bf16 && fused_shape(j->p, g) && r->nout == 0 && r->group % 32 == 0 &&
@@ -1265,9 +1291,13 @@ static void decode_row(const dec_job *j, const group_plan *g, uint64_t pi, uint6
             unpack(j->k, stored, D, p->bits, w->codes);
             u = w->codes;
         }
-        dequantize(j->k, u, D, s, z, group, mid, row);
-        if (p->hadamard) hadamard_row(row, D, p->hadamard);
-        narrow(j->k, row, g->dtype, D, dst, j->stream);
+        if (fused_rotated(j->k, p, g) && (group == 1 || group % 16 == 0)) {
+            j->k->decode_rotated_bf16(u, D, s, z, group, mid, p->hadamard, dst, j->stream);
+        } else {
+            dequantize(j->k, u, D, s, z, group, mid, row);
+            if (p->hadamard) rotate(j->k, row, D, p->hadamard);
+            narrow(j->k, row, g->dtype, D, dst, j->stream);
+        }
     }
     const uint8_t *val = base + r->off_values + t * r->nout * g->es;
     for (unsigned o = 0; o < r->nout; o++)

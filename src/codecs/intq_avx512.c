@@ -20,7 +20,10 @@
  * 16-bit patterns (magnitudes or order keys, whose extremes are the
  * values' extremes) and codes from the even and odd bfloat16 of each
  * 32-bit lane; what they cannot do exactly they leave to intq.c's
- * ordinary path, writing nothing.
+ * ordinary path, writing nothing. The Hadamard rotation (hadamard, and
+ * in the rotated rows widen_rotated_bf16 / decode_rotated_bf16) does the
+ * portable butterflies' operations on the same values (below, "Hadamard
+ * rotation"); the odd widths' packing moves the same bits (pack_odd).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -430,6 +433,101 @@ static void pack2(const uint8_t *codes, uint64_t n, uint8_t *out)
     }
 }
 
+/* 3, 5, 6 and 7 bits: eight codes (the bytes of a 64-bit lane) folded
+ * to their 8 x bits bits at the bottom of the lane in three steps, each
+ * joining the neighbouring fields of a 16-, then 32-, then 64-bit lane:
+ * the low field as it is, the high one shifted down next to it, one
+ * bitwise select (vpternlogq) under the low field's mask; codes are below
+ * 2^bits, so what the shift brings below that mask is the low field's own
+ * bits, which the select drops. Then the `bits` bytes of each lane are
+ * gathered by one byte permute (VBMI): pack_codes' LSB-first stream is
+ * this little-endian layout. */
+KVS_AI __m512i select_bits(__m512i mask, __m512i a, __m512i b)
+{
+    return _mm512_ternarylogic_epi64(mask, a, b, 0xCA); /* mask ? a : b, bit by bit */
+}
+
+KVS_AI __m512i fold_odd(__m512i w, unsigned bits)
+{
+    w = select_bits(_mm512_set1_epi16((short)((1u << bits) - 1)), w,
+                    _mm512_srli_epi16(w, 8 - bits));
+    w = select_bits(_mm512_set1_epi32((int)((1u << 2 * bits) - 1)), w,
+                    _mm512_srli_epi32(w, 16 - 2 * bits));
+    return select_bits(_mm512_set1_epi64((long long)((1ull << 4 * bits) - 1)), w,
+                       _mm512_srli_epi64(w, 32 - 4 * bits));
+}
+
+/* The byte tables of the odd widths, built from their definitions (k, a
+ * byte of a 64-byte vector): pack's gather, byte k of the packed block
+ * from byte k % bits of lane k / bits; unpack's spread, lane i's byte j
+ * from packed byte i x bits + j, and the bit offset (j x bits) of code j
+ * within that lane for vpmultishiftqb. */
+#define ODD_PACK(b, k) ((k) < 8 * (b) ? (k) / (b) * 8 + (k) % (b) : 0)
+#define ODD_GATHER(b, k) ((k) / 8 * (b) + (k) % 8)
+#define ODD_SHIFT(b, k) ((k) % 8 * (b))
+#define ODD_8(f, b, k) f(b, k), f(b, k + 1), f(b, k + 2), f(b, k + 3), f(b, k + 4), \
+                       f(b, k + 5), f(b, k + 6), f(b, k + 7)
+#define ODD_64(f, b) {ODD_8(f, b, 0), ODD_8(f, b, 8), ODD_8(f, b, 16), ODD_8(f, b, 24), \
+                      ODD_8(f, b, 32), ODD_8(f, b, 40), ODD_8(f, b, 48), ODD_8(f, b, 56)}
+#define ODD_TABLES(f) {{0}, {0}, {0}, ODD_64(f, 3), {0}, ODD_64(f, 5), ODD_64(f, 6), ODD_64(f, 7)}
+static const uint8_t odd_pack_index[8][64] = ODD_TABLES(ODD_PACK);
+static const uint8_t odd_gather_index[8][64] = ODD_TABLES(ODD_GATHER);
+static const uint8_t odd_shift_index[8][64] = ODD_TABLES(ODD_SHIFT);
+
+/* The mask of the first n bytes (n <= 64). */
+KVS_AI __mmask64 first64(uint64_t n) { return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1; }
+
+/* 64 codes a block, 8 x bits bytes out; the tail's codes masked (zeros,
+ * as the portable accumulator's empty high bits) and only its
+ * ceil(m x bits / 8) bytes stored. bits: a constant in each copy. */
+KVS_AI void pack_odd(const uint8_t *codes, uint64_t n, uint8_t *out, unsigned bits)
+{
+    const __m512i index = _mm512_loadu_si512(odd_pack_index[bits]);
+    uint64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        _mm512_mask_storeu_epi8(out + i / 8 * bits, first64(8 * bits),
+                                _mm512_permutexvar_epi8(index, fold_odd(_mm512_loadu_si512(codes + i), bits)));
+    if (i < n) {
+        __m512i w = _mm512_maskz_loadu_epi8(first64(n - i), codes + i);
+        _mm512_mask_storeu_epi8(out + i / 8 * bits, first64(((n - i) * bits + 7) / 8),
+                                _mm512_permutexvar_epi8(index, fold_odd(w, bits)));
+    }
+}
+
+static void pack3(const uint8_t *codes, uint64_t n, uint8_t *out) { pack_odd(codes, n, out, 3); }
+static void pack5(const uint8_t *codes, uint64_t n, uint8_t *out) { pack_odd(codes, n, out, 5); }
+static void pack6(const uint8_t *codes, uint64_t n, uint8_t *out) { pack_odd(codes, n, out, 6); }
+static void pack7(const uint8_t *codes, uint64_t n, uint8_t *out) { pack_odd(codes, n, out, 7); }
+
+/* 64 codes (one per byte) from a block of 8 x bits packed bytes: lane i
+ * gets packed bytes i x bits.., each of its bytes j the 8 bits from bit j
+ * x bits on (vpmultishiftqb; at most bit 7 x bits + 7 < 64, inside the
+ * lane), masked to the code. */
+KVS_AI __m512i spread_odd(__m512i packed, unsigned bits)
+{
+    __m512i lanes = _mm512_permutexvar_epi8(_mm512_loadu_si512(odd_gather_index[bits]), packed);
+    __m512i c = _mm512_multishift_epi64_epi8(_mm512_loadu_si512(odd_shift_index[bits]), lanes);
+    return _mm512_and_si512(c, _mm512_set1_epi8((char)((1u << bits) - 1)));
+}
+
+/* The tail reads only its ceil(m x bits / 8) bytes, as unpack_codes. */
+KVS_AI void unpack_odd(const uint8_t *in, uint64_t n, uint8_t *codes, unsigned bits)
+{
+    uint64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        _mm512_storeu_si512(codes + i, spread_odd(_mm512_maskz_loadu_epi8(first64(8 * bits),
+                                                                          in + i / 8 * bits), bits));
+    if (i < n)
+        _mm512_mask_storeu_epi8(codes + i, first64(n - i),
+                                spread_odd(_mm512_maskz_loadu_epi8(first64(((n - i) * bits + 7) / 8),
+                                                                   in + i / 8 * bits), bits));
+}
+
+static void unpack3(const uint8_t *in, uint64_t n, uint8_t *codes) { unpack_odd(in, n, codes, 3); }
+static void unpack5(const uint8_t *in, uint64_t n, uint8_t *codes) { unpack_odd(in, n, codes, 5); }
+static void unpack6(const uint8_t *in, uint64_t n, uint8_t *codes) { unpack_odd(in, n, codes, 6); }
+static void unpack7(const uint8_t *in, uint64_t n, uint8_t *codes) { unpack_odd(in, n, codes, 7); }
+
 /* ---- fused token rows (encode) ---------------------------------------- */
 
 /* bfloat16 bits as signed 16-bit keys in the order of their values (a
@@ -740,6 +838,195 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
     return 1;
 }
 
+/* ---- Hadamard rotation ------------------------------------------------ */
+
+/* intq.c's hadamard_heads, bit for bit: the same butterflies (a + b in the
+ * place of a, a - b in that of b, stage after stage of pairs len apart),
+ * then the one product by 1 / sqrt(h). Each element goes through the same
+ * operations on the same values as there; only the order in which
+ * independent pairs are done differs, which changes nothing. Pairs len =
+ * 1, 2, 4, 8 apart lie in one vector: the partner comes by a permute, and
+ * v x (+1 or -1) + partner is one FMA whose product is exact, so its one
+ * rounding gives a + b in a's lane and -b + a = a - b in b's (IEEE's
+ * definition of a - b), zeros' signs and infinities included. NaN arises
+ * only as inf - inf's (the decoder's values are finite or inf; the
+ * encoder's finite), the default NaN whichever the order. */
+KVS_AI __m512 stage_in(__m512 v, unsigned len)
+{
+    switch (len) {
+    case 1:
+        return _mm512_fmadd_ps(v, _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1),
+                               _mm512_permute_ps(v, 0xB1));
+    case 2:
+        return _mm512_fmadd_ps(v, _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1),
+                               _mm512_permute_ps(v, 0x4E));
+    case 4:
+        return _mm512_fmadd_ps(v, _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1),
+                               _mm512_shuffle_f32x4(v, v, 0xB1));
+    default:
+        return _mm512_fmadd_ps(v, _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1),
+                               _mm512_shuffle_f32x4(v, v, 0x4E));
+    }
+}
+
+/* The stages of pairs less than min(h, 16 nv) apart of nv vectors (16 nv
+ * consecutive channels, heads of h, or 16 / h heads a vector for h < 16),
+ * in registers; nv and h constants in each copy. */
+/* (the loops written out: GCC's -O2 kept v[] on the stack otherwise) */
+#define EACH_VECTOR(i, nv, ...) \
+    do { \
+        if (0 < (nv)) { enum { i = 0 }; __VA_ARGS__; } \
+        if (1 < (nv)) { enum { i = 1 }; __VA_ARGS__; } \
+        if (2 < (nv)) { enum { i = 2 }; __VA_ARGS__; } \
+        if (3 < (nv)) { enum { i = 3 }; __VA_ARGS__; } \
+        if (4 < (nv)) { enum { i = 4 }; __VA_ARGS__; } \
+        if (5 < (nv)) { enum { i = 5 }; __VA_ARGS__; } \
+        if (6 < (nv)) { enum { i = 6 }; __VA_ARGS__; } \
+        if (7 < (nv)) { enum { i = 7 }; __VA_ARGS__; } \
+        if (8 < (nv)) { enum { i = 8 }; __VA_ARGS__; } \
+        if (9 < (nv)) { enum { i = 9 }; __VA_ARGS__; } \
+        if (10 < (nv)) { enum { i = 10 }; __VA_ARGS__; } \
+        if (11 < (nv)) { enum { i = 11 }; __VA_ARGS__; } \
+        if (12 < (nv)) { enum { i = 12 }; __VA_ARGS__; } \
+        if (13 < (nv)) { enum { i = 13 }; __VA_ARGS__; } \
+        if (14 < (nv)) { enum { i = 14 }; __VA_ARGS__; } \
+        if (15 < (nv)) { enum { i = 15 }; __VA_ARGS__; } \
+    } while (0)
+
+/* The pairs l vectors apart (vector i with i + l where i & l is 0). */
+#define CROSS_STAGE(v, nv, l) \
+    EACH_VECTOR(i, nv, if (!(i & (l)) && i + (l) < 16) { \
+        __m512 a_ = v[i], b_ = v[(i + (l)) & 15]; \
+        v[i] = _mm512_add_ps(a_, b_); \
+        v[(i + (l)) & 15] = _mm512_sub_ps(a_, b_); \
+    })
+
+KVS_AI void stages_in_registers(__m512 *v, unsigned nv, unsigned h)
+{
+    if (h > 1) EACH_VECTOR(i, nv, v[i] = stage_in(v[i], 1));
+    if (h > 2) EACH_VECTOR(i, nv, v[i] = stage_in(v[i], 2));
+    if (h > 4) EACH_VECTOR(i, nv, v[i] = stage_in(v[i], 4));
+    if (h > 8) EACH_VECTOR(i, nv, v[i] = stage_in(v[i], 8));
+    if (nv > 1 && h > 16) CROSS_STAGE(v, nv, 1);
+    if (nv > 2 && h > 32) CROSS_STAGE(v, nv, 2);
+    if (nv > 4 && h > 64) CROSS_STAGE(v, nv, 4);
+    if (nv > 8 && h > 128) CROSS_STAGE(v, nv, 8);
+}
+
+/* nv vectors from x on through stages_in_registers, the product by norm
+ * after them where `last` (no stage is left). */
+KVS_AI void rotate_chunk(float *x, unsigned nv, unsigned h, int last, __m512 norm)
+{
+    __m512 v[16];
+    EACH_VECTOR(i, nv, v[i] = _mm512_loadu_ps(x + 16 * i));
+    stages_in_registers(v, nv, h);
+    EACH_VECTOR(i, nv, _mm512_storeu_ps(x + 16 * i, last ? _mm512_mul_ps(v[i], norm) : v[i]));
+}
+
+/* Heads of h < 16 channels, 16 / h to a vector; the row's last heads
+ * masked (D is a multiple of h). */
+KVS_AI void rotate_small(float *x, uint64_t D, unsigned h, __m512 norm)
+{
+    uint64_t i = 0;
+    for (; i + 16 <= D; i += 16) rotate_chunk(x + i, 1, h, 1, norm);
+    if (i < D) {
+        __mmask16 k = first16(D - i);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        stages_in_registers(&v, 1, h);
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(v, norm));
+    }
+}
+
+/* Heads of 16 to 256 channels: each head's vectors held in registers
+ * through every stage (16 of the 32 at 256). */
+KVS_AI void rotate_heads(float *x, uint64_t D, unsigned h, __m512 norm)
+{
+    for (uint64_t base = 0; base < D; base += h) rotate_chunk(x + base, h / 16, h, 1, norm);
+}
+
+/* Heads of 512 or 1024 channels: each 256 as rotate_heads' without the
+ * product, then the stages 256 (and 512) apart through memory, both in
+ * one pass for 1024 (pairs 256 apart, then 512, of each four vectors),
+ * the product by norm in the last. */
+static void rotate_large(float *x, uint64_t D, unsigned h, __m512 norm)
+{
+    for (uint64_t base = 0; base < D; base += h) {
+        float *v = x + base;
+        for (unsigned c = 0; c < h; c += 256) rotate_chunk(v + c, 16, 256, 0, norm);
+        for (unsigned j = 0; j < 256; j += 16) {
+            if (h == 512) {
+                __m512 a = _mm512_loadu_ps(v + j), b = _mm512_loadu_ps(v + j + 256);
+                _mm512_storeu_ps(v + j, _mm512_mul_ps(_mm512_add_ps(a, b), norm));
+                _mm512_storeu_ps(v + j + 256, _mm512_mul_ps(_mm512_sub_ps(a, b), norm));
+                continue;
+            }
+            __m512 a0 = _mm512_loadu_ps(v + j), a1 = _mm512_loadu_ps(v + j + 256);
+            __m512 a2 = _mm512_loadu_ps(v + j + 512), a3 = _mm512_loadu_ps(v + j + 768);
+            __m512 b0 = _mm512_add_ps(a0, a1), b1 = _mm512_sub_ps(a0, a1);
+            __m512 b2 = _mm512_add_ps(a2, a3), b3 = _mm512_sub_ps(a2, a3);
+            _mm512_storeu_ps(v + j, _mm512_mul_ps(_mm512_add_ps(b0, b2), norm));
+            _mm512_storeu_ps(v + j + 256, _mm512_mul_ps(_mm512_add_ps(b1, b3), norm));
+            _mm512_storeu_ps(v + j + 512, _mm512_mul_ps(_mm512_sub_ps(b0, b2), norm));
+            _mm512_storeu_ps(v + j + 768, _mm512_mul_ps(_mm512_sub_ps(b1, b3), norm));
+        }
+    }
+}
+
+static void hadamard(float *x, uint64_t D, unsigned h)
+{
+    const __m512 norm = _mm512_set1_ps(1.0f / __builtin_sqrtf((float)h)); /* hadamard_heads' */
+    switch (h) {
+    case 2: rotate_small(x, D, 2, norm); break;
+    case 4: rotate_small(x, D, 4, norm); break;
+    case 8: rotate_small(x, D, 8, norm); break;
+    case 16: rotate_heads(x, D, 16, norm); break;
+    case 32: rotate_heads(x, D, 32, norm); break;
+    case 64: rotate_heads(x, D, 64, norm); break;
+    case 128: rotate_heads(x, D, 128, norm); break;
+    case 256: rotate_heads(x, D, 256, norm); break;
+    default: rotate_large(x, D, h, norm); break;
+    }
+}
+
+/* widen_rotated_bf16: chunks of max(h, 16) elements loaded as widen16's,
+ * through rotate_chunk's operations, stored; nv (the chunk's vectors) and
+ * h constants in each copy. */
+KVS_AI int widen_rotated(const uint8_t *src, uint64_t n, unsigned nv, unsigned h, float *out,
+                         const uint8_t *ahead)
+{
+    const __m512 norm = _mm512_set1_ps(1.0f / __builtin_sqrtf((float)h)); /* hadamard's */
+    const __m256i exp = _mm256_set1_epi16(0x7F80);
+    __mmask16 bad = 0;
+    for (uint64_t e = 0; e < n; e += 16 * nv) {
+        __m512 v[16];
+        EACH_VECTOR(i, nv, {
+            if (ahead && (e + 16 * i) % 32 == 0)
+                _mm_prefetch((const char *)(ahead + 2 * (e + 16 * i)), _MM_HINT_T0);
+            __m256i b = _mm256_loadu_si256((const __m256i *)(src + 2 * (e + 16 * i)));
+            bad |= _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exp), exp);
+            v[i] = bf16_to_ps(b);
+        });
+        stages_in_registers(v, nv, h);
+        EACH_VECTOR(i, nv, _mm512_storeu_ps(out + e + 16 * i, _mm512_mul_ps(v[i], norm)));
+    }
+    return bad != 0;
+}
+
+static int widen_rotated_bf16(const uint8_t *src, uint64_t n, unsigned h, float *out,
+                              const uint8_t *ahead)
+{
+    switch (h) {
+    case 2: return widen_rotated(src, n, 1, 2, out, ahead);
+    case 4: return widen_rotated(src, n, 1, 4, out, ahead);
+    case 8: return widen_rotated(src, n, 1, 8, out, ahead);
+    case 16: return widen_rotated(src, n, 1, 16, out, ahead);
+    case 32: return widen_rotated(src, n, 2, 32, out, ahead);
+    case 64: return widen_rotated(src, n, 4, 64, out, ahead);
+    case 128: return widen_rotated(src, n, 8, 128, out, ahead);
+    default: return widen_rotated(src, n, 16, 256, out, ahead);
+    }
+}
+
 /* ---- decode ------------------------------------------------------------ */
 
 KVS_AI __m512i spread4(__m256i b)
@@ -988,6 +1275,57 @@ static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const floa
         decode_rows(in, n, bits, s, z, group, vmid, dst, stream, 0, ahead);
 }
 
+/* decode_rotated_bf16: chunks of max(h, 32) elements (one head, or two
+ * to eight small ones: a line of bfloat16 at least), each dequantized
+ * (decode16: dequantize's operations), rotated (stages_in_registers, then
+ * the product by norm: hadamard's) and narrowed (bf16x32: narrow_bf16's
+ * bits) in registers; nv = the chunk's vectors and h constants in each
+ * copy. */
+KVS_AI void rotated_rows(const uint8_t *codes, uint64_t n, const float *s, const float *z,
+                         uint64_t group, __m512 vmid, unsigned nv, unsigned h, uint8_t *dst,
+                         int stream, int centred)
+{
+    const __m512 norm = _mm512_set1_ps(1.0f / __builtin_sqrtf((float)h)); /* hadamard's */
+    uint64_t k = 0, left = group / 16; /* decode16's group and chunks left */
+    for (uint64_t e = 0; e < n; e += 16 * nv) {
+        __m512 v[16];
+        EACH_VECTOR(i, nv, {
+            __m128i u = _mm_loadu_si128((const __m128i *)(codes + e + 16 * i));
+            if (centred) u = _mm_xor_si128(u, _mm_set1_epi8((char)0x80));
+            v[i] = decode16(u, s, z, group, e + 16 * i, &k, &left, vmid, centred);
+        });
+        stages_in_registers(v, nv, h);
+        EACH_VECTOR(i, nv, if (i % 2 == 0) {
+            __m512i line = bf16x32(_mm512_mul_ps(v[i], norm), _mm512_mul_ps(v[(i + 1) & 15], norm));
+            uint8_t *o = dst + 2 * (e + 16 * i);
+            if (stream) _mm512_stream_si512((void *)o, line);
+            else _mm512_storeu_si512(o, line);
+        });
+    }
+}
+
+static void decode_rotated_bf16(const uint8_t *codes, uint64_t n, const float *s,
+                                const float *z, uint64_t group, float mid, unsigned h,
+                                uint8_t *dst, int stream)
+{
+    const __m512 vmid = _mm512_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    int c = mid == 128.0f;
+#define ROTATED(nv, h) c ? rotated_rows(codes, n, s, z, group, vmid, nv, h, dst, stream, 1) \
+                         : rotated_rows(codes, n, s, z, group, vmid, nv, h, dst, stream, 0)
+    switch (h) {
+    case 2: ROTATED(2, 2); break;
+    case 4: ROTATED(2, 4); break;
+    case 8: ROTATED(2, 8); break;
+    case 16: ROTATED(2, 16); break;
+    case 32: ROTATED(2, 32); break;
+    case 64: ROTATED(4, 64); break;
+    case 128: ROTATED(8, 128); break;
+    default: ROTATED(16, 256); break;
+    }
+#undef ROTATED
+}
+
 static void store_fence(void)
 {
     _mm_sfence();
@@ -996,19 +1334,23 @@ static void store_fence(void)
 static const kvs_intq_kernels avx512_kernels = {
     .isa = "avx512",
     .widen_bf16 = widen_bf16,
+    .widen_rotated_bf16 = widen_rotated_bf16,
     .minmax = minmax,
     .fold_columns = fold_columns,
     .scales = scales,
     .quantize = quantize,
     .reciprocals = reciprocals,
-    .pack = {[2] = pack2, [4] = pack4},
-    .unpack = {[2] = unpack2, [4] = unpack4},
+    .pack = {[2] = pack2, [3] = pack3, [4] = pack4, [5] = pack5, [6] = pack6, [7] = pack7},
+    .unpack = {[2] = unpack2, [3] = unpack3, [4] = unpack4, [5] = unpack5, [6] = unpack6,
+               [7] = unpack7},
     .dequantize = dequantize,
+    .hadamard = hadamard,
     .load_scales = load_scales,
     .narrow_bf16 = narrow_bf16,
     .encode_token_bf16 = encode_token_bf16,
     .encode_channel_bf16 = encode_channel_bf16,
     .decode_bf16 = decode_bf16,
+    .decode_rotated_bf16 = decode_rotated_bf16,
     .store_fence = store_fence,
 };
 

@@ -32,6 +32,13 @@ typedef struct kvs_intq_kernels {
     const char *isa; /* "scalar", "avx512" */
     /* n bfloat16 (little-endian) -> float32; returns 1 if any is inf or NaN */
     int (*widen_bf16)(const uint8_t *src, uint64_t n, float *out);
+    /* widen_rotated_bf16: widen_bf16 and hadamard(out, n, h) in one pass,
+     * the values rotated in registers (h from 2 to 256, n % 16 == 0);
+     * returns 1, out not defined, if any value is inf or NaN. ahead: NULL,
+     * or a row of n bfloat16 prefetched line by line (encode_token_bf16's
+     * `ahead`). */
+    int (*widen_rotated_bf16)(const uint8_t *src, uint64_t n, unsigned h, float *out,
+                              const uint8_t *ahead);
     /* The values of the minimum and maximum of each group of `group`
      * elements of x[0..n) (the last one shorter) into mn[k], mx[k]; the
      * sign of a zero result may differ from the reference's, whose order
@@ -60,6 +67,10 @@ typedef struct kvs_intq_kernels {
     /* intq.c's pack_codes / unpack_codes, indexed by bits (NULL: portable) */
     void (*pack[9])(const uint8_t *codes, uint64_t n, uint8_t *out);
     void (*unpack[9])(const uint8_t *in, uint64_t n, uint8_t *codes);
+    /* intq.c's hadamard_row: every head of h channels of x[0..D) rotated
+     * in place (h a power of two from 2 to 1024 dividing D), for values
+     * finite or inf (the encoder's and the decoder's rows) */
+    void (*hadamard)(float *x, uint64_t D, unsigned h);
     /* intq.c's dequantize_run, element i with s[i / group], z[i / group] */
     void (*dequantize)(const uint8_t *codes, uint64_t n, const float *s, const float *z,
                        uint64_t group, float mid, float *x);
@@ -118,6 +129,14 @@ typedef struct kvs_intq_kernels {
     void (*decode_bf16)(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
                         const uint8_t *ahead);
+    /* decode_rotated_bf16: one row of n codes, one per byte (unpacked),
+     * rotated by heads of h channels, to bfloat16: as dequantize(codes, n,
+     * s, z, group, mid), hadamard(x, n, h) and narrow_bf16 give, without
+     * the float row; h from 2 to 256, n % 32 == 0, group 1 or a multiple
+     * of 16; stream as decode_bf16's. */
+    void (*decode_rotated_bf16)(const uint8_t *codes, uint64_t n, const float *s,
+                                const float *z, uint64_t group, float mid, unsigned h,
+                                uint8_t *dst, int stream);
     /* The store fence that orders the streamed rows before a range of
      * rows returns (decode_range calls it once, after its last row):
      * fencing every row (2 KiB in bench_int) waited for each row's
@@ -126,8 +145,8 @@ typedef struct kvs_intq_kernels {
     void (*store_fence)(void);
 } kvs_intq_kernels;
 
-/* The AVX-512 variant (F, BW, DQ, VL, BF16, F16C; the fp8 dispatcher's
- * avx512 check covers them), compiled in on x86 only. It
+/* The AVX-512 variant (F, BW, DQ, VL, BF16, VBMI, F16C, FMA; the fp8
+ * dispatcher's avx512 check covers them), compiled in on x86 only. It
  * does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
 

@@ -305,7 +305,7 @@ static void load_rows(const void *src, kvs_dtype dtype, size_t offset, size_t n,
 
 /* T rows of h values, each x + mean, rounded to dtype at dst: the mean
  * added and the result converted in one pass. */
-CLONES static void store_rows_mean(const float *x, size_t T, size_t h, const float *mean,
+CLONES_V4 static void store_rows_mean(const float *x, size_t T, size_t h, const float *mean,
                                    kvs_dtype dtype, void *dst)
 {
     for (size_t r = 0; r < T; r++) {
@@ -340,7 +340,7 @@ static int32_t quantize(float c)
 /* q = quantize(c) for T rows of h, and per component whether any value is
  * nonzero (the OR) and the sum of the squares, summed in token order as
  * the classes always were: one pass, so neither needs another over q. */
-CLONES static void quantize_rows(const float *c, size_t T, size_t h, int32_t *q,
+CLONES_V4 static void quantize_rows(const float *c, size_t T, size_t h, int32_t *q,
                                  int32_t *nonzero, double *sum_sq)
 {
     for (size_t k = 0; k < h; k++) nonzero[k] = 0, sum_sq[k] = 0;
