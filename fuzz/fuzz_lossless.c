@@ -18,11 +18,17 @@
  *   - a refused decode leaves nothing read past the input (ASan) and a
  *     decoded payload re-encodes (same element size) to one that decodes to
  *     the same bytes;
+ *   - where the stage offers to decode straight into the destination
+ *     (transform_direct_ok), that decode refuses exactly when decode does,
+ *     with the same code and message, leaving its output (0xA5 bytes)
+ *     untouched, and otherwise writes decode's bytes; the check folded
+ *     into it is given the input's CRC-32C exactly once;
  *   - encode: the output is at most bytes_bound(n), and at most its block
  *     headers over n; decoding it gives the data back bit for bit; every
  *     truncation of it is refused.
  */
 #include "frame/stage.h"
+#include "util/crc32c.h"
 #include "fuzz_common.h"
 #include "kvserde/error.h"
 #include <jansson.h>
@@ -77,6 +83,53 @@ static int decode(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, siz
     return KVS_OK;
 }
 
+/* The check folded into the direct decode: it must be given the input's
+ * CRC-32C, once, before the stage writes or refuses. */
+typedef struct fz_check {
+    uint32_t want;
+    int calls;
+} fz_check;
+
+static int fz_accept(void *arg, uint32_t crc)
+{
+    fz_check *c = arg;
+    c->calls++;
+    FZ_ASSERT(crc == c->want, "folded check given CRC %08x, the input's is %08x", crc, c->want);
+    return KVS_OK;
+}
+
+/* decode(), and where the stage offers it the decode into the destination:
+ * the same refusal before any byte of it, or the same bytes. */
+static int decode_both(const uint8_t *in, size_t n, unsigned elem, uint8_t **out, size_t *m)
+{
+    int rc = decode(in, n, elem, out, m);
+    if (!T->transform_direct_ok(PARAMS, 2, in, n)) return rc;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc ? kvs_last_error() : "");
+    size_t m2 = 0;
+    FZ_ASSERT(T->transform_decoded_size(PARAMS, 2, in, n, &m2) == KVS_OK,
+              "direct_ok on a payload decoded_size refuses");
+    if (m2 > MAX_OUT) return rc;
+    uint8_t *dst = malloc(m2 ? m2 : 1);
+    memset(dst, 0xA5, m2);
+    kvs_stage_ctx ctx = {NULL, NULL, 0, NULL, elem, 1, NULL};
+    size_t got = 0;
+    fz_check chk = {kvs_crc32c(0, in, n), 0};
+    int rc2 = T->transform_decode_direct(PARAMS, 2, &ctx, in, n, dst, m2, &got, fz_accept, &chk);
+    FZ_ASSERT(chk.calls == 1, "folded check called %d times", chk.calls);
+    FZ_ASSERT(rc2 == rc, "direct decode returned %d, decode %d", rc2, rc);
+    if (rc) {
+        FZ_ASSERT(strcmp(msg, kvs_last_error()) == 0, "direct decode refused with '%s', decode '%s'",
+                  kvs_last_error(), msg);
+        for (size_t i = 0; i < m2; i++)
+            FZ_ASSERT(dst[i] == 0xA5, "refused direct decode wrote byte %zu", i);
+    } else {
+        FZ_ASSERT(got == *m && memcmp(dst, *out, *m) == 0, "direct decode differs from decode");
+    }
+    free(dst);
+    return rc;
+}
+
 static uint8_t *encode(const kvs_stage *st, const uint8_t *in, size_t n, unsigned elem,
                        uint64_t channels, size_t *m)
 {
@@ -101,7 +154,7 @@ static void roundtrip(const kvs_stage *st, const uint8_t *in, size_t n, unsigned
     else
         FZ_ASSERT(m <= n + 16 + (4 + 4 * s) * blocks, "%zu bytes grew to %zu", n, m);
     uint8_t *back;
-    int rc = decode(enc, m, elem, &back, &back_n);
+    int rc = decode_both(enc, m, elem, &back, &back_n);
     FZ_ASSERT(rc == KVS_OK, "own output refused: %s", kvs_last_error());
     FZ_ASSERT(back_n == n && (n == 0 || memcmp(back, in, n) == 0), "round trip differs");
     free(back);
@@ -134,7 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         uint8_t *out;
         size_t m;
-        if (decode(in, n, elem, &out, &m) == KVS_OK) {
+        if (decode_both(in, n, elem, &out, &m) == KVS_OK) {
             roundtrip(g_stage[in[0] >= 2 && in[0] <= 4 ? in[0] + 2 : 0], out, m, elem, 256);
             free(out);
         }

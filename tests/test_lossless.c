@@ -23,8 +23,10 @@
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_refs.h"
 #include "frame/lossless_split.h"
+#include "frame/pipeline_internal.h"
 #include "frame/stage.h"
 #include "util/cpu_features.h"
+#include "util/crc32c.h"
 #include "kvs_test.h"
 #include "kvs_test_objs.h"
 #include "kvs_test_proc.h"
@@ -1115,6 +1117,120 @@ static void test_rans_damaged_pair(void)
     kvs_rans_set_simd(1);
 }
 
+/* The pipeline decodes the rANS coder's payloads straight into the
+ * caller's destination (no scratch buffer, no copy: transform_decode_direct),
+ * so every refusal must come before its first byte: crafted blobs (a byte
+ * of the payload flipped and the frame's CRC-32C made to match, so that
+ * only the lossless stage can refuse) leave a destination of 0xA5 bytes
+ * untouched, whichever block is damaged, for objects of 1 and 6 blocks, at
+ * levels 1-3 (record kinds 1, 2, 3), with both kernel sets, with the
+ * refusal and message of the stage decoding into a scratch (blocks two at
+ * a time there, streams kept two at once here); accepted ones decode what
+ * the scratch path decodes. A destination that overlaps the
+ * blob takes the scratch path and still decodes exactly. The frame's
+ * CRC-32C is folded into that decode: a damaged byte without the refit is
+ * refused by it, with its message, the destination untouched. */
+static void refit_crc(uint8_t *b, size_t len)
+{
+    size_t h = (size_t)b[6] | (size_t)b[7] << 8;
+    uint32_t c = kvs_crc32c(0, b + h, len - h - 4);
+    for (int i = 0; i < 4; i++) b[len - 4 + i] = (uint8_t)(c >> (8 * i));
+}
+
+static void direct_refusals(const char *json, int rows, int nblocks, int *refused)
+{
+    kvs_layout l = {0};
+    const int64_t dims[2] = {nblocks == 1 ? 256 : (nblocks - 1) * 256 + 100, 256};
+    REQUIRE(kvs_layout_add_group(&l, 2, dims, KVS_DTYPE_BFLOAT16) == KVS_OK);
+    kvs_memobj *o = new_obj(&l), *back = new_obj(&l), *ref = new_obj(&l);
+    if (rows == 1) fill_rows(o, 256, 7);
+    else if (rows == 2) fill_signs(o, 256, 7);
+    else fill(o, SMOOTH, 7);
+    size_t n = (size_t)kvs_layout_nbytes(&l), len;
+    kvs_serde_pair p = kvs_test_serde_pair(json);
+    uint8_t *b = ser(&p, o, &len);
+    REQUIRE(b != NULL);
+    /* the direct path: exact, and no scratch buffer taken */
+    memset(back->data, 0xA5, n);
+    CHECK(deser(&p, b, len, back) == KVS_OK && memcmp(back->data, o->data, n) == 0);
+    CHECK(kvs_pipeline_scratch_allocs(p.deserializer) == 0);
+    size_t h = (size_t)b[6] | (size_t)b[7] << 8;
+    /* the reference: the same bytes through the stage into a scratch */
+    for (size_t k = h; k < len - 4; k += 1 + (k - h) / 48) {
+        b[k] ^= 0x40;
+        refit_crc(b, len);
+        memset(back->data, 0xA5, n);
+        int rc = deser(&p, b, len, back);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rc ? kvs_last_error() : "");
+        size_t got = 0;
+        memset(ref->data, 0xA5, n);
+        int want = stage_decode(b + h, len - h - 4, 2, ref->data, n, &got);
+        /* (the stage alone finds a decoded size other than the object's
+         * too long for ref: the pipeline then decodes into a scratch) */
+        if (rc != KVS_OK && want != KVS_ENOSPC &&
+            (want != rc || strcmp(msg, kvs_last_error()) != 0))
+            KVS_FAIL_("%s: byte %zu: refused with %d '%s', the stage alone %d '%s'", json, k, rc,
+                      msg, want, kvs_last_error());
+        if (rc != KVS_OK) {
+            int untouched = 1;
+            for (size_t i = 0; i < n; i++) untouched &= ((uint8_t *)back->data)[i] == 0xA5;
+            if (!untouched)
+                KVS_FAIL_("%s: byte %zu: refused (%s), destination written", json, k, msg);
+            (*refused)++;
+        } else {
+            CHECK(want == KVS_OK && got == n && memcmp(back->data, ref->data, n) == 0);
+        }
+        b[k] ^= 0x40;
+        /* without the CRC refit: the check folded into the decode refuses
+         * first, as the check before it did, naming the checksum */
+        refit_crc(b, len);
+        b[k] ^= 0x40;
+        memset(back->data, 0xA5, n);
+        rc = deser(&p, b, len, back);
+        if (rc != KVS_ECORRUPT || strstr(kvs_last_error(), "crc32c: payload damaged") == NULL)
+            KVS_FAIL_("%s: byte %zu damaged: rc %d, %s", json, k, rc, kvs_last_error());
+        int untouched = 1;
+        for (size_t i = 0; i < n; i++) untouched &= ((uint8_t *)back->data)[i] == 0xA5;
+        CHECK(untouched);
+        b[k] ^= 0x40;
+    }
+    refit_crc(b, len);
+    /* dst over the blob's own bytes: not direct (it would overwrite the
+     * records it reads), decoded exactly through the scratch */
+    uint8_t *both = malloc(len + n);
+    memcpy(both + n / 2, b, len);
+    kvs_memobj src = {both + n / 2, len, len, {0}, KVS_FMT_UNDEFINED, 0};
+    REQUIRE(kvs_layout_flat(&src.layout, len, KVS_DTYPE_UINT8) == KVS_OK);
+    kvs_memobj dst = {both, n, n, l, KVS_FMT_KV_2LTD, 0};
+    CHECK(kvs_deserialize(p.deserializer, &src, &dst, NULL) == KVS_OK &&
+          memcmp(both, o->data, n) == 0);
+    free(both);
+    free(b);
+    kvs_memobj_free(o);
+    kvs_memobj_free(back);
+    kvs_memobj_free(ref);
+    kvs_serde_pair_destroy(&p);
+}
+
+static void test_direct_refusals(void)
+{
+    int have_simd = kvs_rans_set_simd(1);
+    for (int simd = 0; simd < 1 + have_simd; simd++) {
+        kvs_rans_set_simd(simd);
+        int refused = 0;
+        static const int counts[] = {1, 6, 7}; /* 7: an odd block after the pairs */
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            int nb = counts[c];
+            direct_refusals(RANS_LL, 0, nb, &refused);
+            direct_refusals(RANS2_LL, 1, nb, &refused);
+            direct_refusals(RANS3_LL, 2, nb, &refused);
+        }
+        CHECK(refused > 100); /* the crafted bytes reached the stage's checks */
+    }
+    kvs_rans_set_simd(1);
+}
+
 /* The BMI2 mantissa packing against the bit string it defines (element i's
  * bits 0-6 in bits 7i..7i+6), at every start offset 0-7 and counts 0-200
  * (the unpacking's VBMI steps of 64 and the pdep tail): what it packs and
@@ -1480,6 +1596,7 @@ int main(void)
     RUN(test_rans_signs_payload);
     RUN(test_rans_isas);
     RUN(test_rans_damaged_pair);
+    RUN(test_direct_refusals);
     RUN(test_mantissa_kernels);
     RUN(test_encoder_kernels);
     RUN(test_kvdata);

@@ -480,6 +480,59 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
     return dec_rest(d, x, p, end, ctx, sym, n, i, what);
 }
 
+int kvs_rans_stream_start(kvs_rans_dec_stream *s, const kvs_rans_dec_job *job)
+{
+    s->job = *job;
+    s->p = job->in + 4 * KVS_RANS_LANES;
+    s->done = 0;
+    return dec_states(job->in, job->len, job->what, s->x);
+}
+
+int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2])
+{
+#if KVS_HAVE_X86
+    if (use_simd()) {
+        kvs_rans_dec_run run[2];
+        for (int t = 0; t < 2; t++) {
+            const kvs_rans_dec_job *j = &s[t]->job;
+            run[t] = (kvs_rans_dec_run){j->d,
+                                        s[t]->x,
+                                        s[t]->p,
+                                        j->in + j->len,
+                                        j->ctx ? j->ctx + s[t]->done : NULL,
+                                        j->sym + s[t]->done,
+                                        j->n - s[t]->done,
+                                        0};
+        }
+        kvs_rans_dec_joint_avx512(run);
+        for (int t = 0; t < 2; t++) {
+            s[t]->p = run[t].p;
+            s[t]->done += run[t].done;
+        }
+        /* the one whose next group is not whole (the kernel's own test) */
+        const kvs_rans_dec_job *a = &s[0]->job;
+        return s[0]->done + KVS_RANS_LANES <= a->n &&
+               a->in + a->len - s[0]->p >= 2 * KVS_RANS_LANES;
+    }
+#endif
+    return 0;
+}
+
+int kvs_rans_stream_finish(kvs_rans_dec_stream *s)
+{
+    const kvs_rans_dec_job *j = &s->job;
+    const uint8_t *end = j->in + j->len;
+    size_t i = s->done;
+    const uint8_t *ctx = j->ctx ? j->ctx + i : NULL;
+#if KVS_HAVE_X86
+    if (use_simd())
+        i += kvs_rans_dec_groups_avx512(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
+    else
+#endif
+        i += kvs_rans_dec_groups_scalar(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
+    return dec_rest(j->d, s->x, s->p, end, j->ctx, j->sym, j->n, i, j->what);
+}
+
 void kvs_rans_dec_groups2_scalar(kvs_rans_dec_run run[2])
 {
     for (int s = 0; s < 2; s++)

@@ -139,4 +139,26 @@ typedef struct kvs_rans_dec_job {
  * them (a caller that must name the first decodes them one by one). */
 int kvs_rans_decode2(const kvs_rans_dec_job job[2]);
 
+/* A stream decoded in steps, so that a caller with more streams than two
+ * keeps two running at once: when one ends (kvs_rans_streams_joint says
+ * which), it is finished and the next started in its place, and only the
+ * last stream's end runs alone (with kvs_rans_decode2 on pairs, the odd
+ * block of an object and the longer stream of each pair ran alone). */
+typedef struct kvs_rans_dec_stream {
+    kvs_rans_dec_job job;
+    uint32_t x[KVS_RANS_LANES];
+    const uint8_t *p;
+    size_t done; /* symbols decoded */
+} kvs_rans_dec_stream;
+/* Read job's states (kvs_rans_decode's checks of them, its refusal). */
+int kvs_rans_stream_start(kvs_rans_dec_stream *s, const kvs_rans_dec_job *job);
+/* Decode the groups of 32 both streams can take at once; returns the one
+ * (0 or 1) that can take no more so (without the AVX-512 kernels: 0, having
+ * decoded nothing). */
+int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2]);
+/* The stream's remaining symbols and its end's checks: with start, what
+ * kvs_rans_decode returns for the job (the same symbols, the same refusal
+ * and message). */
+int kvs_rans_stream_finish(kvs_rans_dec_stream *s);
+
 #endif /* KVSERDE_CODECS_RANS_H */

@@ -68,7 +68,7 @@ size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, con
     return i;
 }
 
-void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2])
+void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
 {
     kvs_rans_dec_run *a = &run[0], *b = &run[1];
     const uint8_t *pa = a->p, *pb = b->p;
@@ -90,13 +90,21 @@ void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2])
     _mm512_storeu_si512(a->x + 16, A1);
     _mm512_storeu_si512(b->x, B0);
     _mm512_storeu_si512(b->x + 16, B1);
-    /* then each alone as far as the single kernel goes */
-    a->done = i + kvs_rans_dec_groups_avx512(a->d, a->x, &pa, a->end, a->ctx ? a->ctx + i : NULL,
-                                             a->sym + i, a->n - i);
-    b->done = i + kvs_rans_dec_groups_avx512(b->d, b->x, &pb, b->end, b->ctx ? b->ctx + i : NULL,
-                                             b->sym + i, b->n - i);
+    a->done = b->done = i;
     a->p = pa;
     b->p = pb;
+}
+
+void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2])
+{
+    kvs_rans_dec_joint_avx512(run);
+    /* then each alone as far as the single kernel goes */
+    for (int s = 0; s < 2; s++) {
+        kvs_rans_dec_run *r = &run[s];
+        size_t i = r->done;
+        r->done = i + kvs_rans_dec_groups_avx512(r->d, r->x, &r->p, r->end,
+                                                 r->ctx ? r->ctx + i : NULL, r->sym + i, r->n - i);
+    }
 }
 
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)

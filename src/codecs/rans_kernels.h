@@ -42,6 +42,9 @@ typedef struct kvs_rans_dec_run {
 void kvs_rans_dec_groups2_scalar(kvs_rans_dec_run run[2]);
 #if KVS_HAVE_X86
 void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2]);
+/* Only the groups both runs can take (the first part of groups2): done is
+ * the same count for both after it. */
+void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode);

@@ -69,6 +69,7 @@
 #include "frame/lossless_rows.h"
 #include "kvserde/error.h"
 #include "util/cpu_features.h"
+#include "util/crc32c.h"
 #include "util/le.h"
 
 #define LLX_RAW 0
@@ -1115,10 +1116,20 @@ static int starts_row(uint32_t period, uint64_t first, unsigned long long b, con
     return 0;
 }
 
+/* Where a block's decoding leaves what its writes read: the stream's
+ * symbols (kinds 1 and 3: exp, kind 2: sym), kind 3's mantissas (sm),
+ * kind 2's flags and row distances. A scratch's own arrays when the block
+ * is written right after, a held slot's (kvs_llx_held) when it waits. */
+typedef struct llx_out {
+    uint8_t *exp, *sym, *sm, *flags;
+    uint32_t *ref;
+} llx_out;
+
 /* A block's record read as far as its exponents' rANS stream: the stream
  * (job, when coded) and what the rest of the decoding needs. The two
  * halves apart let two blocks' streams be decoded at once
- * (kvs_llx_decode_pair); the first writes nothing to the destination. */
+ * (kvs_llx_decode_pair); the first writes nothing to the destination,
+ * and every check of a block comes before its second half (block_hold). */
 typedef struct llx_pending {
     unsigned kind;
     int coded;
@@ -1130,6 +1141,7 @@ typedef struct llx_pending {
     unsigned long long b;
     int simd, fused; /* kind 3 */
     uint8_t *dst;
+    llx_out o;
 } llx_pending;
 
 /* A kind 2 record (row references), past its kind byte: up to its stream. */
@@ -1163,7 +1175,7 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
                              b, rows - 1);
     size_t nfl = 0; /* elements in rows with a reference */
     for (size_t r = 0; r < rows; r++) {
-        w->ref[r] = 0;
+        pd->o.ref[r] = 0;
         if (!(bits[r / 8] >> (r % 8) & 1)) continue;
         if (len - at < 2)
             return kvs_set_error(KVS_ECORRUPT,
@@ -1175,7 +1187,7 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
             return kvs_set_error(KVS_ECORRUPT,
                                  "lossless: block %llu: row %zu refers %u rows back (1 to %zu)", b,
                                  r, d, r);
-        w->ref[r] = d;
+        pd->o.ref[r] = d;
         nfl += r + 1 < rows ? period : k - r * period;
     }
     char *what = pd->what;
@@ -1201,18 +1213,18 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
                              len - at);
     if (coded) {
         kvs_rans_dec_init(&w->dec, &tf, 1);
-        rc = kvs_rans_decode(&w->dec, rec + at, mf, NULL, w->flags, nfb, what);
+        rc = kvs_rans_decode(&w->dec, rec + at, mf, NULL, pd->o.flags, nfb, what);
         if (rc) return rc;
     } else if (mf != nfb) {
         return kvs_set_error(KVS_ECORRUPT,
                              "lossless: block %llu: %zu raw flag bytes, expected %zu", b, mf, nfb);
     } else {
-        memcpy(w->flags, rec + at, nfb);
+        memcpy(pd->o.flags, rec + at, nfb);
     }
     at += mf;
     size_t repeated = 0;
-    repeated = bits_set(w->flags, nfb);
-    if (nfl % 8 && w->flags[nfb - 1] >> (nfl % 8))
+    repeated = bits_set(pd->o.flags, nfb);
+    if (nfl % 8 && pd->o.flags[nfb - 1] >> (nfl % 8))
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: flag bits past element %zu set",
                              b, nfl - 1);
     if (k - repeated != u)
@@ -1226,19 +1238,19 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
     size_t s = 0, fbit = 0;
     for (size_t r = 0; r < rows; r++) {
         size_t i0 = r * period, n = r + 1 < rows ? period : k - i0;
-        if (w->ref[r] == 0) {
+        if (pd->o.ref[r] == 0) {
             if (ng > 1) memcpy(w->sym_ctx + s, w->group, n);
             else memset(w->sym_ctx + s, 0, n);
             s += n;
             continue;
         }
-        size_t miss = n - flags_set(w->flags, fbit, n);
+        size_t miss = n - flags_set(pd->o.flags, fbit, n);
         memset(w->sym_ctx + s, (int)ng, miss);
         s += miss;
         fbit += n;
     }
     kvs_rans_dec_init(&w->dec, t, ng + 1);
-    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, w->sym_ctx, w->sym, u, what};
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, w->sym_ctx, pd->o.sym, u, what};
     pd->sm = sm;
     pd->u = u;
     pd->rows = rows;
@@ -1247,8 +1259,9 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
 }
 
 /* ... and the rest, once the stream is decoded. */
-static void refs_finish(kvs_llx_scratch *w, const llx_pending *pd)
+static void refs_finish(const llx_pending *pd)
 {
+    const llx_out *w = &pd->o;
     size_t k = pd->k, u = pd->u, rows = pd->rows, nfb = pd->nfb;
     (void)nfb; /* the VBMI2 rows' (not built on other CPUs) */
     uint32_t period = pd->period;
@@ -1359,7 +1372,7 @@ static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
 #endif
     pd->simd = simd;
     pd->fused = fused;
-    int rc = fused ? mantissas_end_clear(rec + 1, k, b) : unpack_mantissas(rec + 1, k, w->sm, b);
+    int rc = fused ? mantissas_end_clear(rec + 1, k, b) : unpack_mantissas(rec + 1, k, pd->o.sm, b);
     if (rc) return rc;
     size_t at = 1 + mb;
     unsigned ng;
@@ -1387,32 +1400,40 @@ static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     for (uint32_t c = 0; c < period; c++) ctx[k + c] = (uint8_t)(ng + w->sclass[c]);
     for (size_t j = period; j < nn; j += period) memcpy(ctx + k + j, ctx + k, period);
     kvs_rans_dec_init(&w->dec, t, ng + LLX_SIGN_CLASSES);
-    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, ctx, w->exp, k + nn, pd->what};
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, ctx, pd->o.exp, k + nn, pd->what};
     return KVS_OK;
 }
 
-/* ... and the rest, once the stream is decoded. */
-static int signs_finish(kvs_llx_scratch *w, const llx_pending *pd)
+/* ... its last check, once the stream is decoded: the last nibbles' bits
+ * of rows past the end, and of the last row past its last element, are 0. */
+static int signs_check(const llx_pending *pd)
 {
     size_t k = pd->k, rows = pd->rows, groups = pd->groups;
     uint32_t period = pd->period;
-    unsigned long long b = pd->b;
+    const uint8_t *nib = pd->o.exp + k;
+    size_t in_last = rows - 1 - (groups - 1) * LLX_SIGN_ROWS, last = k - (rows - 1) * period;
+    for (uint32_t c = 0; c < period; c++) {
+        size_t valid = in_last + (c < last);
+        if (nib[(groups - 1) * period + c] >> valid)
+            return kvs_set_error(KVS_ECORRUPT,
+                                 "lossless: block %llu: sign flip bits past element %zu set",
+                                 pd->b, k - 1);
+    }
+    return KVS_OK;
+}
+
+/* ... and the elements, checked. */
+static void signs_finish(const llx_pending *pd)
+{
+    const llx_out *w = &pd->o;
+    size_t k = pd->k, rows = pd->rows;
+    uint32_t period = pd->period;
     const uint8_t *rec = pd->rec, *nib = w->exp + k;
     uint8_t *dst = pd->dst;
     int simd = pd->simd, fused = pd->fused;
     (void)simd; /* these three: the AVX-512 joins' (not built on other CPUs) */
     (void)fused;
     (void)rec;
-    /* the last nibbles' bits of rows past the end, and of the last row past
-     * its last element, are 0 */
-    size_t in_last = rows - 1 - (groups - 1) * LLX_SIGN_ROWS, last = k - (rows - 1) * period;
-    for (uint32_t c = 0; c < period; c++) {
-        size_t valid = in_last + (c < last);
-        if (nib[(groups - 1) * period + c] >> valid)
-            return kvs_set_error(KVS_ECORRUPT,
-                                 "lossless: block %llu: sign flip bits past element %zu set", b,
-                                 k - 1);
-    }
     /* The elements row by row, each sign its flip XOR the sign above it
      * (the row above is in dst already): one pass, the signs not stored
      * apart first. */
@@ -1457,16 +1478,17 @@ static int signs_finish(kvs_llx_scratch *w, const llx_pending *pd)
             put_le16(out + 2 * c, (uint16_t)(v ^ (up ? get_le16(up + 2 * c) & 0x8000u : 0)));
         }
     }
-    return KVS_OK;
 }
 
 /* kvs_llx_decode_block's first half: the record read up to its stream. */
-static int block_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                       uint64_t first, uint32_t period, unsigned tools, uint64_t block,
-                       uint8_t *dst, llx_pending *pd)
+static int block_parse(kvs_llx_scratch *w, const llx_out *o, const kvs_llx_block *blk,
+                       uint32_t period, unsigned tools, llx_pending *pd)
 {
-    unsigned long long b = (unsigned long long)block;
-    *pd = (llx_pending){.rec = rec, .k = k, .period = period, .b = b, .dst = dst};
+    const uint8_t *rec = blk->rec;
+    size_t len = blk->len, k = blk->k;
+    uint64_t first = blk->first;
+    unsigned long long b = (unsigned long long)blk->block;
+    *pd = (llx_pending){.rec = rec, .k = k, .period = period, .b = b, .dst = blk->dst, .o = *o};
     snprintf(pd->what, sizeof pd->what, "lossless: block %llu", b);
     if (len < 1)
         return kvs_set_error(KVS_ECORRUPT, "lossless: block %llu: empty record", b);
@@ -1504,19 +1526,26 @@ static int block_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     if (ng > 1) fill_ctx(w->group, period, (uint32_t)(first % period), k, w->ctx);
     kvs_rans_dec_init(&w->dec, t, ng);
     pd->job = (kvs_rans_dec_job){&w->dec, rec + at,  len - at, ng > 1 ? w->ctx : NULL,
-                                 w->exp,  k,        pd->what};
+                                 pd->o.exp, k,      pd->what};
     return KVS_OK;
 }
 
-/* ... and its second half, the stream decoded. */
-static int block_finish(kvs_llx_scratch *w, const llx_pending *pd)
+/* ... and its second half, the stream decoded: every check done, the
+ * elements written. */
+static void block_finish(const llx_pending *pd)
 {
     switch (pd->kind) {
-    case LLX_RAW: memcpy(pd->dst, pd->rec + 1, 2 * pd->k); return KVS_OK;
-    case LLX_REFS: refs_finish(w, pd); return KVS_OK;
-    case LLX_SIGNS: return signs_finish(w, pd);
-    default: join_fields(w->exp, pd->sm, pd->k, pd->dst); return KVS_OK;
+    case LLX_RAW: memcpy(pd->dst, pd->rec + 1, 2 * pd->k); return;
+    case LLX_REFS: refs_finish(pd); return;
+    case LLX_SIGNS: signs_finish(pd); return;
+    default: join_fields(pd->o.exp, pd->sm, pd->k, pd->dst); return;
     }
+}
+
+/* What a block checks after its stream (kind 3's last nibbles). */
+static int block_check(const llx_pending *pd)
+{
+    return pd->kind == LLX_SIGNS ? signs_check(pd) : KVS_OK;
 }
 
 /* A block's rANS stream, as block_parse set it up. */
@@ -1525,25 +1554,24 @@ static int decode_job(const kvs_rans_dec_job *j)
     return kvs_rans_decode(j->d, j->in, j->len, j->ctx, j->sym, j->n, j->what);
 }
 
-int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
-                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
-                         uint8_t *dst)
+/* A block read, its stream decoded and checked: nothing written but o. */
+static int block_hold(kvs_llx_scratch *w, const llx_out *o, const kvs_llx_block *blk,
+                      uint32_t period, unsigned tools, llx_pending *pd)
 {
-    llx_pending pd;
-    int rc = block_parse(w, rec, len, k, first, period, tools, block, dst, &pd);
-    if (rc == KVS_OK && pd.coded) rc = decode_job(&pd.job);
-    return rc ? rc : block_finish(w, &pd);
+    int rc = block_parse(w, o, blk, period, tools, pd);
+    if (rc == KVS_OK && pd->coded) rc = decode_job(&pd->job);
+    return rc ? rc : block_check(pd);
 }
 
-int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint32_t period,
-                        unsigned tools)
+/* Two blocks held: their streams decoded at once where both are coded.
+ * The refusal is the first that holding them one at a time, in order,
+ * meets: a pair that fails anywhere is held again so. */
+static int hold_pair(kvs_llx_scratch *w[2], const llx_out o[2], const kvs_llx_block blk[2],
+                     uint32_t period, unsigned tools, llx_pending pd[2])
 {
-    llx_pending pd[2];
-    int rc = block_parse(w[0], blk[0].rec, blk[0].len, blk[0].k, blk[0].first, period, tools,
-                         blk[0].block, blk[0].dst, &pd[0]);
+    int rc = block_parse(w[0], &o[0], &blk[0], period, tools, &pd[0]);
     if (rc) return rc; /* nothing before it: the refusal one at a time */
-    if (block_parse(w[1], blk[1].rec, blk[1].len, blk[1].k, blk[1].first, period, tools,
-                    blk[1].block, blk[1].dst, &pd[1]) == KVS_OK) {
+    if (block_parse(w[1], &o[1], &blk[1], period, tools, &pd[1]) == KVS_OK) {
         if (pd[0].coded && pd[1].coded) {
             kvs_rans_dec_job job[2] = {pd[0].job, pd[1].job};
             rc = kvs_rans_decode2(job);
@@ -1551,20 +1579,219 @@ int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint3
             for (int s = 0; s < 2 && rc == KVS_OK; s++)
                 if (pd[s].coded) rc = decode_job(&pd[s].job);
         }
-        /* the second halves in order: a refusal there is where one at a
-         * time refuses, with its writes */
-        if (rc == KVS_OK) {
-            rc = block_finish(w[0], &pd[0]);
-            return rc ? rc : block_finish(w[1], &pd[1]);
-        }
+        if (rc == KVS_OK && (rc = block_check(&pd[0])) != KVS_OK) return rc;
+        if (rc == KVS_OK) return block_check(&pd[1]);
     }
     /* The second record or a stream refused: one at a time, so that the
-     * first block decodes (or refuses) before the second is read, with
-     * their messages and writes. Nothing was written yet. */
+     * first block is held (or refused) before the second is read, with
+     * their messages. */
     for (int s = 0; s < 2; s++) {
-        rc = kvs_llx_decode_block(w[s], blk[s].rec, blk[s].len, blk[s].k, blk[s].first, period,
-                                  tools, blk[s].block, blk[s].dst);
+        rc = block_hold(w[s], &o[s], &blk[s], period, tools, &pd[s]);
         if (rc) return rc;
     }
     return KVS_OK;
+}
+
+/* A scratch's own arrays as the place a block waits in. */
+static llx_out scratch_out(kvs_llx_scratch *w)
+{
+    return (llx_out){w->exp, w->sym, w->sm, w->flags, w->ref};
+}
+
+int kvs_llx_decode_block(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
+                         uint64_t first, uint32_t period, unsigned tools, uint64_t block,
+                         uint8_t *dst)
+{
+    kvs_llx_block blk = {rec, len, k, first, block, dst};
+    llx_out o = scratch_out(w);
+    llx_pending pd;
+    int rc = block_hold(w, &o, &blk, period, tools, &pd);
+    if (rc == KVS_OK) block_finish(&pd);
+    return rc;
+}
+
+int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint32_t period,
+                        unsigned tools)
+{
+    llx_out o[2] = {scratch_out(w[0]), scratch_out(w[1])};
+    llx_pending pd[2];
+    if (hold_pair(w, o, blk, period, tools, pd) == KVS_OK) {
+        block_finish(&pd[0]);
+        block_finish(&pd[1]);
+        return KVS_OK;
+    }
+    /* A refusal: one block at a time, so that the first block is written
+     * when only the second is refused, as two calls write it. */
+    for (int s = 0; s < 2; s++) {
+        int rc = kvs_llx_decode_block(w[s], blk[s].rec, blk[s].len, blk[s].k, blk[s].first,
+                                      period, tools, blk[s].block, blk[s].dst);
+        if (rc) return rc;
+    }
+    return KVS_OK;
+}
+
+/* ---- blocks held until every block of an object is checked ---------- */
+
+/* A held slot's arrays, for a block of up to KVS_LLX_KEPT_K elements: the
+ * symbols (as a scratch's exp, kind 2's too), the mantissas, the flags,
+ * the rows' distances (u32, period >= 2). */
+#define HELD_SYM (KVS_LLX_KEPT_K + KVS_LLX_KEPT_K / 4 + KVS_LLX_MAX_PERIOD)
+#define HELD_SM KVS_LLX_KEPT_K
+#define HELD_FLAGS (KVS_LLX_KEPT_K / 8 + 4)
+#define HELD_REF (KVS_LLX_KEPT_K / 2 + 1)
+#define HELD_SLOT_BYTES \
+    (((HELD_SYM + HELD_SM + HELD_FLAGS + 63) & ~(size_t)63) + 4 * (size_t)HELD_REF)
+
+struct kvs_llx_held {
+    uint64_t cap; /* slots */
+    llx_pending *pd;
+    uint32_t *crc; /* kvs_crc32c of each held block's record */
+    uint8_t *buf; /* cap x HELD_SLOT_BYTES */
+};
+
+/* Two kept, as the scratches are (a processor's two workers). */
+#define KVS_LLX_HELD_KEPT 2
+static _Atomic(kvs_llx_held *) held_kept[KVS_LLX_HELD_KEPT];
+
+static void held_free(kvs_llx_held *h)
+{
+    if (h == NULL) return;
+    free(h->pd);
+    free(h->crc);
+    free(h->buf);
+    free(h);
+}
+
+kvs_llx_held *kvs_llx_held_take(uint64_t nblocks)
+{
+    if (nblocks == 0 || nblocks > KVS_LLX_HELD_MAX) return NULL;
+    for (int s = 0; s < KVS_LLX_HELD_KEPT; s++) {
+        kvs_llx_held *h = atomic_exchange(&held_kept[s], NULL);
+        if (h && h->cap >= nblocks) return h;
+        kvs_llx_held_give(h); /* too small: back, or freed for a larger one */
+    }
+    kvs_llx_held *h = calloc(1, sizeof *h);
+    if (h == NULL) return NULL;
+    h->cap = nblocks;
+    h->pd = malloc((size_t)nblocks * sizeof *h->pd);
+    h->crc = malloc((size_t)nblocks * sizeof *h->crc);
+    h->buf = malloc((size_t)nblocks * HELD_SLOT_BYTES);
+    if (h->pd == NULL || h->crc == NULL || h->buf == NULL) {
+        held_free(h);
+        return NULL;
+    }
+    return h;
+}
+
+void kvs_llx_held_give(kvs_llx_held *h)
+{
+    if (h == NULL) return;
+    for (int s = 0; s < KVS_LLX_HELD_KEPT; s++) {
+        kvs_llx_held *none = NULL;
+        if (atomic_compare_exchange_strong(&held_kept[s], &none, h)) return;
+    }
+    /* full: keep the larger of it and a kept one */
+    for (int s = 0; s < KVS_LLX_HELD_KEPT; s++) {
+        kvs_llx_held *k = atomic_load(&held_kept[s]);
+        if (k && k->cap < h->cap && atomic_compare_exchange_strong(&held_kept[s], &k, h)) {
+            held_free(k);
+            return;
+        }
+    }
+    held_free(h);
+}
+
+static llx_out held_out(kvs_llx_held *h, uint64_t slot)
+{
+    uint8_t *p = h->buf + (size_t)slot * HELD_SLOT_BYTES;
+    llx_out o = {p, p, p + HELD_SYM, p + HELD_SYM + HELD_SM, NULL};
+    o.ref = (uint32_t *)(void *)(p + ((HELD_SYM + HELD_SM + HELD_FLAGS + 63) & ~(size_t)63));
+    return o;
+}
+
+/* The lanes of kvs_llx_hold_range: each a block whose stream is being
+ * decoded (-1: none). */
+typedef struct llx_lanes {
+    kvs_llx_scratch **w;
+    kvs_llx_held *h;
+    uint64_t slot;
+    const kvs_llx_block *blk;
+    size_t n, next;
+    uint32_t period;
+    unsigned tools;
+    long blk_of[2];
+    kvs_rans_dec_stream st[2];
+} llx_lanes;
+
+/* Block i is held: its record's CRC-32C, while the record is in cache. */
+static void held_crc(llx_lanes *q, size_t i)
+{
+    q->h->crc[q->slot + i] = kvs_crc32c(0, q->blk[i].rec, q->blk[i].len);
+}
+
+/* Lane l takes the next block with a stream (blocks without one, raw, are
+ * held on the way); KVS_OK with blk_of[l] -1 when none is left. */
+static int lane_fill(llx_lanes *q, int l)
+{
+    q->blk_of[l] = -1;
+    while (q->next < q->n) {
+        size_t i = q->next++;
+        llx_out o = held_out(q->h, q->slot + i);
+        llx_pending *pd = &q->h->pd[q->slot + i];
+        int rc = block_parse(q->w[l], &o, &q->blk[i], q->period, q->tools, pd);
+        if (rc == KVS_OK && pd->coded) rc = kvs_rans_stream_start(&q->st[l], &pd->job);
+        if (rc) return rc;
+        if (pd->coded) {
+            q->blk_of[l] = (long)i;
+            return KVS_OK;
+        }
+        held_crc(q, i);
+    }
+    return KVS_OK;
+}
+
+/* Lane l's stream to its end, its block's last check, the lane refilled. */
+static int lane_end(llx_lanes *q, int l)
+{
+    int rc = kvs_rans_stream_finish(&q->st[l]);
+    if (rc == KVS_OK) rc = block_check(&q->h->pd[q->slot + (size_t)q->blk_of[l]]);
+    if (rc) return rc;
+    held_crc(q, (size_t)q->blk_of[l]);
+    return lane_fill(q, l);
+}
+
+int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
+                       const kvs_llx_block *blk, size_t n, uint32_t period, unsigned tools)
+{
+    llx_lanes q;
+    memset(&q, 0, sizeof q);
+    q.w = w, q.h = h, q.slot = slot, q.blk = blk, q.n = n, q.period = period, q.tools = tools;
+    int rc = lane_fill(&q, 0);
+    if (rc == KVS_OK) rc = lane_fill(&q, 1);
+    while (rc == KVS_OK && q.blk_of[0] >= 0 && q.blk_of[1] >= 0) {
+        kvs_rans_dec_stream *s[2] = {&q.st[0], &q.st[1]};
+        rc = lane_end(&q, kvs_rans_streams_joint(s));
+    }
+    for (int l = 0; l < 2 && rc == KVS_OK; l++)
+        while (rc == KVS_OK && q.blk_of[l] >= 0) rc = lane_end(&q, l);
+    if (rc == KVS_OK) return KVS_OK;
+    /* A refusal, maybe of a later block than the first one refused: one
+     * block at a time, in order, for the first refusal and its message. */
+    for (size_t i = 0; i < n; i++) {
+        llx_out o = held_out(h, slot + i);
+        rc = block_hold(w[0], &o, &blk[i], period, tools, &h->pd[slot + i]);
+        if (rc) return rc;
+        held_crc(&q, i);
+    }
+    return KVS_OK;
+}
+
+uint32_t kvs_llx_held_crc(const kvs_llx_held *h, uint64_t slot)
+{
+    return h->crc[slot];
+}
+
+void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot)
+{
+    block_finish(&h->pd[slot]);
 }

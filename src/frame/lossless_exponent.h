@@ -77,4 +77,30 @@ typedef struct kvs_llx_block {
 int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint32_t period,
                         unsigned tools);
 
+/* Blocks held: decoded and checked as far as every refusal, their
+ * elements not yet written, so that an object's blocks are all checked
+ * before its first destination byte is written (the lossless stage
+ * decoding into the caller's destination). One slot per block, for blocks
+ * of up to 65,536 elements; about 290 KiB a slot, of which a block touches
+ * what its symbols take (64-80 KiB). NULL: out of memory, or nblocks 0 or
+ * above KVS_LLX_HELD_MAX. Kept for the next call, as the scratches. */
+#define KVS_LLX_HELD_MAX 64u
+typedef struct kvs_llx_held kvs_llx_held;
+kvs_llx_held *kvs_llx_held_take(uint64_t nblocks);
+void kvs_llx_held_give(kvs_llx_held *h);
+
+/* Hold the n blocks blk[0..n) in slots slot .. slot + n - 1, with the two
+ * scratches w: two blocks' streams decoded at once, the next block's
+ * started as soon as one ends (kvs_rans_streams_joint). The refusal and
+ * its message are kvs_llx_decode_block's on the first block refused, in
+ * order; nothing is written to any block's destination. k <= 65,536. */
+int kvs_llx_hold_range(kvs_llx_scratch *w[2], kvs_llx_held *h, uint64_t slot,
+                       const kvs_llx_block *blk, size_t n, uint32_t period, unsigned tools);
+/* Write the elements of the block held in `slot` (kvs_llx_hold returned
+ * KVS_OK for it) to its destination: what kvs_llx_decode_block writes. */
+void kvs_llx_held_write(const kvs_llx_held *h, uint64_t slot);
+/* The kvs_crc32c (from 0) of the record of the block held in `slot`,
+ * taken right after the block was checked (while the record is in cache). */
+uint32_t kvs_llx_held_crc(const kvs_llx_held *h, uint64_t slot);
+
 #endif /* KVSERDE_FRAME_LOSSLESS_EXPONENT_H */

@@ -490,7 +490,24 @@ static int pipeline_serialize(kvs_serializer *s, const kvs_memobj *src, kvs_memo
         }
         uint8_t *to = t->in_place ? cur : other;
         size_t m;
-        rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m);
+        const kvs_stage_type *next = i + 1 < self->nstages ? self->stages[i + 1]->type : NULL;
+        if (!t->in_place && t->transform_encode_crc32c && next && next->kind == KVS_STAGE_CHECK &&
+            next->check_stream_append_crc32c) {
+            /* the check after it from the CRC-32C the stage took as it wrote */
+            uint32_t crc = 0;
+            void *state = NULL;
+            rc = t->transform_encode_crc32c(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m,
+                                            &crc);
+            if (rc == KVS_OK) rc = next->check_stream_new(&state);
+            if (rc == KVS_OK) {
+                next->check_stream_append_crc32c(state, crc, m);
+                next->check_stream_final(state, to + m);
+                m += next->digest_size;
+                i++;
+            }
+        } else {
+            rc = t->transform_encode(st, bp.bytes[i], bp.n[i], &ctx, in, n, to, bound, &m);
+        }
         if (rc == KVS_OK && t->needs_header && m != t->bytes_bound(st, n))
             rc = kvs_set_error(KVS_EINVAL, "pipeline: stage '%s' wrote %zu bytes, announced %zu",
                                t->name, m, t->bytes_bound(st, n));
@@ -628,13 +645,105 @@ uint64_t kvs_pipeline_scratch_allocs(kvs_deserializer *de)
     return n;
 }
 
+/* Whether [a, a + an) and [b, b + bn) share a byte (as addresses: the
+ * two may be different objects). */
+static int overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y ? y - x < an : x - y < bn;
+}
+
+/* Where stage 1 (fs) may decode in[0..n), m bytes, straight into dst
+ * (NULL: into a scratch buffer, then the typed stage): when the typed
+ * stage's decode is a copy of them into dst (typed_decode_target), stage 1
+ * writes nothing unless it succeeds (transform_decode_direct) and takes
+ * this payload, and dst shares no byte with what is read, in or the blob:
+ * so a refusal still leaves dst untouched, and the copy is saved. */
+static uint8_t *direct_target(const kvs_frame *f, const kvs_frame_stage *fs, const uint8_t *in,
+                              size_t n, size_t m, kvs_memobj *dst)
+{
+    const kvs_frame_stage *typed = &f->stages[0];
+    const kvs_stage_type *t = fs->type;
+    if (dst == NULL || typed->type->typed_decode_target == NULL ||
+        t->transform_decode_direct == NULL)
+        return NULL;
+    uint8_t *to = typed->type->typed_decode_target(typed->params, typed->nparams, m, dst);
+    if (to == NULL || overlaps(to, m, in, n) ||
+        overlaps(to, m, f->header, f->header_len + (size_t)f->payload_len) ||
+        !t->transform_direct_ok(fs->params, fs->nparams, in, n))
+        return NULL;
+    return to;
+}
+
+/* A check stage's verdict on its digest of n bytes against the one stored
+ * after them: KVS_OK, or the refusal naming both. */
+static int check_verdict(const kvs_stage_type *t, const uint8_t *digest, const uint8_t *stored,
+                         size_t n, const kvs_object_key *key)
+{
+    size_t d = t->digest_size;
+    if (memcmp(digest, stored, d) == 0) return KVS_OK;
+    uint64_t got = 0, want = 0;
+    for (size_t b = d; b-- > 0;) {
+        got = got << 8 | digest[b];
+        want = want << 8 | stored[b];
+    }
+    char who[128];
+    kvs_key_describe(key, who, sizeof who);
+    return kvs_set_error(KVS_ECORRUPT,
+                         "pipeline: %s: payload damaged: checksum %0*llx over %zu bytes, stored "
+                         "%0*llx; loading %s",
+                         t->name, (int)(2 * d), (unsigned long long)got, n, (int)(2 * d),
+                         (unsigned long long)want, who);
+}
+
+/* A crc32c check folded into stage 1's decode into dst (direct_target): the
+ * stage gives the CRC-32C it took of the n payload bytes as it read them. */
+typedef struct folded_check {
+    const kvs_stage_type *t;
+    const uint8_t *stored;
+    size_t n;
+    const kvs_object_key *key;
+} folded_check;
+
+static int folded_accept(void *arg, uint32_t crc)
+{
+    const folded_check *c = arg;
+    void *state = NULL;
+    uint8_t digest[16];
+    int rc = c->t->check_stream_new(&state);
+    if (rc) return rc;
+    c->t->check_stream_append_crc32c(state, crc, c->n);
+    c->t->check_stream_final(state, digest);
+    return check_verdict(c->t, digest, c->stored, c->n, c->key);
+}
+
+/* Stage 1 (fs) decodes in[0..n) into `to` (m bytes, direct_target), with
+ * the check after it folded in when accept is not NULL. */
+static int direct_decode(const kvs_frame *f, const kvs_frame_stage *fs,
+                         const kvs_object_key *key, const kvs_keyring *keyring,
+                         const uint8_t *in, size_t n, uint8_t *to, size_t m,
+                         int (*accept)(void *, uint32_t), void *arg)
+{
+    const kvs_stage_type *t = fs->type;
+    kvs_stage_ctx ctx = {key, f->header, f->header_len, keyring, 0, 0, NULL};
+    kvs_stage_typed_shape(f->stages[0].type->id, &f->layout, &ctx.elem_size, &ctx.channels);
+    size_t got;
+    int rc = t->transform_decode_direct(fs->params, fs->nparams, &ctx, in, n, to, m, &got,
+                                        accept, arg);
+    if (rc == KVS_OK && got != m)
+        rc = kvs_set_error(KVS_ECORRUPT, "%s: decoded %zu bytes, expected %zu", t->name, got, m);
+    return rc;
+}
+
 /* Undo the bytes stages, last first: checks verify in place, transforms
- * write into scratch buffers (never dst). On success *out / *outn are the
- * typed stage's bytes, and *owned the scratch buffer they are in (p NULL
- * when none), for the caller to give back. */
+ * write into scratch buffers (never dst), except that stage 1 may decode
+ * straight into dst (direct_target; dst NULL: never), which sets *done.
+ * On success *out / *outn are the typed stage's bytes, and *owned the
+ * scratch buffer they are in (p NULL when none), for the caller to give
+ * back. */
 static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
                              const kvs_object_key *key, const uint8_t **out, size_t *outn,
-                             scratch_buf *owned)
+                             scratch_buf *owned, kvs_memobj *dst, int *done)
 {
     const kvs_keyring *keyring = self->keyring;
     const uint8_t *cur = f->payload;
@@ -658,25 +767,40 @@ static int undo_bytes_stages(pipeline_deserializer *self, const kvs_frame *f,
                 break;
             }
             n -= d;
-            t->check_digest(cur, n, digest);
-            if (memcmp(digest, cur + n, d) != 0) {
-                uint64_t got = 0, want = 0;
-                for (size_t b = d; b-- > 0;) {
-                    got = got << 8 | digest[b];
-                    want = want << 8 | cur[n + b];
-                }
-                kvs_key_describe(key, who, sizeof who);
-                rc = kvs_set_error(KVS_ECORRUPT,
-                                   "pipeline: %s: payload damaged: checksum %0*llx over %zu "
-                                   "bytes, stored %0*llx; loading %s",
-                                   t->name, (int)(2 * d), (unsigned long long)got, n,
-                                   (int)(2 * d), (unsigned long long)want, who);
+            /* A crc32c check right after stage 1, which decodes into dst:
+             * folded into that decode, which takes the CRC-32C of each
+             * block while in cache and gives it before writing dst or
+             * refusing (its refusal then only when this check passes). */
+            const kvs_frame_stage *s1 = &f->stages[1];
+            size_t m1;
+            uint8_t *to;
+            if (i == 2 && t->check_stream_append_crc32c &&
+                s1->type->kind == KVS_STAGE_TRANSFORM && s1->type->transform_decode_direct &&
+                s1->type->transform_decoded_size(s1->params, s1->nparams, cur, n, &m1) ==
+                    KVS_OK &&
+                (to = direct_target(f, s1, cur, n, m1, dst)) != NULL) {
+                folded_check fc = {t, cur + n, n, key};
+                rc = direct_decode(f, s1, key, keyring, cur, n, to, m1, folded_accept, &fc);
+                if (rc == KVS_OK) *done = 1;
+                cur = to;
+                n = m1;
+                break; /* stage 1, the last to undo, is done */
             }
+            t->check_digest(cur, n, digest);
+            rc = check_verdict(t, digest, cur + n, n, key);
             continue;
         }
         size_t m;
         rc = t->transform_decoded_size(fs->params, fs->nparams, cur, n, &m);
         if (rc) break;
+        uint8_t *to = i == 1 ? direct_target(f, fs, cur, n, m, dst) : NULL;
+        if (to) {
+            rc = direct_decode(f, fs, key, keyring, cur, n, to, m, NULL, NULL);
+            if (rc == KVS_OK) *done = 1;
+            cur = to;
+            n = m;
+            break; /* stage 1 was the last to undo */
+        }
         scratch_buf next = scratch_take(self, m);
         if (next.p == NULL) {
             rc = kvs_set_error(KVS_ENOMEM, "pipeline: out of memory for %zu decoded bytes", m);
@@ -723,8 +847,12 @@ static int pipeline_deserialize(kvs_deserializer *d, const kvs_memobj *src, kvs_
     const uint8_t *bytes;
     size_t n;
     scratch_buf owned;
-    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
-    if (rc) return rc;
+    int done = 0;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned, dst, &done);
+    if (rc || done) {
+        scratch_give(self, owned);
+        return rc;
+    }
     const kvs_frame_stage *typed = &f.stages[0];
     kvs_stage_ctx ctx = {key, f.header, f.header_len, self->keyring, 0, 0, self->transform};
     rc = typed->type->typed_decode(typed->params, typed->nparams, &ctx, bytes, n, dst);
@@ -747,7 +875,8 @@ int kvs_pipeline_verify(kvs_deserializer *de, const void *blob, size_t len,
     const uint8_t *bytes;
     size_t n;
     scratch_buf owned;
-    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned);
+    int done = 0;
+    rc = undo_bytes_stages(self, &f, key, &bytes, &n, &owned, NULL, &done);
     scratch_give(self, owned);
     return rc;
 }

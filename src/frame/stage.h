@@ -123,6 +123,12 @@ struct kvs_stage_type {
      * before writing any byte of dst. */
     int (*typed_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                         const uint8_t *in, size_t n, kvs_memobj *dst);
+    /* Optional: where typed_decode would copy n input bytes unchanged
+     * (bytes: dst's data, when n is what dst's layout needs and dst holds
+     * it), so that the stage before may write them there itself; NULL when
+     * typed_decode would refuse or rewrite (then it is called as usual). */
+    uint8_t *(*typed_decode_target)(const uint8_t *params, size_t nparams, size_t n,
+                                    kvs_memobj *dst);
 
     /* ---- bytes stages (check and transform) -------------------------- */
     /* Upper bound of the output for n input bytes. */
@@ -149,6 +155,15 @@ struct kvs_stage_type {
     int (*transform_encode)(const kvs_stage *self, const uint8_t *params, size_t nparams,
                             const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
                             uint8_t *out, size_t cap, size_t *outn);
+    /* Optional, transforms that write elsewhere: transform_encode, and in
+     * *crc the kvs_crc32c from 0 of the out[0..*outn) it wrote, taken as
+     * parts of it were written (while in cache), so that a check right
+     * after it that combines CRC-32Cs (check_stream_append_crc32c) need not
+     * read the output again (pipeline.c). */
+    int (*transform_encode_crc32c)(const kvs_stage *self, const uint8_t *params,
+                                   size_t nparams, const kvs_stage_ctx *ctx, const uint8_t *in,
+                                   size_t n, uint8_t *out, size_t cap, size_t *outn,
+                                   uint32_t *crc);
     /* The exact size transform_decode will write for in[0..n), read from the
      * stage's own encoding, so the pipeline can allocate it; refuses sizes
      * that cannot be (KVS_ECORRUPT). */
@@ -171,6 +186,24 @@ struct kvs_stage_type {
     int (*transform_decode)(const uint8_t *params, size_t nparams, const kvs_stage_ctx *ctx,
                             const uint8_t *in, size_t n, uint8_t *out, size_t cap,
                             size_t *outn);
+    /* Optional, both or neither: transform_decode that writes no byte of
+     * out unless it succeeds (every refusal, the same one with the same
+     * message, made before the first write), so the pipeline may decode
+     * straight into the caller's destination instead of a scratch buffer
+     * and a copy; *outn is then transform_decoded_size. transform_direct_ok
+     * says whether it takes in[0..n) (lossless: the rANS payloads of a
+     * bounded number of blocks); when it does not, or in is not what the
+     * stage reads, transform_decode is used. With accept not NULL, in is
+     * not checked yet: the stage takes its kvs_crc32c as it reads (in
+     * cache) and calls accept(arg, crc) before its first write and before
+     * any refusal of its own, and returns accept's refusal instead (the
+     * crc32c check after it, folded in: pipeline.c). */
+    int (*transform_direct_ok)(const uint8_t *params, size_t nparams, const uint8_t *in,
+                               size_t n);
+    int (*transform_decode_direct)(const uint8_t *params, size_t nparams,
+                                   const kvs_stage_ctx *ctx, const uint8_t *in, size_t n,
+                                   uint8_t *out, size_t cap, size_t *outn,
+                                   int (*accept)(void *arg, uint32_t crc), void *arg);
 
     /* ---- every stage ------------------------------------------------- */
     /* The parameter block this instance records in a frame: at most

@@ -73,6 +73,15 @@ static int bytes_decode(const uint8_t *params, size_t nparams, const kvs_stage_c
     return KVS_OK;
 }
 
+static uint8_t *bytes_target(const uint8_t *params, size_t nparams, size_t n, kvs_memobj *dst)
+{
+    (void)params;
+    size_t need = (size_t)kvs_layout_nbytes(&dst->layout);
+    /* bytes_decode's checks (nparams: check_params refused others) */
+    if (nparams != 0 || n != need || dst->capacity < need || need == 0) return NULL;
+    return dst->data;
+}
+
 static int bytes_check_params(const uint8_t *params, size_t nparams)
 {
     (void)params;
@@ -97,6 +106,7 @@ const kvs_stage_type kvs_stage_bytes_type = {
     .typed_encode_range = bytes_encode_range,
     .typed_encode_view = bytes_view,
     .typed_decode = bytes_decode,
+    .typed_decode_target = bytes_target,
     .params_size = kvs_stage_no_params_size,
     .write_params = kvs_stage_no_params_write,
     .check_params = bytes_check_params,
