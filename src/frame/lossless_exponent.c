@@ -1639,8 +1639,8 @@ int kvs_llx_decode_pair(kvs_llx_scratch *w[2], const kvs_llx_block blk[2], uint3
 #define HELD_SM KVS_LLX_KEPT_K
 #define HELD_FLAGS (KVS_LLX_KEPT_K / 8 + 4)
 #define HELD_REF (KVS_LLX_KEPT_K / 2 + 1)
-#define HELD_SLOT_BYTES \
-    (((HELD_SYM + HELD_SM + HELD_FLAGS + 63) & ~(size_t)63) + 4 * (size_t)HELD_REF)
+#define HELD_REF_AT (((HELD_SYM + HELD_SM + HELD_FLAGS + 63) & ~(size_t)63)) /* aligned */
+#define HELD_SLOT_BYTES (HELD_REF_AT + 4 * (size_t)HELD_REF)
 
 struct kvs_llx_held {
     uint64_t cap; /* slots */
@@ -1705,7 +1705,7 @@ static llx_out held_out(kvs_llx_held *h, uint64_t slot)
 {
     uint8_t *p = h->buf + (size_t)slot * HELD_SLOT_BYTES;
     llx_out o = {p, p, p + HELD_SYM, p + HELD_SYM + HELD_SM, NULL};
-    o.ref = (uint32_t *)(void *)(p + ((HELD_SYM + HELD_SM + HELD_FLAGS + 63) & ~(size_t)63));
+    o.ref = (uint32_t *)(void *)(p + HELD_REF_AT);
     return o;
 }
 

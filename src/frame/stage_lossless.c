@@ -719,16 +719,22 @@ static int dec_write(void *vctx, uint64_t begin, uint64_t end)
     return KVS_OK;
 }
 
-/* Whether ll_decode_direct takes in[0..n): the rANS coder's versions (the
- * zstd planes are joined as each block decodes) in blocks of the
- * encoder's size, at most KVS_LLX_HELD_MAX of them (a slot a block). */
+/* Whether ll_decode_direct takes a payload of this head: the rANS coder's
+ * versions (the zstd planes are joined as each block decodes) in blocks
+ * of the encoder's size, at most KVS_LLX_HELD_MAX of them (a slot a
+ * block). */
+static int direct_shape(const ll_head *h)
+{
+    return h->version != LL_VERSION && h->E == LL_BLOCK_ELEMS && h->nblocks >= 1 &&
+           h->nblocks <= KVS_LLX_HELD_MAX;
+}
+
 static int ll_direct_ok(const uint8_t *params, size_t nparams, const uint8_t *in, size_t n)
 {
     (void)params;
     (void)nparams;
     ll_head h;
-    if (n < LL_HEADER || in[0] == LL_VERSION || read_head(in, n, &h) != KVS_OK) return 0;
-    return h.E == LL_BLOCK_ELEMS && h.nblocks >= 1 && h.nblocks <= KVS_LLX_HELD_MAX;
+    return n >= LL_HEADER && read_head(in, n, &h) == KVS_OK && direct_shape(&h);
 }
 
 typedef int (*ll_accept_fn)(void *arg, uint32_t crc);
@@ -770,10 +776,9 @@ static int ll_decode_to(const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, u
     ll_head h;
     int rc = read_head(in, n, &h);
     if (rc) return ll_refuse(rc, in, n, accept, arg);
-    if (direct && (h.version == LL_VERSION || h.E != LL_BLOCK_ELEMS || h.nblocks == 0 ||
-                   h.nblocks > KVS_LLX_HELD_MAX))
+    if (direct && !direct_shape(&h))
         return kvs_set_error(KVS_EINVAL, "lossless: decoding into the destination takes payload "
-                             "versions 2-4 of 1 to %u blocks of %u elements (ll_direct_ok)",
+                             "versions 2-4 of 1 to %u blocks of %u elements",
                              KVS_LLX_HELD_MAX, LL_BLOCK_ELEMS);
     if (ctx && ctx->elem_size && ctx_elem_size(ctx) != h.s)
         return ll_refuse(kvs_set_error(KVS_ECORRUPT,
