@@ -206,11 +206,11 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
 #if KVS_HAVE_X86
 /* The rebuild of rows with references and the encoder's split of them:
  * AVX-512 VBMI2 where the CPU has it and the rANS coder uses its AVX-512
- * kernels (the same set; KVSERDE_ISA and kvs_rans_set_simd choose for
+ * kernels (the same set; KVSERDE_ISA and kvs_rans_set_isa choose for
  * both). */
 static int rows_simd(void)
 {
-    return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_simd_in_use();
+    return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_avx512_in_use();
 }
 #endif
 
@@ -219,7 +219,7 @@ static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
 #endif
 #ifdef __SSE2__
     const __m128i lo8 = _mm_set1_epi16(0x00FF), m7f = _mm_set1_epi16(0x7F),
@@ -269,7 +269,7 @@ static void join_fields(const uint8_t *exp, const uint8_t *sm, size_t k, uint8_t
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
 #endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
@@ -305,7 +305,7 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
      * added to the 32-bit ones. */
     uint16_t *restrict s16 = w->sum16;
 #if KVS_HAVE_X86
-    int simd = kvs_rans_simd_in_use();
+    int simd = kvs_rans_avx512_in_use();
 #endif
     while (i + period <= k) {
         size_t rows = (k - i) / period < 256 ? (k - i) / period : 256;
@@ -448,7 +448,7 @@ static uint32_t ref_candidates(kvs_llx_scratch *w, const uint8_t *row, size_t le
 static size_t row_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
+    if (kvs_rans_avx512_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
 #endif
     return count_equal(a, b, n);
 }
@@ -476,7 +476,7 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
 #if KVS_HAVE_X86
     /* the AVX-512 finder takes whole rows of all 32 samples, and rows + 1
      * as 16-bit words */
-    int simd = kvs_rans_simd_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
+    int simd = kvs_rans_avx512_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
 #endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
@@ -514,7 +514,7 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
 #endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
@@ -818,7 +818,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
 static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t *nib)
 {
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
+    if (kvs_rans_avx512_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
 #endif
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     memset(nib, 0, groups * period);
@@ -933,7 +933,7 @@ static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_pack7_avx512(sm, k, out);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_pack7_avx512(sm, k, out);
 #endif
     size_t o = i / 8 * 7;
     /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
@@ -1371,7 +1371,7 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
     if (rc) return rc;
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
 #endif
     size_t o = i / 8 * 7;
     /* pack_mantissas' steps backwards */
@@ -1410,7 +1410,7 @@ static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
      * w->sm: then only the rows' tails of under 32 are unpacked there. */
     int simd = 0, fused = 0;
 #if KVS_HAVE_X86
-    simd = kvs_rans_simd_in_use();
+    simd = kvs_rans_avx512_in_use();
     fused = simd && period % 8 == 0;
 #endif
     pd->simd = simd;

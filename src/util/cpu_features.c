@@ -12,6 +12,12 @@ int kvs_cpu_isa_forced_pre_avx512(void)
     return isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
 }
 
+int kvs_cpu_isa_forced_scalar(void)
+{
+    const char *isa = getenv("KVSERDE_ISA");
+    return isa && strcmp(isa, "scalar") == 0;
+}
+
 #if KVS_HAVE_X86
 #include <cpuid.h>
 

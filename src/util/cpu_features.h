@@ -25,8 +25,13 @@
 unsigned kvs_cpu_features(void);
 
 /* Whether the environment variable KVSERDE_ISA forces an ISA older than
- * AVX-512 ("scalar" or "avx2"): the kernels that have no such variant
- * (rANS, the AMX products) then keep their portable path. */
+ * AVX-512 ("scalar" or "avx2"): the kernels that have no AVX2 variant
+ * (the AMX products, the lossless stage's own) then keep their portable
+ * path. */
 int kvs_cpu_isa_forced_pre_avx512(void);
+
+/* Whether KVSERDE_ISA forces "scalar": such kernels then take no SIMD
+ * variant at all. */
+int kvs_cpu_isa_forced_scalar(void);
 
 #endif /* KVSERDE_UTIL_CPU_FEATURES_H */
