@@ -212,6 +212,12 @@ static int rows_simd(void)
 {
     return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_avx512_in_use();
 }
+
+/* Else AVX2 where the rANS coder uses its AVX2 or AVX-512 kernels. */
+static int rows_avx2(void)
+{
+    return kvs_rans_isa() >= KVS_RANS_AVX2;
+}
 #endif
 
 /* src (k u16) -> exponents and sign+mantissa bytes. */
@@ -748,6 +754,14 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
             c = kvs_llx_row_split_avx512vbmi2(exp + i0, exp + i0 - d, sm_all + i0, fl, nfb, bit,
                                               len, LLX_DIFF_CTX, w->sym + u, w->sym_ctx + u,
                                               w->sm + u, &used);
+            u += used;
+            bit += c;
+        } else if (rows_avx2()) {
+            /* its stores past what it appends stay below w->sym + u + c
+             * <= w->sym + i0 + len (u <= i0), inside the buffers */
+            size_t used = 0;
+            c = kvs_llx_row_split_avx2(exp + i0, exp + i0 - d, sm_all + i0, fl, nfb, bit, len,
+                                       LLX_DIFF_CTX, w->sym + u, w->sym_ctx + u, w->sm + u, &used);
             u += used;
             bit += c;
         }
@@ -1328,6 +1342,11 @@ static void refs_finish(const llx_pending *pd)
         if (rows_simd()) {
             size_t used = 0;
             c = kvs_llx_row_refs_avx512vbmi2(above, fl, nfb, fbit, sym + s, sm + s, n, out, &used);
+            s += used;
+            fbit += c;
+        } else if (rows_avx2()) {
+            size_t used = 0;
+            c = kvs_llx_row_refs_avx2(above, fl, nfb, fbit, sym + s, sm + s, u - s, n, out, &used);
             s += used;
             fbit += c;
         }
