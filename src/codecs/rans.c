@@ -212,6 +212,10 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
             start += f;
         }
     }
+    e->wide_ok = kvs_rans_isa() == KVS_RANS_AVX2;
+    if (e->wide_ok)
+        for (unsigned i = 0; i < nctx * 256; i++)
+            e->wide[i] = e->info[i] | (uint64_t)kvs_rans_rcp_of[e->info[i] >> 13 & 0x1FFF] << 32;
 }
 
 static const kvs_rans_kernels *kernels(void); /* which kernels, below */

@@ -114,9 +114,17 @@ static inline __m256i enc_oct(const kvs_rans_enc_tables *e, __m256i X, const uin
 {
     __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sym8));
     if (ctx8) k = _mm256_or_si256(k, ctx_of(ctx8, e->top, 8));
-    __m256i info = _mm256_i32gather_epi32((const int *)e->info, k, 4);
+    /* the eight entries info | rcp << 32 in two gathers of four, then the
+     * infos and the reciprocals apart, in lane order */
+    __m256 g0 = _mm256_castsi256_ps(
+        _mm256_i32gather_epi64((const long long *)e->wide, _mm256_castsi256_si128(k), 8));
+    __m256 g1 = _mm256_castsi256_ps(
+        _mm256_i32gather_epi64((const long long *)e->wide, _mm256_extracti128_si256(k, 1), 8));
+    __m256i info = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(g0, g1, 0x88)),
+                                            0xD8);
+    __m256i rcp = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(g0, g1, 0xDD)),
+                                           0xD8);
     __m256i f = _mm256_and_si256(_mm256_srli_epi32(info, 13), _mm256_set1_epi32(0x1FFF));
-    __m256i rcp = _mm256_i32gather_epi32((const int *)kvs_rans_rcp_of, f, 4);
     *bad = _mm256_or_si256(*bad, _mm256_cmpeq_epi32(f, _mm256_setzero_si256()));
     /* x >= f << XMAX_SHIFT, unsigned (f = 1024 gives 2^31) */
     __m256i fs = _mm256_slli_epi32(f, KVS_RANS_XMAX_SHIFT);
@@ -144,6 +152,10 @@ void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                               uint32_t *nocode)
 {
+    if (!e->wide_ok) { /* tables built for other kernels (rans.h) */
+        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode);
+        return;
+    }
     pthread_once(&tables_once, tables_init);
     uint8_t *p = *pp;
     __m256i bad = _mm256_setzero_si256();
