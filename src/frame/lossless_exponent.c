@@ -85,17 +85,23 @@
 #define LLX_SIGN_CTX LLX_GROUPS /* the encoder's first sign context */
 #define LLX_SIGN_ROWS 4         /* rows of a channel in one sign symbol */
 
-/* The counts of keys (hist_keys) in eight ways of 16-bit counters, folded
- * into 32-bit totals (hist_total) before a way can overflow. Eight ways
- * because exponents cluster on a few values, and each way's increments of
- * one counter chain through memory; 16-bit because eight ways of them
- * (16 KiB) stay in L1 beside the keys where 32-bit ones took 32 KiB (a
- * 128 KiB block's counting 23 -> 18.5 us, measured alone on kvdata). */
-#define HIST_WAYS 8
+/* The counts of keys (hist_keys) in several ways (key i in way i mod the
+ * ways), because exponents cluster on a few values and each way's
+ * increments of one counter chain through memory. Which ways pay differs
+ * by core, measured alone on a 128 KiB block of kvdata: on Intel (Sapphire
+ * Rapids) eight ways of 16-bit counters, folded into 32-bit totals
+ * (hist_total) before a way can overflow: 16 KiB that stay in L1 beside
+ * the keys where eight of 32-bit took 32 KiB (23 -> 18.5 us against four
+ * of 32-bit); on AMD (Zen 3) four ways of 32-bit counters, as its 16-bit
+ * increments of memory are slow (47 us for eight of 16-bit, 26 us). One
+ * layout per process (hist_short). */
+#define HIST_WAYS 8 /* of 16-bit counters */
+#define HIST_WAYS32 4 /* of 32-bit counters */
 typedef struct llx_hist {
     uint16_t way[HIST_WAYS][LLX_GROUPS * 256];
+    uint32_t way32[HIST_WAYS32][LLX_GROUPS * 256];
     uint32_t total[LLX_GROUPS][256];
-    uint32_t most; /* the most any way counted since the last fold */
+    uint32_t most; /* the most any 16-bit way counted since the last fold */
 } llx_hist;
 
 struct kvs_llx_scratch {
@@ -533,14 +539,29 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
     for (; i < k; i++) key[i] = (uint16_t)((ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]);
 }
 
+/* Whether the histograms use the 16-bit ways (else the 32-bit ones). */
+static int hist_short(void)
+{
+    return !(kvs_cpu_features() & KVS_CPU_AMD);
+}
+
 static void hist_clear(llx_hist *h)
 {
-    memset(h, 0, sizeof *h);
+    if (hist_short()) memset(h->way, 0, sizeof h->way);
+    else memset(h->way32, 0, sizeof h->way32);
+    memset(h->total, 0, sizeof h->total);
+    h->most = 0;
 }
 
 static void hist_fold(llx_hist *h)
 {
     uint32_t *t = h->total[0];
+    if (!hist_short()) {
+        for (unsigned s = 0; s < LLX_GROUPS * 256; s++)
+            t[s] += h->way32[0][s] + h->way32[1][s] + h->way32[2][s] + h->way32[3][s];
+        memset(h->way32, 0, sizeof h->way32);
+        return;
+    }
     for (unsigned s = 0; s < LLX_GROUPS * 256; s++) {
         uint32_t c = 0;
         for (unsigned j = 0; j < HIST_WAYS; j++) c += h->way[j][s];
@@ -550,10 +571,28 @@ static void hist_fold(llx_hist *h)
     h->most = 0;
 }
 
-/* Count the n keys: key i in way i mod 8, so a call adds at most
- * ceil(n / 8) to one counter. */
+/* Count the n keys in the 32-bit ways (n < 2^32: no way overflows). */
+static void hist_add32(llx_hist *h, const uint16_t *restrict key, size_t n)
+{
+    uint32_t *w0 = h->way32[0], *w1 = h->way32[1], *w2 = h->way32[2], *w3 = h->way32[3];
+    size_t j = 0;
+    for (; j + HIST_WAYS32 <= n; j += HIST_WAYS32) {
+        w0[key[j]]++;
+        w1[key[j + 1]]++;
+        w2[key[j + 2]]++;
+        w3[key[j + 3]]++;
+    }
+    for (; j < n; j++) w0[key[j]]++;
+}
+
+/* Count the n keys: in the 16-bit ways, key i in way i mod 8, so a call
+ * adds at most ceil(n / 8) to one counter. */
 static void hist_add(llx_hist *h, const uint16_t *restrict key, size_t n)
 {
+    if (!hist_short()) {
+        hist_add32(h, key, n);
+        return;
+    }
     for (size_t i = 0; i < n;) {
         size_t piece = n - i < (size_t)HIST_WAYS * 0x8000 ? n - i : (size_t)HIST_WAYS * 0x8000;
         uint32_t adds = (uint32_t)((piece + HIST_WAYS - 1) / HIST_WAYS);

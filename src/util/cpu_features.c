@@ -57,6 +57,7 @@ static void read_features(void)
     if ((f & KVS_CPU_AVX512) && fp16) f |= KVS_CPU_AVX512FP16;
     if ((f & KVS_CPU_AVX512) && __builtin_cpu_supports("avx512vbmi2")) f |= KVS_CPU_AVX512VBMI2;
     if (amx_bf16()) f |= KVS_CPU_AMX_BF16;
+    if (__builtin_cpu_is("amd")) f |= KVS_CPU_AMD;
     features = f;
 }
 
