@@ -61,7 +61,7 @@ typedef struct kvs_rans_enc_tables {
     uint32_t top; /* the last context with a table: nctx - 1 */
     /* The AVX2 kernel's form of the same: info | the reciprocal << 32, both
      * from one 64-bit gather (on Zen 3 the two 32-bit gathers, the second
-     * waiting on the first's f, were half as slow again: 91 against 62 us
+     * waiting on the first's f, were 1.4x slower: 96 against 65-69 us
      * for 65,536 symbols). Filled only where kvs_rans_enc_init runs with
      * the AVX2 kernels in use (wide_ok); elsewhere they code from info. */
     uint32_t wide_ok;
