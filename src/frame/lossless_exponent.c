@@ -1430,6 +1430,7 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
     size_t i = 0;
 #if KVS_HAVE_X86
     if (kvs_rans_avx512_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
+    else if (kvs_rans_isa() == KVS_RANS_AVX2) i = kvs_llx_unpack7_avx2(in, k, (7 * k + 7) / 8, sm);
 #endif
     size_t o = i / 8 * 7;
     /* pack_mantissas' steps backwards */
