@@ -489,6 +489,7 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     /* the AVX-512 finder takes whole rows of all 32 samples, and rows + 1
      * as 16-bit words */
     int simd = kvs_rans_avx512_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
+    int avx2 = !simd && rows_avx2() && ns == LLX_SAMPLES && rows < 0xFFFF; /* the same terms */
 #endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
@@ -502,6 +503,9 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         if (simd && len == period)
             nc = kvs_llx_ref_candidates_avx512(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
                                                cand);
+        else if (avx2 && len == period)
+            nc = kvs_llx_ref_candidates_avx2(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
+                                             cand);
         else
 #endif
             nc = ref_candidates(w, row, len, ns, at_c, r, rows, cand);
