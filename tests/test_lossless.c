@@ -22,6 +22,7 @@
 #include "frame/lossless_flips.h"
 #include "frame/lossless_mantissas.h"
 #include "frame/lossless_refs.h"
+#include "frame/lossless_rows.h"
 #include "frame/lossless_split.h"
 #include "frame/pipeline_internal.h"
 #include "frame/stage.h"
@@ -1002,7 +1003,8 @@ static const char *kvdata_dir(void)
 }
 
 
-/* Levels 1 to 3 with the scalar kernels and with the AVX-512 ones (the
+/* Levels 1 to 3 with the scalar kernels and with each SIMD set this CPU
+ * runs: AVX2 (the rANS kernels, the rows with references) and AVX-512 (the
  * rANS kernels and table fill, the VBMI2 split of rows with references, the
  * BMI2 / VBMI mantissa packing, the join of the fields, the reference
  * finder's candidates and counts, the fields' split, the channels' sums,
@@ -1014,49 +1016,54 @@ static const char *kvdata_dir(void)
  * candidates that tie), and each decodes the other's. */
 static void test_rans_isas(void)
 {
-    if (!kvs_rans_set_simd(1)) {
-        printf("test_rans_isas: no AVX-512 here: nothing to compare\n");
-        return;
-    }
+    int isas[2], nisa = 0;
+    for (int isa = KVS_RANS_AVX2; isa <= KVS_RANS_AVX512; isa++)
+        if (kvs_rans_set_isa(isa) == isa) isas[nisa++] = isa;
+        else
+            printf("test_rans_isas: no %s here: not compared\n",
+                   isa == KVS_RANS_AVX2 ? "AVX2" : "AVX-512");
     static const int64_t shapes[][2] = {{1, 1},   {1, 5},    {3, 7},     {5, 4096},
                                         {9, 13},  {64, 256}, {257, 256}, {513, 128},
                                         {67, 45}, {150, 100}, {1027, 64}, {33, 40},
                                         {700, 72}, {700, 100}, {40, 48},
                                         {700, 256}, {1300, 256}}; /* 3 and 6 blocks: in pairs */
     size_t same = 0, runs = 0;
-    for (int level = 1; level <= 3; level++) {
-        kvs_stage *st = rans_stage_at(level);
-        for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
-            for (int f = ALL_EQUAL; f <= ROWS_HALVES; f++) {
-                kvs_memobj *o = filled_obj(shapes[z], f, 17 * z + (uint64_t)f);
-                uint64_t c = (uint64_t)shapes[z][1];
-                size_t n = (size_t)kvs_layout_nbytes(&o->layout);
-                uint8_t *e[2] = {NULL, NULL}, *back = malloc(n);
-                size_t m[2];
-                for (int simd = 0; simd < 2; simd++) {
-                    kvs_rans_set_simd(simd);
-                    m[simd] = rans_encode(st, o->data, n, c, &e[simd]);
+    for (int v = 0; v < nisa; v++)
+        for (int level = 1; level <= 3; level++) {
+            kvs_stage *st = rans_stage_at(level);
+            for (size_t z = 0; z < sizeof shapes / sizeof shapes[0]; z++)
+                for (int f = ALL_EQUAL; f <= ROWS_HALVES; f++) {
+                    kvs_memobj *o = filled_obj(shapes[z], f, 17 * z + (uint64_t)f);
+                    uint64_t c = (uint64_t)shapes[z][1];
+                    size_t n = (size_t)kvs_layout_nbytes(&o->layout);
+                    uint8_t *e[2] = {NULL, NULL}, *back = malloc(n);
+                    size_t m[2];
+                    for (int simd = 0; simd < 2; simd++) {
+                        kvs_rans_set_isa(simd ? isas[v] : KVS_RANS_SCALAR);
+                        m[simd] = rans_encode(st, o->data, n, c, &e[simd]);
+                    }
+                    int eq = m[0] == m[1] && memcmp(e[0], e[1], m[0]) == 0;
+                    if (!eq)
+                        fprintf(stderr, "isa %d level %d, [%lld, %lld], fill %d: %zu and %zu bytes\n",
+                                isas[v], level, (long long)shapes[z][0], (long long)shapes[z][1],
+                                f, m[0], m[1]);
+                    same += eq;
+                    for (int simd = 0; simd < 2; simd++) {
+                        kvs_rans_set_isa(simd ? isas[v] : KVS_RANS_SCALAR);
+                        size_t got = 0;
+                        CHECK(stage_decode(e[!simd], m[!simd], 2, back, n, &got) == KVS_OK &&
+                              got == n && memcmp(back, o->data, n) == 0);
+                    }
+                    runs++;
+                    free(e[0]);
+                    free(e[1]);
+                    free(back);
+                    kvs_memobj_free(o);
                 }
-                int eq = m[0] == m[1] && memcmp(e[0], e[1], m[0]) == 0;
-                if (!eq)
-                    fprintf(stderr, "level %d, [%lld, %lld], fill %d: %zu and %zu bytes\n", level,
-                            (long long)shapes[z][0], (long long)shapes[z][1], f, m[0], m[1]);
-                same += eq;
-                for (int simd = 0; simd < 2; simd++) {
-                    kvs_rans_set_simd(simd);
-                    size_t got = 0;
-                    CHECK(stage_decode(e[!simd], m[!simd], 2, back, n, &got) == KVS_OK &&
-                          got == n && memcmp(back, o->data, n) == 0);
-                }
-                runs++;
-                free(e[0]);
-                free(e[1]);
-                free(back);
-                kvs_memobj_free(o);
-            }
-        kvs_stage_lossless_type.destroy(st);
-    }
+            kvs_stage_lossless_type.destroy(st);
+        }
     CHECK(same == runs);
+    CHECK(nisa == 0 || runs > 0);
     kvs_rans_set_simd(1);
 }
 
@@ -1235,9 +1242,46 @@ static void test_direct_refusals(void)
  * bits 0-6 in bits 7i..7i+6), at every start offset 0-7 and counts 0-200
  * (the unpacking's VBMI steps of 64 and the pdep tail): what it packs and
  * what it writes past (one 0 byte), what it unpacks. */
+#if defined(__x86_64__)
+/* The AVX2 unpacking against the bit string's definition, every count
+ * 0-200 and every byte count available (the bytes exactly as long as the
+ * mantissas, in a buffer of that size: ASan sees a read past it), at start
+ * offsets 0-7: how many it takes, what it writes, and nothing past that. */
+static size_t unpack7_avx2_bad(void)
+{
+    uint8_t sm[200], back[210];
+    uint64_t s = 321;
+    size_t bad = 0;
+    for (size_t k = 0; k <= 200; k++) {
+        size_t nin = (7 * k + 7) / 8;
+        uint8_t *in = malloc(nin + 8);
+        for (size_t off = 0; off < 8; off++) {
+            for (size_t i = 0; i < k; i++) sm[i] = (uint8_t)(lcg(&s) & 0x7F);
+            uint8_t *p = in + off;
+            memset(p, 0, nin);
+            for (size_t i = 0; i < k; i++)
+                for (unsigned t = 0; t < 7; t++)
+                    if (sm[i] >> t & 1) p[(7 * i + t) / 8] |= (uint8_t)(1u << ((7 * i + t) % 8));
+            memset(back, 0xA5, sizeof back);
+            size_t c = kvs_llx_unpack7_avx2(p, k, nin, back);
+            /* as far as whole 16-byte reads reach inside the bytes */
+            size_t want_c = 0;
+            while (want_c + 16 <= k && want_c / 16 * 14 + 16 <= nin) want_c += 16;
+            bad += c != want_c;
+            for (size_t i = 0; i < c; i++) bad += back[i] != sm[i];
+            for (size_t i = c; i < sizeof back; i++) bad += back[i] != 0xA5;
+        }
+        free(in);
+    }
+    return bad;
+}
+#endif
+
 static void test_mantissa_kernels(void)
 {
 #if defined(__x86_64__)
+    if (kvs_cpu_features() & KVS_CPU_AVX2) CHECK_EQ_INT((int)unpack7_avx2_bad(), 0);
+    else printf("test_mantissa_kernels: no AVX2 here: its unpacking not compared\n");
     if (!kvs_rans_set_simd(1)) {
         printf("test_mantissa_kernels: no AVX-512 here: nothing to compare\n");
         return;
@@ -1395,6 +1439,96 @@ static size_t row_diffs_bad(void)
     return bad;
 }
 #endif
+
+#if defined(__x86_64__)
+/* The rows-with-references kernels (lossless_rows.h) against the scalar
+ * loops' definitions, at flag offsets 0-7 and rows of 0 to 100: the AVX2
+ * ones (vbmi2 0: steps of 16) or the AVX-512 VBMI2 ones (steps of 32). The
+ * rebuild: the elements it takes, the sym / sm bytes it uses (given only
+ * those, in buffers of exactly that size: ASan sees a read past them), and
+ * nothing written past them in out; the split: what it appends, and
+ * nothing written at or past sym + c (for VBMI2: past what it appends). */
+static size_t row_kernels_bad(int vbmi2)
+{
+    enum { N = 100 };
+    size_t step = vbmi2 ? 32 : 16, bad = 0;
+    uint8_t above[2 * N], fl[24], out[2 * N + 8], want[2 * N], exa[N], ex[N], smr[N];
+    uint8_t sym[N + 32], ctx[N + 32], smo[N + 32];
+    uint64_t s = 7;
+    for (size_t n = 0; n <= N; n++)
+        for (size_t off = 0; off < 8; off++) {
+            for (size_t i = 0; i < sizeof above; i++) above[i] = (uint8_t)lcg(&s);
+            for (size_t i = 0; i < sizeof fl; i++) fl[i] = (uint8_t)(lcg(&s) & lcg(&s));
+            for (size_t i = 0; i < N; i++)
+                ex[i] = (uint8_t)lcg(&s), exa[i] = (uint8_t)lcg(&s), smr[i] = (uint8_t)lcg(&s);
+            /* the rebuild: avail = the row's own count of kept elements */
+            size_t avail = 0;
+            for (size_t j = 0; j < n; j++) avail += !(fl[(off + j) / 8] >> ((off + j) % 8) & 1);
+            uint8_t *sy = malloc(avail + 1), *sm = malloc(avail + 1);
+            for (size_t i = 0; i < avail; i++) sy[i] = (uint8_t)lcg(&s), sm[i] = (uint8_t)lcg(&s);
+            size_t u = 0;
+            for (size_t j = 0; j < n; j++) {
+                unsigned a = above[2 * j] | above[2 * j + 1] << 8, v = a;
+                if (!(fl[(off + j) / 8] >> ((off + j) % 8) & 1)) {
+                    unsigned e = (sy[u] + (a >> 7)) & 0xFF;
+                    v = (sm[u] & 0x80u) << 8 | e << 7 | (sm[u] & 0x7Fu);
+                    u++;
+                }
+                want[2 * j] = (uint8_t)v, want[2 * j + 1] = (uint8_t)(v >> 8);
+            }
+            memset(out, 0xA5, sizeof out);
+            size_t used = 0, c;
+            if (vbmi2)
+                c = kvs_llx_row_refs_avx512vbmi2(above, fl, sizeof fl, off, sy, sm, n, out, &used);
+            else
+                c = kvs_llx_row_refs_avx2(above, fl, sizeof fl, off, sy, sm, avail, n, out, &used);
+            size_t kept = 0;
+            for (size_t j = 0; j < c; j++) kept += !(fl[(off + j) / 8] >> ((off + j) % 8) & 1);
+            bad += c % step != 0 || c > n || used != kept;
+            /* where the AVX2 steps stop: the row's end, or too few bytes */
+            if (!vbmi2) bad += c + 16 <= n && used + 16 <= avail;
+            else bad += c != n / 32 * 32;
+            bad += memcmp(out, want, 2 * c) != 0;
+            for (size_t i = 2 * c; i < sizeof out; i++) bad += out[i] != 0xA5;
+            free(sy);
+            free(sm);
+            /* the split */
+            memset(sym, 0xA5, sizeof sym), memset(ctx, 0xA5, sizeof ctx);
+            memset(smo, 0xA5, sizeof smo);
+            used = 0;
+            if (vbmi2)
+                c = kvs_llx_row_split_avx512vbmi2(ex, exa, smr, fl, sizeof fl, off, n, 4, sym, ctx,
+                                                  smo, &used);
+            else
+                c = kvs_llx_row_split_avx2(ex, exa, smr, fl, sizeof fl, off, n, 4, sym, ctx, smo,
+                                           &used);
+            bad += c != n / step * step;
+            u = 0;
+            for (size_t j = 0; j < c; j++) {
+                if (fl[(off + j) / 8] >> ((off + j) % 8) & 1) continue;
+                bad += sym[u] != (uint8_t)(ex[j] - exa[j]) || ctx[u] != 4 || smo[u] != smr[j];
+                u++;
+            }
+            bad += used != u;
+            for (size_t i = vbmi2 ? u : c; i < sizeof sym; i++)
+                bad += sym[i] != 0xA5 || ctx[i] != 0xA5 || smo[i] != 0xA5;
+        }
+    return bad;
+}
+#endif
+
+/* The rows-with-references kernels of each SIMD set this CPU has. */
+static void test_row_kernels(void)
+{
+#if defined(__x86_64__)
+    if (kvs_cpu_features() & KVS_CPU_AVX2) CHECK_EQ_INT((int)row_kernels_bad(0), 0);
+    else printf("test_row_kernels: no AVX2 here: not compared\n");
+    if (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) CHECK_EQ_INT((int)row_kernels_bad(1), 0);
+    else printf("test_row_kernels: no AVX-512 VBMI2 here: not compared\n");
+#else
+    printf("test_row_kernels: not x86: nothing to compare\n");
+#endif
+}
 
 /* The encoder's AVX-512 kernels against their definitions. */
 static void test_encoder_kernels(void)
@@ -1599,6 +1733,7 @@ int main(void)
     RUN(test_direct_refusals);
     RUN(test_mantissa_kernels);
     RUN(test_encoder_kernels);
+    RUN(test_row_kernels);
     RUN(test_kvdata);
     return TEST_SUMMARY();
 }

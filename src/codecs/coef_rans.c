@@ -283,7 +283,7 @@ int kvs_coef_rans_encode(const int32_t *q, size_t rows, size_t cols, const uint8
         memcpy(ctx + r * cols, cls, cols);
         size_t k = 0, j = 0;
 #if KVS_HAVE_X86
-        if (ranges_exact && kvs_rans_simd_in_use())
+        if (ranges_exact && kvs_rans_avx512_in_use())
             j = kvs_coef_rans_row_avx512(row, cols, cls, range_of, sym + r * cols, pending, &k);
 #endif
         kvs_coef_rans_row_scalar(row, j, cols, cls, sym + r * cols, pending, &k);
@@ -353,7 +353,7 @@ int kvs_coef_rans_decode(const uint8_t *in, size_t n, size_t rows, size_t cols,
     for (size_t r = 0; rc == KVS_OK && r < rows; r++) memcpy(ctx + r * cols, cls, cols);
     if (rc == KVS_OK) rc = kvs_rans_decode(&dec_tables, in + LEN_WORD, len, ctx, sym, count, what);
 #if KVS_HAVE_X86
-    int simd = kvs_rans_simd_in_use();
+    int simd = kvs_rans_avx512_in_use();
 #endif
     /* The matrix as one run of coefficients (rows are contiguous in sym
      * and out), j following i's column for its class. */

@@ -17,8 +17,9 @@
  * last bytes) or per word near the end.
  *
  * The groups of 32 go through rans_avx512.c where the CPU has AVX-512
- * (kvs_cpu_features: KVS_CPU_AVX512) and KVSERDE_ISA does not ask for
- * "scalar" or "avx2"; both produce and accept the same stream, bit for bit
+ * (kvs_cpu_features: KVS_CPU_AVX512), else rans_avx2.c where it has AVX2,
+ * else the scalar loops here; KVSERDE_ISA "avx2" or "scalar" caps the
+ * choice. All produce and accept the same stream, bit for bit
  * (tests/test_rans.c). */
 #include "codecs/rans.h"
 
@@ -211,21 +212,21 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
             start += f;
         }
     }
+    e->wide_ok = kvs_rans_isa() == KVS_RANS_AVX2;
+    if (e->wide_ok)
+        for (unsigned i = 0; i < nctx * 256; i++)
+            e->wide[i] = e->info[i] | (uint64_t)kvs_rans_rcp_of[e->info[i] >> 13 & 0x1FFF] << 32;
 }
 
-#if KVS_HAVE_X86
-static int use_simd(void); /* which kernels, below */
-#endif
+static const kvs_rans_kernels *kernels(void); /* which kernels, below */
 
 void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
 {
     d->top = nctx - 1;
-#if KVS_HAVE_X86
-    if (use_simd()) {
-        kvs_rans_dec_fill_avx512(d, t, nctx);
+    if (kernels()->dec_fill) {
+        kernels()->dec_fill(d, t, nctx);
         return;
     }
-#endif
     for (unsigned c = 0; c < nctx; c++) {
         uint32_t *slot = d->slot + c * KVS_RANS_TOTAL, start = 0;
         for (uint32_t s = 0; s < 256; s++) {
@@ -247,40 +248,59 @@ void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned
 
 /* ---- which kernels --------------------------------------------------- */
 
-static atomic_int simd_state = -1; /* -1 not chosen yet, 0 scalar, 1 AVX-512 */
+static const kvs_rans_kernels kernel_sets[] = {
+    [KVS_RANS_SCALAR] = {kvs_rans_enc_groups_scalar, kvs_rans_dec_groups_scalar, NULL, NULL},
+#if KVS_HAVE_X86
+    [KVS_RANS_AVX2] = {kvs_rans_enc_groups_avx2, kvs_rans_dec_groups_avx2, NULL, NULL},
+    [KVS_RANS_AVX512] = {kvs_rans_enc_groups_avx512, kvs_rans_dec_groups_avx512,
+                         kvs_rans_dec_joint_avx512, kvs_rans_dec_fill_avx512},
+#endif
+};
 
-/* what rans_avx512.c is compiled for (util/cpu_features.h) */
-static int simd_available(void)
+static atomic_int isa_state = -1; /* -1 not chosen yet, else a KVS_RANS_* */
+
+/* The best set this CPU runs (util/cpu_features.h: what each file is
+ * compiled for). */
+static int isa_available(void)
 {
-    return (kvs_cpu_features() & KVS_CPU_AVX512) != 0;
+    unsigned f = kvs_cpu_features();
+    return f & KVS_CPU_AVX512 ? KVS_RANS_AVX512 : f & KVS_CPU_AVX2 ? KVS_RANS_AVX2
+                                                                   : KVS_RANS_SCALAR;
 }
 
-#if KVS_HAVE_X86
-static int use_simd(void)
+int kvs_rans_isa(void)
 {
-    int s = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    int s = atomic_load_explicit(&isa_state, memory_order_relaxed);
     if (s < 0) {
-        s = !kvs_cpu_isa_forced_pre_avx512() && simd_available();
-        atomic_store_explicit(&simd_state, s, memory_order_relaxed);
+        s = isa_available();
+        if (kvs_cpu_isa_forced_pre_avx512() && s > KVS_RANS_AVX2) s = KVS_RANS_AVX2;
+        if (kvs_cpu_isa_forced_scalar()) s = KVS_RANS_SCALAR;
+        atomic_store_explicit(&isa_state, s, memory_order_relaxed);
     }
     return s;
 }
-#endif
 
-int kvs_rans_simd_in_use(void)
+static const kvs_rans_kernels *kernels(void)
 {
-#if KVS_HAVE_X86
-    return use_simd();
-#else
-    return 0;
-#endif
+    return &kernel_sets[kvs_rans_isa()];
+}
+
+int kvs_rans_set_isa(int isa)
+{
+    int s = isa < KVS_RANS_SCALAR ? KVS_RANS_SCALAR : isa;
+    if (s > isa_available()) s = isa_available();
+    atomic_store_explicit(&isa_state, s, memory_order_relaxed);
+    return s;
+}
+
+int kvs_rans_avx512_in_use(void)
+{
+    return kvs_rans_isa() == KVS_RANS_AVX512;
 }
 
 int kvs_rans_set_simd(int on)
 {
-    int s = on && simd_available();
-    atomic_store_explicit(&simd_state, s, memory_order_relaxed);
-    return s;
+    return kvs_rans_set_isa(on ? KVS_RANS_AVX512 : KVS_RANS_SCALAR) == KVS_RANS_AVX512;
 }
 
 /* ---- encode ---------------------------------------------------------- */
@@ -337,13 +357,7 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
         nocode |= (info >> 13 & 0x1FFF) == 0;
         x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, &p);
     }
-    size_t groups = n / KVS_RANS_LANES;
-#if KVS_HAVE_X86
-    if (use_simd())
-        kvs_rans_enc_groups_avx512(e, sym, ctx, groups, x, &p, &nocode);
-    else
-#endif
-        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, &p, &nocode);
+    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode);
     if (nocode) {
         size_t at = 0;
         while (at < n && e->info[CTX_AT(ctx, at, e->top) * 256u + sym[at]] >> 13 & 0x1FFF)
@@ -416,22 +430,21 @@ static int dec_rest(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t *p,
                     const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n, size_t i,
                     const char *what)
 {
-#if KVS_HAVE_X86
     /* The kernel stops 64 bytes before the end (a group reads that far),
      * which left the last groups to the checked loop below (2 % of
-     * decoding, the symbols 5-10x slower): they run from a padded copy of
-     * those bytes. A valid stream never takes a word past its end; if
-     * these groups do, the checked loop starts again where they did and
-     * refuses as always. */
-    if (use_simd() && n - i >= KVS_RANS_LANES && (size_t)(end - p) < 4 * KVS_RANS_LANES) {
+     * decoding, the symbols 5-10x slower with AVX-512): they run from a
+     * padded copy of those bytes. A valid stream never takes a word past
+     * its end; if these groups do, the checked loop starts again where they
+     * did and refuses as always. */
+    if (n - i >= KVS_RANS_LANES && (size_t)(end - p) < 4 * KVS_RANS_LANES) {
         uint8_t pad[4 * KVS_RANS_LANES] = {0};
         uint32_t x0[KVS_RANS_LANES];
         size_t left = (size_t)(end - p);
         memcpy(pad, p, left);
         memcpy(x0, x, sizeof x0);
         const uint8_t *q = pad;
-        size_t more = kvs_rans_dec_groups_avx512(d, x, &q, pad + sizeof pad,
-                                                 ctx ? ctx + i : NULL, sym + i, n - i);
+        size_t more = kernels()->dec_groups(d, x, &q, pad + sizeof pad, ctx ? ctx + i : NULL,
+                                            sym + i, n - i);
         if ((size_t)(q - pad) <= left) {
             i += more;
             p += q - pad;
@@ -439,7 +452,6 @@ static int dec_rest(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t *p,
             memcpy(x, x0, sizeof x0);
         }
     }
-#endif
     /* The rest one by one, each word checked. */
     static const uint8_t none[2] = {0, 0};
     for (; i < n; i++) {
@@ -470,13 +482,7 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
     int rc = dec_states(in, len, what, x);
     if (rc) return rc;
     const uint8_t *p = in + 4 * KVS_RANS_LANES, *end = in + len;
-    size_t i;
-#if KVS_HAVE_X86
-    if (use_simd())
-        i = kvs_rans_dec_groups_avx512(d, x, &p, end, ctx, sym, n);
-    else
-#endif
-        i = kvs_rans_dec_groups_scalar(d, x, &p, end, ctx, sym, n);
+    size_t i = kernels()->dec_groups(d, x, &p, end, ctx, sym, n);
     return dec_rest(d, x, p, end, ctx, sym, n, i, what);
 }
 
@@ -490,32 +496,29 @@ int kvs_rans_stream_start(kvs_rans_dec_stream *s, const kvs_rans_dec_job *job)
 
 int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2])
 {
-#if KVS_HAVE_X86
-    if (use_simd()) {
-        kvs_rans_dec_run run[2];
-        for (int t = 0; t < 2; t++) {
-            const kvs_rans_dec_job *j = &s[t]->job;
-            run[t] = (kvs_rans_dec_run){j->d,
-                                        s[t]->x,
-                                        s[t]->p,
-                                        j->in + j->len,
-                                        j->ctx ? j->ctx + s[t]->done : NULL,
-                                        j->sym + s[t]->done,
-                                        j->n - s[t]->done,
-                                        0};
-        }
-        kvs_rans_dec_joint_avx512(run);
-        for (int t = 0; t < 2; t++) {
-            s[t]->p = run[t].p;
-            s[t]->done += run[t].done;
-        }
-        /* the one whose next group is not whole (the kernel's own test) */
-        const kvs_rans_dec_job *a = &s[0]->job;
-        return s[0]->done + KVS_RANS_LANES <= a->n &&
-               a->in + a->len - s[0]->p >= 2 * KVS_RANS_LANES;
+    const kvs_rans_kernels *k = kernels();
+    if (k->dec_joint == NULL) return 0;
+    kvs_rans_dec_run run[2];
+    for (int t = 0; t < 2; t++) {
+        const kvs_rans_dec_job *j = &s[t]->job;
+        run[t] = (kvs_rans_dec_run){j->d,
+                                    s[t]->x,
+                                    s[t]->p,
+                                    j->in + j->len,
+                                    j->ctx ? j->ctx + s[t]->done : NULL,
+                                    j->sym + s[t]->done,
+                                    j->n - s[t]->done,
+                                    0};
     }
-#endif
-    return 0;
+    k->dec_joint(run);
+    for (int t = 0; t < 2; t++) {
+        s[t]->p = run[t].p;
+        s[t]->done += run[t].done;
+    }
+    /* the one whose next group is not whole (the kernel's own test) */
+    const kvs_rans_dec_job *a = &s[0]->job;
+    return s[0]->done + KVS_RANS_LANES <= a->n &&
+           a->in + a->len - s[0]->p >= 2 * KVS_RANS_LANES;
 }
 
 int kvs_rans_stream_finish(kvs_rans_dec_stream *s)
@@ -524,20 +527,24 @@ int kvs_rans_stream_finish(kvs_rans_dec_stream *s)
     const uint8_t *end = j->in + j->len;
     size_t i = s->done;
     const uint8_t *ctx = j->ctx ? j->ctx + i : NULL;
-#if KVS_HAVE_X86
-    if (use_simd())
-        i += kvs_rans_dec_groups_avx512(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
-    else
-#endif
-        i += kvs_rans_dec_groups_scalar(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
+    i += kernels()->dec_groups(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
     return dec_rest(j->d, s->x, s->p, end, j->ctx, j->sym, j->n, i, j->what);
 }
 
-void kvs_rans_dec_groups2_scalar(kvs_rans_dec_run run[2])
+void kvs_rans_dec_groups2(kvs_rans_dec_run run[2])
 {
-    for (int s = 0; s < 2; s++)
-        run[s].done = kvs_rans_dec_groups_scalar(run[s].d, run[s].x, &run[s].p, run[s].end,
-                                                 run[s].ctx, run[s].sym, run[s].n);
+    const kvs_rans_kernels *k = kernels();
+    if (k->dec_joint)
+        k->dec_joint(run);
+    else
+        run[0].done = run[1].done = 0;
+    /* then each alone as far as the single kernel goes */
+    for (int s = 0; s < 2; s++) {
+        kvs_rans_dec_run *r = &run[s];
+        size_t i = r->done;
+        r->done = i + k->dec_groups(r->d, r->x, &r->p, r->end, r->ctx ? r->ctx + i : NULL,
+                                    r->sym + i, r->n - i);
+    }
 }
 
 int kvs_rans_decode2(const kvs_rans_dec_job job[2])
@@ -551,12 +558,7 @@ int kvs_rans_decode2(const kvs_rans_dec_job job[2])
         run[s] = (kvs_rans_dec_run){j->d,   x[s],   j->in + 4 * KVS_RANS_LANES,
                                     j->in + j->len, j->ctx, j->sym, j->n, 0};
     }
-#if KVS_HAVE_X86
-    if (use_simd())
-        kvs_rans_dec_groups2_avx512(run);
-    else
-#endif
-        kvs_rans_dec_groups2_scalar(run);
+    kvs_rans_dec_groups2(run);
     for (int s = 0; s < 2; s++) {
         int rc = dec_rest(run[s].d, x[s], run[s].p, run[s].end, run[s].ctx, run[s].sym, run[s].n,
                           run[s].done, job[s].what);

@@ -7,8 +7,8 @@
  * KVS_RANS_TOTAL. 32 rANS states (32 bits, 16-bit renormalisation, state
  * interval [2^15, 2^31)) take symbols in turn (symbol i goes to state i mod
  * 32), so a decoder runs 32 independent dependency chains at once: two
- * AVX-512 vectors of 16, or a scalar loop (rans_avx512.c, the same stream
- * bit for bit).
+ * AVX-512 vectors of 16, four AVX2 vectors of 8, or a scalar loop
+ * (rans_avx512.c, rans_avx2.c, rans.c: the same stream bit for bit).
  *
  * Why a coder of our own: the lossless stage codes the bfloat16 exponent
  * with a table per channel group (docs/performance.md measures that it pays).
@@ -59,6 +59,13 @@ typedef struct kvs_rans_freqs {
 typedef struct kvs_rans_enc_tables {
     uint32_t info[KVS_RANS_MAX_CTX * 256];
     uint32_t top; /* the last context with a table: nctx - 1 */
+    /* The AVX2 kernel's form of the same: info | the reciprocal << 32, both
+     * from one 64-bit gather (on Zen 3 the two 32-bit gathers, the second
+     * waiting on the first's f, were 1.4x slower: 96 against 65-69 us
+     * for 65,536 symbols). Filled only where kvs_rans_enc_init runs with
+     * the AVX2 kernels in use (wide_ok); elsewhere they code from info. */
+    uint32_t wide_ok;
+    uint64_t wide[KVS_RANS_MAX_CTX * 256];
 } kvs_rans_enc_tables;
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the
@@ -153,7 +160,7 @@ typedef struct kvs_rans_dec_stream {
 /* Read job's states (kvs_rans_decode's checks of them, its refusal). */
 int kvs_rans_stream_start(kvs_rans_dec_stream *s, const kvs_rans_dec_job *job);
 /* Decode the groups of 32 both streams can take at once; returns the one
- * (0 or 1) that can take no more so (without the AVX-512 kernels: 0, having
+ * (0 or 1) that can take no more so (with the scalar kernels: 0, having
  * decoded nothing). */
 int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2]);
 /* The stream's remaining symbols and its end's checks: with start, what

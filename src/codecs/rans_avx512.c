@@ -95,18 +95,6 @@ void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
     b->p = pb;
 }
 
-void kvs_rans_dec_groups2_avx512(kvs_rans_dec_run run[2])
-{
-    kvs_rans_dec_joint_avx512(run);
-    /* then each alone as far as the single kernel goes */
-    for (int s = 0; s < 2; s++) {
-        kvs_rans_dec_run *r = &run[s];
-        size_t i = r->done;
-        r->done = i + kvs_rans_dec_groups_avx512(r->d, r->x, &r->p, r->end,
-                                                 r->ctx ? r->ctx + i : NULL, r->sym + i, r->n - i);
-    }
-}
-
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
 {
     /* Sixteen slots a store, and only the symbols with slots (found 32 at a

@@ -85,17 +85,23 @@
 #define LLX_SIGN_CTX LLX_GROUPS /* the encoder's first sign context */
 #define LLX_SIGN_ROWS 4         /* rows of a channel in one sign symbol */
 
-/* The counts of keys (hist_keys) in eight ways of 16-bit counters, folded
- * into 32-bit totals (hist_total) before a way can overflow. Eight ways
- * because exponents cluster on a few values, and each way's increments of
- * one counter chain through memory; 16-bit because eight ways of them
- * (16 KiB) stay in L1 beside the keys where 32-bit ones took 32 KiB (a
- * 128 KiB block's counting 23 -> 18.5 us, measured alone on kvdata). */
-#define HIST_WAYS 8
+/* The counts of keys (hist_keys) in several ways (key i in way i mod the
+ * ways), because exponents cluster on a few values and each way's
+ * increments of one counter chain through memory. Which ways pay differs
+ * by core, measured alone on a 128 KiB block of kvdata: on Intel (Sapphire
+ * Rapids) eight ways of 16-bit counters, folded into 32-bit totals
+ * (hist_total) before a way can overflow: 16 KiB that stay in L1 beside
+ * the keys where eight of 32-bit took 32 KiB (23 -> 18.5 us against four
+ * of 32-bit); on AMD (Zen 3) four ways of 32-bit counters, as its 16-bit
+ * increments of memory are slow (47 us for eight of 16-bit, 26 us). One
+ * layout per process (hist_short). */
+#define HIST_WAYS 8 /* of 16-bit counters */
+#define HIST_WAYS32 4 /* of 32-bit counters */
 typedef struct llx_hist {
     uint16_t way[HIST_WAYS][LLX_GROUPS * 256];
+    uint32_t way32[HIST_WAYS32][LLX_GROUPS * 256];
     uint32_t total[LLX_GROUPS][256];
-    uint32_t most; /* the most any way counted since the last fold */
+    uint32_t most; /* the most any 16-bit way counted since the last fold */
 } llx_hist;
 
 struct kvs_llx_scratch {
@@ -206,11 +212,17 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w)
 #if KVS_HAVE_X86
 /* The rebuild of rows with references and the encoder's split of them:
  * AVX-512 VBMI2 where the CPU has it and the rANS coder uses its AVX-512
- * kernels (the same set; KVSERDE_ISA and kvs_rans_set_simd choose for
+ * kernels (the same set; KVSERDE_ISA and kvs_rans_set_isa choose for
  * both). */
 static int rows_simd(void)
 {
-    return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_simd_in_use();
+    return (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) && kvs_rans_avx512_in_use();
+}
+
+/* Else AVX2 where the rANS coder uses its AVX2 or AVX-512 kernels. */
+static int rows_avx2(void)
+{
+    return kvs_rans_isa() >= KVS_RANS_AVX2;
 }
 #endif
 
@@ -219,7 +231,7 @@ static void split_fields(const uint8_t *src, size_t k, uint8_t *exp, uint8_t *sm
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_split_avx512(src, k, exp, sm);
 #endif
 #ifdef __SSE2__
     const __m128i lo8 = _mm_set1_epi16(0x00FF), m7f = _mm_set1_epi16(0x7F),
@@ -269,7 +281,7 @@ static void join_fields(const uint8_t *exp, const uint8_t *sm, size_t k, uint8_t
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_join_avx512(exp, sm, sm, 0x80, NULL, k, dst);
 #endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
@@ -305,7 +317,7 @@ static void rank_channels(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_
      * added to the 32-bit ones. */
     uint16_t *restrict s16 = w->sum16;
 #if KVS_HAVE_X86
-    int simd = kvs_rans_simd_in_use();
+    int simd = kvs_rans_avx512_in_use();
 #endif
     while (i + period <= k) {
         size_t rows = (k - i) / period < 256 ? (k - i) / period : 256;
@@ -448,7 +460,7 @@ static uint32_t ref_candidates(kvs_llx_scratch *w, const uint8_t *row, size_t le
 static size_t row_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
+    if (kvs_rans_avx512_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
 #endif
     return count_equal(a, b, n);
 }
@@ -476,7 +488,8 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
 #if KVS_HAVE_X86
     /* the AVX-512 finder takes whole rows of all 32 samples, and rows + 1
      * as 16-bit words */
-    int simd = kvs_rans_simd_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
+    int simd = kvs_rans_avx512_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
+    int avx2 = !simd && rows_avx2() && ns == LLX_SAMPLES && rows < 0xFFFF; /* the same terms */
 #endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
@@ -490,6 +503,9 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
         if (simd && len == period)
             nc = kvs_llx_ref_candidates_avx512(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
                                                cand);
+        else if (avx2 && len == period)
+            nc = kvs_llx_ref_candidates_avx2(row, at_c, w->hash, LLX_HASH_BITS, (uint32_t)r,
+                                             cand);
         else
 #endif
             nc = ref_candidates(w, row, len, ns, at_c, r, rows, cand);
@@ -514,7 +530,7 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_keys_avx512(exp, ctx, k, key);
 #endif
 #ifdef __SSE2__
     for (; i + 16 <= k; i += 16) {
@@ -527,14 +543,29 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
     for (; i < k; i++) key[i] = (uint16_t)((ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]);
 }
 
+/* Whether the histograms use the 16-bit ways (else the 32-bit ones). */
+static int hist_short(void)
+{
+    return !(kvs_cpu_features() & KVS_CPU_AMD);
+}
+
 static void hist_clear(llx_hist *h)
 {
-    memset(h, 0, sizeof *h);
+    if (hist_short()) memset(h->way, 0, sizeof h->way);
+    else memset(h->way32, 0, sizeof h->way32);
+    memset(h->total, 0, sizeof h->total);
+    h->most = 0;
 }
 
 static void hist_fold(llx_hist *h)
 {
     uint32_t *t = h->total[0];
+    if (!hist_short()) {
+        for (unsigned s = 0; s < LLX_GROUPS * 256; s++)
+            t[s] += h->way32[0][s] + h->way32[1][s] + h->way32[2][s] + h->way32[3][s];
+        memset(h->way32, 0, sizeof h->way32);
+        return;
+    }
     for (unsigned s = 0; s < LLX_GROUPS * 256; s++) {
         uint32_t c = 0;
         for (unsigned j = 0; j < HIST_WAYS; j++) c += h->way[j][s];
@@ -544,10 +575,28 @@ static void hist_fold(llx_hist *h)
     h->most = 0;
 }
 
-/* Count the n keys: key i in way i mod 8, so a call adds at most
- * ceil(n / 8) to one counter. */
+/* Count the n keys in the 32-bit ways (n < 2^32: no way overflows). */
+static void hist_add32(llx_hist *h, const uint16_t *restrict key, size_t n)
+{
+    uint32_t *w0 = h->way32[0], *w1 = h->way32[1], *w2 = h->way32[2], *w3 = h->way32[3];
+    size_t j = 0;
+    for (; j + HIST_WAYS32 <= n; j += HIST_WAYS32) {
+        w0[key[j]]++;
+        w1[key[j + 1]]++;
+        w2[key[j + 2]]++;
+        w3[key[j + 3]]++;
+    }
+    for (; j < n; j++) w0[key[j]]++;
+}
+
+/* Count the n keys: in the 16-bit ways, key i in way i mod 8, so a call
+ * adds at most ceil(n / 8) to one counter. */
 static void hist_add(llx_hist *h, const uint16_t *restrict key, size_t n)
 {
+    if (!hist_short()) {
+        hist_add32(h, key, n);
+        return;
+    }
     for (size_t i = 0; i < n;) {
         size_t piece = n - i < (size_t)HIST_WAYS * 0x8000 ? n - i : (size_t)HIST_WAYS * 0x8000;
         uint32_t adds = (uint32_t)((piece + HIST_WAYS - 1) / HIST_WAYS);
@@ -750,6 +799,14 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
                                               w->sm + u, &used);
             u += used;
             bit += c;
+        } else if (rows_avx2()) {
+            /* its stores past what it appends stay below w->sym + u + c
+             * <= w->sym + i0 + len (u <= i0), inside the buffers */
+            size_t used = 0;
+            c = kvs_llx_row_split_avx2(exp + i0, exp + i0 - d, sm_all + i0, fl, nfb, bit, len,
+                                       LLX_DIFF_CTX, w->sym + u, w->sym_ctx + u, w->sm + u, &used);
+            u += used;
+            bit += c;
         }
 #endif
         /* without branches: whether an element repeats is a coin toss */
@@ -818,7 +875,7 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
 static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t *nib)
 {
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
+    if (kvs_rans_avx512_in_use()) return kvs_llx_sign_nibbles_avx512(sm, k, period, nib);
 #endif
     size_t rows = (k + period - 1) / period, groups = (rows + LLX_SIGN_ROWS - 1) / LLX_SIGN_ROWS;
     memset(nib, 0, groups * period);
@@ -933,7 +990,7 @@ static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
 {
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_pack7_avx512(sm, k, out);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_pack7_avx512(sm, k, out);
 #endif
     size_t o = i / 8 * 7;
     /* 8 at a time in a u64: 7-bit fields of bytes -> 14 bits of u16s -> 28
@@ -1330,6 +1387,11 @@ static void refs_finish(const llx_pending *pd)
             c = kvs_llx_row_refs_avx512vbmi2(above, fl, nfb, fbit, sym + s, sm + s, n, out, &used);
             s += used;
             fbit += c;
+        } else if (rows_avx2()) {
+            size_t used = 0;
+            c = kvs_llx_row_refs_avx2(above, fl, nfb, fbit, sym + s, sm + s, u - s, n, out, &used);
+            s += used;
+            fbit += c;
         }
 #endif
         /* without branches; sym[s] and sm[s] with s == u are still
@@ -1371,7 +1433,8 @@ static int unpack_mantissas(const uint8_t *in, size_t k, uint8_t *sm, unsigned l
     if (rc) return rc;
     size_t i = 0;
 #if KVS_HAVE_X86
-    if (kvs_rans_simd_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
+    if (kvs_rans_avx512_in_use()) i = kvs_llx_unpack7_avx512(in, k, sm);
+    else if (kvs_rans_isa() == KVS_RANS_AVX2) i = kvs_llx_unpack7_avx2(in, k, (7 * k + 7) / 8, sm);
 #endif
     size_t o = i / 8 * 7;
     /* pack_mantissas' steps backwards */
@@ -1410,7 +1473,7 @@ static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
      * w->sm: then only the rows' tails of under 32 are unpacked there. */
     int simd = 0, fused = 0;
 #if KVS_HAVE_X86
-    simd = kvs_rans_simd_in_use();
+    simd = kvs_rans_avx512_in_use();
     fused = simd && period % 8 == 0;
 #endif
     pd->simd = simd;

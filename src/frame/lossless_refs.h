@@ -24,6 +24,9 @@
  * 2^16 (the rows are told apart as words). */
 uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
                                        unsigned hash_bits, uint32_t r, uint32_t *cand);
+/* The same with AVX2 (lossless_refs_avx2.c). */
+uint32_t kvs_llx_ref_candidates_avx2(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
+                                     unsigned hash_bits, uint32_t r, uint32_t *cand);
 
 /* How many of the n u16 at a equal those at b. */
 size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n);

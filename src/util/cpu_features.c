@@ -12,6 +12,12 @@ int kvs_cpu_isa_forced_pre_avx512(void)
     return isa && (strcmp(isa, "scalar") == 0 || strcmp(isa, "avx2") == 0);
 }
 
+int kvs_cpu_isa_forced_scalar(void)
+{
+    const char *isa = getenv("KVSERDE_ISA");
+    return isa && strcmp(isa, "scalar") == 0;
+}
+
 #if KVS_HAVE_X86
 #include <cpuid.h>
 
@@ -51,6 +57,7 @@ static void read_features(void)
     if ((f & KVS_CPU_AVX512) && fp16) f |= KVS_CPU_AVX512FP16;
     if ((f & KVS_CPU_AVX512) && __builtin_cpu_supports("avx512vbmi2")) f |= KVS_CPU_AVX512VBMI2;
     if (amx_bf16()) f |= KVS_CPU_AMX_BF16;
+    if (__builtin_cpu_is("amd")) f |= KVS_CPU_AMD;
     features = f;
 }
 

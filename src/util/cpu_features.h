@@ -20,13 +20,23 @@
  * process must still ask the kernel for the permission to use it
  * (arch_prctl ARCH_REQ_XCOMP_PERM; basis_products.c does, on first need). */
 #define KVS_CPU_AMX_BF16 16u
+/* Not an instruction set: the vendor is AMD. For the scalar loops whose
+ * fastest form was measured to differ between AMD's cores and Intel's (the
+ * lossless encoder's histograms, lossless_exponent.c). */
+#define KVS_CPU_AMD 32u
 
-/* The sets above this CPU runs (0 off x86-64). Thread-safe. */
+/* The sets above this CPU runs, and KVS_CPU_AMD (0 off x86-64).
+ * Thread-safe. */
 unsigned kvs_cpu_features(void);
 
 /* Whether the environment variable KVSERDE_ISA forces an ISA older than
- * AVX-512 ("scalar" or "avx2"): the kernels that have no such variant
- * (rANS, the AMX products) then keep their portable path. */
+ * AVX-512 ("scalar" or "avx2"): the kernels that have no AVX2 variant
+ * (the AMX products, the lossless stage's own) then keep their portable
+ * path. */
 int kvs_cpu_isa_forced_pre_avx512(void);
+
+/* Whether KVSERDE_ISA forces "scalar": such kernels then take no SIMD
+ * variant at all. */
+int kvs_cpu_isa_forced_scalar(void);
 
 #endif /* KVSERDE_UTIL_CPU_FEATURES_H */
