@@ -1,0 +1,383 @@
+/* intq_avx2.c - the integer quantizer's AVX2 kernels (intq_kernels.h):
+ * the fused token rows of intq_avx512.c (encode_token_bf16, decode_bf16)
+ * in 8-lane vectors, for CPUs without AVX-512 (Zen 3: the "int8 token"
+ * and "int4 kivi" presets ran the portable code at 0.24x / 0.56x memcpy).
+ * The same IEEE float32 operations as intq.c's portable code, in the same
+ * order, so the same bytes; why each step is exact is argued once, in
+ * intq_avx512.c beside the 16-lane kernel it follows (scale_up,
+ * scales_vec, fused_pair, bf16x16), and not repeated here. What differs
+ * for want of AVX-512: no masks (comparisons give all-ones lanes, tails
+ * go through a local buffer), vcvtps2ph's rounding from its immediate
+ * (F16C), no vrangeps (the near-half test of both vectors of a pair is two
+ * comparisons), no vcvtne2ps2bf16 (the integer rounding of half.h
+ * always). Every other entry is NULL: the portable code, which GCC builds
+ * for AVX2 (codecs/clones.h). */
+#include <immintrin.h>
+#include <string.h>
+
+#include "codecs/intq_kernels.h"
+
+#define KVS_AI static inline __attribute__((always_inline))
+
+/* All-ones lanes where v is inf or NaN. */
+KVS_AI __m256i not_finite(__m256 v)
+{
+    const __m256i exp = _mm256_set1_epi32(0x7F800000);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp), exp);
+}
+
+KVS_AI __m256 abs_ps(__m256 v)
+{
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+}
+
+/* intq_avx512.c's prefetch_line: the line of `ahead` (NULL: none) of the
+ * codes of elements i.., once per 64-byte line of codes. */
+KVS_AI void prefetch_line(const uint8_t *ahead, uint64_t i, unsigned bits)
+{
+    if (ahead && i * bits % 512 == 0)
+        _mm_prefetch((const char *)(ahead + i * bits / 8), _MM_HINT_T0);
+}
+
+/* ---- encode ------------------------------------------------------------ */
+
+/* range / steps rounded up (intq.c's scale_up): one ulp up (the next bit
+ * pattern, s >= 0) while s is finite and s x steps < range. */
+KVS_AI __m256 scale_up(__m256 range, __m256 steps)
+{
+    __m256 s = _mm256_div_ps(range, steps);
+    for (;;) {
+        __m256i low = _mm256_andnot_si256(
+            not_finite(s), _mm256_castps_si256(_mm256_cmp_ps(_mm256_mul_ps(s, steps), range, _CMP_LT_OQ)));
+        if (_mm256_testz_si256(low, low)) return s;
+        s = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(s), low)); /* low = -1 */
+    }
+}
+
+/* intq_avx512.c's scales_vec for 8 groups: stored float16 bits (*sb,
+ * *zb) or float32 values (*s, *z), divisors *inv; 0 if one does not fit.
+ * Lanes past the row's groups hold lo = hi = 0, which fit. */
+KVS_AI int scales_vec(__m256 lo, __m256 hi, int zp, int f16, __m256 steps, __m128i *sb,
+                      __m128i *zb, __m256 *s, __m256 *z, __m256 *inv)
+{
+    __m256 range;
+    *z = _mm256_setzero_ps();
+    *zb = *sb = _mm_setzero_si128();
+    if (zp) {
+        if (f16) {
+            *zb = _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEG_INF);
+            *z = _mm256_cvtph_ps(*zb);
+        } else {
+            *z = lo;
+        }
+        range = _mm256_sub_ps(hi, *z);
+    } else {
+        range = _mm256_max_ps(abs_ps(lo), abs_ps(hi));
+    }
+    *s = scale_up(range, steps);
+    if (f16) {
+        *sb = _mm256_cvtps_ph(*s, _MM_FROUND_TO_POS_INF);
+        *s = _mm256_cvtph_ps(*sb);
+    }
+    __m256i bad = _mm256_or_si256(not_finite(*s), not_finite(*z));
+    if (!_mm256_testz_si256(bad, bad)) return 0;
+    __m256 pos = _mm256_cmp_ps(*s, _mm256_setzero_ps(), _CMP_GT_OQ);
+    *inv = _mm256_blendv_ps(_mm256_set1_ps(1.0f), *s, pos); /* a scale of 0 divides by 1 */
+    return 1;
+}
+
+/* 1 / r where that is a normal float, else NaN (r > 0): a product by it
+ * is NaN, which the near-half test sends to the division. */
+KVS_AI __m256 reciprocal(__m256 r)
+{
+    __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), r);
+    __m256 ok = _mm256_andnot_ps(_mm256_castsi256_ps(not_finite(inv)),
+                                 _mm256_cmp_ps(inv, _mm256_set1_ps(0x1p-126f), _CMP_GE_OQ));
+    return _mm256_blendv_ps(_mm256_set1_ps(__builtin_nanf("")), inv, ok);
+}
+
+/* bfloat16 bits as signed 16-bit keys in the order of their values (its
+ * own inverse; intq_avx512.c's order_key). */
+KVS_AI __m256i order_key(__m256i h)
+{
+    return _mm256_xor_si256(h, _mm256_srli_epi16(_mm256_srai_epi16(h, 15), 1));
+}
+
+/* The smallest / largest of 16 signed 16-bit lanes (phminposuw on the
+ * sign-flipped or complemented lanes). */
+KVS_AI int16_t hmin16(__m256i v)
+{
+    __m128i b = _mm_min_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MIN));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x8000);
+}
+
+KVS_AI int16_t hmax16(__m256i v)
+{
+    __m128i b = _mm_max_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    b = _mm_xor_si128(b, _mm_set1_epi16(INT16_MAX));
+    return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x7FFF);
+}
+
+/* A group's statistics in the 16-bit patterns (group % 32 == 0): with a
+ * zero point the keys' minimum and maximum, else the largest magnitude. */
+KVS_AI void group_stats16(const uint8_t *p, uint64_t group, int zp, int16_t *mn, int16_t *mx)
+{
+    const __m256i mag = _mm256_set1_epi16(0x7FFF);
+    __m256i lo = _mm256_set1_epi16(INT16_MAX), hi = _mm256_set1_epi16(INT16_MIN);
+    for (uint64_t j = 0; j < group; j += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + 2 * j));
+        v = zp ? order_key(v) : _mm256_and_si256(v, mag);
+        lo = _mm256_min_epi16(lo, v);
+        hi = _mm256_max_epi16(hi, v);
+    }
+    *mx = hmax16(hi);
+    if (zp) *mn = hmin16(lo);
+}
+
+/* 8 keys (or magnitudes) back to float32 lanes. */
+KVS_AI __m256 keys_to_ps(const int16_t *k)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)k);
+    h = _mm_xor_si128(h, _mm_srli_epi16(_mm_srai_epi16(h, 15), 1));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The codes of the even (*ce) and odd (*co) elements of 16 bfloat16 v in
+ * one group (divisor r, reciprocal ri, zero zz), as intq_avx512.c's
+ * fused_pair: rint(q) as (q + 1.5 x 2^23) - 1.5 x 2^23, the code from
+ * the sum's low bits (kmid: the magic's bits less mid), and the lanes
+ * within 2^-12 of a half (or NaN: reciprocal NaN) divided. */
+KVS_AI void codes16(__m256i v, __m256 r, __m256 ri, __m256 zz, __m256i kmid, __m256i imid,
+                    int zp, __m256i *ce, __m256i *co)
+{
+    const __m256 magic = _mm256_set1_ps(0x1.8p23f), edge = _mm256_set1_ps(0.5f - 0x1p-12f);
+    __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+    __m256 ye = zp ? _mm256_sub_ps(xe, zz) : xe, yo = zp ? _mm256_sub_ps(xo, zz) : xo;
+    __m256 qe = _mm256_mul_ps(ye, ri), qo = _mm256_mul_ps(yo, ri);
+    __m256 te = _mm256_add_ps(qe, magic), to = _mm256_add_ps(qo, magic);
+    __m256 fe = _mm256_sub_ps(qe, _mm256_sub_ps(te, magic));
+    __m256 fo = _mm256_sub_ps(qo, _mm256_sub_ps(to, magic));
+    *ce = _mm256_sub_epi32(_mm256_castps_si256(te), kmid);
+    *co = _mm256_sub_epi32(_mm256_castps_si256(to), kmid);
+    __m256 ne = _mm256_cmp_ps(abs_ps(fe), edge, _CMP_NLT_UQ);
+    __m256 no = _mm256_cmp_ps(abs_ps(fo), edge, _CMP_NLT_UQ);
+    if (_mm256_testz_ps(_mm256_or_ps(ne, no), _mm256_or_ps(ne, no))) return;
+    /* (vcvtps2dq rounds to nearest even, rintf's mode) */
+    __m256i de = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(ye, r)), imid);
+    __m256i dd = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(yo, r)), imid);
+    *ce = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*ce), _mm256_castsi256_ps(de), ne));
+    *co = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*co), _mm256_castsi256_ps(dd), no));
+}
+
+/* The codes of elements e..e + 31 (pairs 0-7: a, 8-15: b, each 32-bit
+ * lane an even code OR its odd neighbour shifted up by `bits`: the byte or
+ * word pack_codes makes of them, a nibble for 2 bits) packed at out. */
+KVS_AI void pack_pairs(__m256i a, __m256i b, unsigned bits, uint8_t *out)
+{
+    if (bits == 8) { /* 16-bit words; vpackusdw works in lanes */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+        _mm256_storeu_si256((__m256i *)out, p);
+    } else if (bits == 4) {
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
+        p = _mm256_packus_epi16(p, p); /* lane 0: pairs 0-7 twice, lane 1: 8-15 */
+        _mm_storeu_si128((__m128i *)out,
+                         _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+    } else { /* two nibbles per 64-bit lane: the high one down to bit 4 */
+        __m256i ta = _mm256_or_si256(a, _mm256_srli_epi64(a, 28));
+        __m256i tb = _mm256_or_si256(b, _mm256_srli_epi64(b, 28));
+        /* the low byte of each 64-bit lane to bytes 0-1 (a, lane 0), 2-3 (a,
+         * lane 1), 4-5 / 6-7 (b): vpshufb's index differs per lane */
+        const __m256i ia = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                            -1, -1, 0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m256i ib = _mm256_setr_epi8(-1, -1, -1, -1, 0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                            -1, -1, -1, -1, -1, -1, 0, 8, -1, -1, -1, -1, -1, -1, -1, -1);
+        __m256i t = _mm256_or_si256(_mm256_shuffle_epi8(ta, ia), _mm256_shuffle_epi8(tb, ib));
+        __m128i w = _mm_or_si128(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        _mm_storel_epi64((__m128i *)out, w);
+    }
+}
+
+/* The codes of a row, group by group (bits and zp constants in each
+ * copy). */
+KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mid,
+                        const float *d, const float *rinv, const float *z, unsigned bits,
+                        int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
+{
+    const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+    const __m256i imid = _mm256_set1_epi32((int)mid);
+    const __m256i kmid = _mm256_sub_epi32(_mm256_castps_si256(magic), imid);
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++) {
+        const __m256 r = _mm256_set1_ps(d[k]), ri = _mm256_set1_ps(rinv[k]), zz = _mm256_set1_ps(z[k]);
+        for (uint64_t e = c0; e < c0 + group; e += 32) {
+            if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
+            prefetch_line(codes_ahead, e, bits);
+            __m256i e0, o0, e1, o1;
+            codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), r, ri, zz, kmid, imid, zp,
+                    &e0, &o0);
+            codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), r, ri, zz, kmid, imid,
+                    zp, &e1, &o1);
+            pack_pairs(_mm256_or_si256(e0, _mm256_slli_epi32(o0, (int)bits)),
+                       _mm256_or_si256(e1, _mm256_slli_epi32(o1, (int)bits)), bits,
+                       out + e * bits / 8);
+        }
+    }
+}
+
+static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
+                             uint8_t *scales_out, uint8_t *zeros, uint8_t *out,
+                             const uint8_t *ahead, const uint8_t *codes_ahead)
+{
+    enum { G = KVS_INTQ_FUSED_GROUPS };
+    int16_t mn[G] = {0}, mx[G] = {0}; /* lanes past the row's groups: 0, which fits */
+    float d[G], rinv[G], z[G];
+    uint8_t sbuf[4 * G], zbuf[4 * G];
+    uint64_t ng = n / f->group;
+    int zp = f->zero_point, f16 = f->scale_f16;
+    for (uint64_t k = 0; k < ng; k++) {
+        group_stats16(src + 2 * k * f->group, f->group, zp, &mn[k], &mx[k]);
+        /* not finite (a key or magnitude past the largest finite one), or
+         * with a zero point a minimum of +-0 (keys 0 and -1), whose sign
+         * the stored zero point keeps: the portable code's */
+        if (mx[k] >= 0x7F80) return 0;
+        if (zp && (mn[k] <= -0x7F81 || mn[k] == 0 || mn[k] == -1)) return 0;
+    }
+    const __m256 steps = _mm256_set1_ps(f->steps);
+    for (uint64_t b = 0; b * 8 < ng; b++) {
+        __m256 hi = keys_to_ps(mx + 8 * b), lo = zp ? keys_to_ps(mn + 8 * b) : hi;
+        __m256 s, zv, dv;
+        __m128i sb, zb;
+        if (!scales_vec(lo, hi, zp, f16, steps, &sb, &zb, &s, &zv, &dv)) return 0;
+        _mm256_storeu_ps(d + 8 * b, dv);
+        _mm256_storeu_ps(z + 8 * b, zv);
+        _mm256_storeu_ps(rinv + 8 * b, reciprocal(dv));
+        if (f16) {
+            _mm_storeu_si128((__m128i *)(sbuf + 16 * b), sb);
+            _mm_storeu_si128((__m128i *)(zbuf + 16 * b), zb);
+        } else {
+            _mm256_storeu_ps((float *)(void *)(sbuf + 32 * b), s);
+            _mm256_storeu_ps((float *)(void *)(zbuf + 32 * b), zv);
+        }
+    }
+    /* every group fits: now the bytes */
+    size_t ss = f16 ? 2 : 4;
+    memcpy(scales_out, sbuf, ng * ss);
+    if (zp) memcpy(zeros, zbuf, ng * ss);
+    switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
+    case 16: token_codes(src, n, f->group, f->mid, d, rinv, z, 8, 0, out, ahead, codes_ahead); break;
+    case 17: token_codes(src, n, f->group, f->mid, d, rinv, z, 8, 1, out, ahead, codes_ahead); break;
+    case 8: token_codes(src, n, f->group, f->mid, d, rinv, z, 4, 0, out, ahead, codes_ahead); break;
+    case 9: token_codes(src, n, f->group, f->mid, d, rinv, z, 4, 1, out, ahead, codes_ahead); break;
+    case 4: token_codes(src, n, f->group, f->mid, d, rinv, z, 2, 0, out, ahead, codes_ahead); break;
+    default: token_codes(src, n, f->group, f->mid, d, rinv, z, 2, 1, out, ahead, codes_ahead); break;
+    }
+    return 1;
+}
+
+/* ---- decode ------------------------------------------------------------ */
+
+/* 8 float32 -> bfloat16 bits in 32-bit lanes (half.h's
+ * kvs_f32_bits_to_bf16_bits: NaN quieted, else round to nearest even). */
+KVS_AI __m256i bf16x8(__m256 v)
+{
+    __m256i f = _mm256_castps_si256(v);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, _mm256_set1_epi32(0x7FFFFFFF)),
+                                     _mm256_set1_epi32(0x7F800000));
+    __m256i hi = _mm256_srli_epi32(f, 16);
+    __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(f, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+}
+
+/* The codes of elements e..e + 7 of a row `bits` wide as 32-bit lanes. */
+KVS_AI __m256i codes8(const uint8_t *in, uint64_t e, unsigned bits)
+{
+    if (bits == 8) return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(in + e)));
+    uint32_t w;
+    if (bits == 4) {
+        memcpy(&w, in + e / 2, 4);
+        return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w),
+                                                  _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                _mm256_set1_epi32(15));
+    }
+    uint16_t h;
+    memcpy(&h, in + e / 4, 2);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(h),
+                                              _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                            _mm256_set1_epi32(3));
+}
+
+/* x = (u - mid) s + z: a product, then a sum (not fused, as in C). */
+KVS_AI __m256 dequant8(__m256i u, __m256 s, __m256 z, __m256 mid)
+{
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(u), mid), s), z);
+}
+
+/* bf16x8 of two vectors (elements 0-7, 8-15) as 16 words in order. */
+KVS_AI __m256i bf16x16(__m256 a, __m256 b)
+{
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16x8(a), bf16x8(b)), 0xD8);
+}
+
+KVS_AI void store32(uint8_t *o, __m256i v, int stream)
+{
+    if (stream) _mm256_stream_si256((__m256i *)(void *)o, v);
+    else _mm256_storeu_si256((__m256i *)(void *)o, v);
+}
+
+/* decode_bf16, 16 elements at a time; group 1 (a scale and zero per
+ * element) or a multiple of 16, whose chunks left are counted (no
+ * division per chunk). bits: a constant in each copy. */
+KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, __m256 vmid, uint8_t *dst, int stream,
+                        const uint8_t *ahead)
+{
+    uint64_t k = 0, left = group / 16;
+    __m256 vs = _mm256_set1_ps(s[0]), vz = _mm256_set1_ps(z[0]);
+    for (uint64_t e = 0; e < n; e += 16) {
+        prefetch_line(ahead, e, bits);
+        __m256 x0, x1;
+        if (group == 1) {
+            x0 = dequant8(codes8(in, e, bits), _mm256_loadu_ps(s + e), _mm256_loadu_ps(z + e), vmid);
+            x1 = dequant8(codes8(in, e + 8, bits), _mm256_loadu_ps(s + e + 8),
+                          _mm256_loadu_ps(z + e + 8), vmid);
+        } else {
+            x0 = dequant8(codes8(in, e, bits), vs, vz, vmid);
+            x1 = dequant8(codes8(in, e + 8, bits), vs, vz, vmid);
+            if (--left == 0 && e + 16 < n) {
+                ++k, left = group / 16;
+                vs = _mm256_set1_ps(s[k]), vz = _mm256_set1_ps(z[k]);
+            }
+        }
+        store32(dst + 2 * e, bf16x16(x0, x1), stream);
+    }
+}
+
+static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                        const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
+                        const uint8_t *ahead)
+{
+    const __m256 vmid = _mm256_set1_ps(mid);
+    stream = stream && (uintptr_t)dst % 64 == 0;
+    if (bits == 8) decode_rows(in, n, 8, s, z, group, vmid, dst, stream, ahead);
+    else if (bits == 4) decode_rows(in, n, 4, s, z, group, vmid, dst, stream, ahead);
+    else decode_rows(in, n, 2, s, z, group, vmid, dst, stream, ahead);
+}
+
+static void store_fence(void)
+{
+    _mm_sfence();
+}
+
+static const kvs_intq_kernels avx2_kernels = {
+    .isa = "avx2",
+    .encode_token_bf16 = encode_token_bf16,
+    .decode_bf16 = decode_bf16,
+    .store_fence = store_fence,
+};
+
+const kvs_intq_kernels *kvs_intq_kernels_avx2(void)
+{
+    return &avx2_kernels;
+}
