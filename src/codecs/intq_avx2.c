@@ -354,13 +354,68 @@ KVS_AI void decode_rows(const uint8_t *in, uint64_t n, unsigned bits, const floa
     }
 }
 
+/* 32 codes 2 or 4 bits wide (elements e..e + 31), one per byte in order. */
+KVS_AI __m256i codes32(const uint8_t *in, uint64_t e, unsigned bits)
+{
+    const __m128i m4 = _mm_set1_epi8(15);
+    if (bits == 4) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(in + e / 2));
+        __m128i lo = _mm_and_si128(x, m4), hi = _mm_and_si128(_mm_srli_epi16(x, 4), m4);
+        return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    }
+    /* 8 bytes: each byte's codes 0-1 (bits 0-3) and 2-3 (bits 4-7) as
+     * nibbles, then the nibbles' two codes */
+    const __m128i m2 = _mm_set1_epi8(3);
+    __m128i x = _mm_loadl_epi64((const __m128i *)(in + e / 4));
+    __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(x, m4), _mm_and_si128(_mm_srli_epi16(x, 4), m4));
+    __m128i lo = _mm_and_si128(nib, m2), hi = _mm_and_si128(_mm_srli_epi16(nib, 2), m2);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+}
+
+/* decode_bf16 of 2- or 4-bit codes in groups of a multiple of 32, as
+ * intq_avx512.c's decode_lookup: a group's codes take at most 16 values,
+ * so its 16 bfloat16 results are made once (dequant8 and bf16x8 of the
+ * codes 0..15, the same operations on the same lanes) and 32 elements
+ * are two byte lookups (vpshufb of the results' low and high bytes). */
+KVS_AI void decode_lookup(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
+                          const float *z, uint64_t group, __m256 vmid, uint8_t *dst, int stream,
+                          const uint8_t *ahead)
+{
+    /* a word's low bytes to bytes 0-7, high bytes to 8-15, in each lane */
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256i tlo = _mm256_setzero_si256(), thi = tlo;
+    for (uint64_t e = 0, k = 0, left = 0; e < n; e += 32) {
+        prefetch_line(ahead, e, bits);
+        if (left == 0) {
+            __m256 vs = _mm256_set1_ps(s[k]), vz = _mm256_set1_ps(z[k]);
+            __m256i w = bf16x16(dequant8(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vs, vz, vmid),
+                                dequant8(_mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15), vs, vz, vmid));
+            /* lane 0: results 0-7 low bytes, then high; lane 1: 8-15 */
+            __m256i b = _mm256_shuffle_epi8(w, split);
+            __m256i lo = _mm256_permute4x64_epi64(b, 0x88), hi = _mm256_permute4x64_epi64(b, 0xDD);
+            /* qwords (r0-7, r8-15) in both lanes: the 16-entry tables */
+            tlo = lo, thi = hi;
+            k++, left = group / 32;
+        }
+        left--;
+        __m256i c = codes32(in, e, bits);
+        __m256i lo = _mm256_shuffle_epi8(tlo, c), hi = _mm256_shuffle_epi8(thi, c);
+        /* (in lanes: elements 0-7 and 16-23, then 8-15 and 24-31) */
+        __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+        store32(dst + 2 * e, _mm256_permute2x128_si256(a, b, 0x20), stream);
+        store32(dst + 2 * e + 32, _mm256_permute2x128_si256(a, b, 0x31), stream);
+    }
+}
+
 static void decode_bf16(const uint8_t *in, uint64_t n, unsigned bits, const float *s,
                         const float *z, uint64_t group, float mid, uint8_t *dst, int stream,
                         const uint8_t *ahead)
 {
     const __m256 vmid = _mm256_set1_ps(mid);
     stream = stream && (uintptr_t)dst % 64 == 0;
-    if (bits == 8) decode_rows(in, n, 8, s, z, group, vmid, dst, stream, ahead);
+    if (bits != 8 && group % 32 == 0) decode_lookup(in, n, bits, s, z, group, vmid, dst, stream, ahead);
+    else if (bits == 8) decode_rows(in, n, 8, s, z, group, vmid, dst, stream, ahead);
     else if (bits == 4) decode_rows(in, n, 4, s, z, group, vmid, dst, stream, ahead);
     else decode_rows(in, n, 2, s, z, group, vmid, dst, stream, ahead);
 }
