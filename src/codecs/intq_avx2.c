@@ -275,6 +275,161 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     return 1;
 }
 
+/* ---- the unfused rows (the channel axis's blocks) ------------------------ */
+
+static int widen_bf16(const uint8_t *src, uint64_t n, float *out)
+{
+    const __m128i exp = _mm_set1_epi16(0x7F80);
+    __m128i bad = _mm_setzero_si128();
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+        bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(h, exp), exp));
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    int any = !_mm_testz_si128(bad, bad);
+    for (; i < n; i++) {
+        uint32_t h = (uint32_t)src[2 * i] | (uint32_t)src[2 * i + 1] << 8, f = h << 16;
+        memcpy(out + i, &f, 4);
+        any |= (h & 0x7F80) == 0x7F80;
+    }
+    return any;
+}
+
+/* scales() 8 groups at a time, in blocks of 16 (the contract's unit of
+ * refusal); a short last block padded with empty groups (lo = hi = 0,
+ * which fit) in a local buffer. */
+static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int f16,
+                       float steps, uint8_t *scales_out, uint8_t *zeros, float *inv, float *zero)
+{
+    const __m256 st = _mm256_set1_ps(steps);
+    size_t ss = f16 ? 2 : 4;
+    for (uint64_t i = 0; i < n; i += 16) {
+        uint64_t m = n - i < 16 ? n - i : 16;
+        float lo[16] = {0}, hi[16] = {0}, d[16], zz[16];
+        uint8_t sb[64], zb[64];
+        memcpy(lo, mn + i, 4 * m); /* (before inv / zero, which may alias them) */
+        memcpy(hi, mx + i, 4 * m);
+        for (int h = 0; h < 2; h++) {
+            __m256 s, z, dv;
+            __m128i sh, zh;
+            if (!scales_vec(_mm256_loadu_ps(lo + 8 * h), _mm256_loadu_ps(hi + 8 * h), zp, f16, st,
+                            &sh, &zh, &s, &z, &dv))
+                return i;
+            _mm256_storeu_ps(d + 8 * h, dv);
+            _mm256_storeu_ps(zz + 8 * h, z);
+            if (f16) {
+                _mm_storeu_si128((__m128i *)(sb + 16 * h), sh);
+                _mm_storeu_si128((__m128i *)(zb + 16 * h), zh);
+            } else {
+                _mm256_storeu_ps((float *)(void *)(sb + 32 * h), s);
+                _mm256_storeu_ps((float *)(void *)(zb + 32 * h), z);
+            }
+        }
+        memcpy(scales_out + i * ss, sb, m * ss);
+        if (zp) memcpy(zeros + i * ss, zb, m * ss);
+        memcpy(inv + i, d, 4 * m);
+        memcpy(zero + i, zz, 4 * m);
+    }
+    return n;
+}
+
+/* rint(y / r) as intq_avx512.c's rounded_quotient: the product by rinv,
+ * and the division where it is within 2^-12 of a half or NaN. */
+KVS_AI __m256 rounded_quotient(__m256 y, __m256 r, __m256 rinv)
+{
+    enum { rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };
+    __m256 q = _mm256_mul_ps(y, rinv), qi = _mm256_round_ps(q, rn);
+    __m256 near = _mm256_cmp_ps(abs_ps(_mm256_sub_ps(q, qi)), _mm256_set1_ps(0.5f - 0x1p-12f),
+                                _CMP_NLT_UQ);
+    if (_mm256_testz_ps(near, near)) return qi;
+    return _mm256_blendv_ps(qi, _mm256_round_ps(_mm256_div_ps(y, r), rn), near);
+}
+
+/* 8 codes: rint((x - z) / r) clamped to [lo, hi] (the portable code's
+ * comparisons, operands in its order), plus mid, as bytes at out. */
+KVS_AI void codes8_at(__m256 x, __m256 r, __m256 rinv, __m256 z, __m256 lo, __m256 hi,
+                      __m256 mid, uint8_t *out)
+{
+    __m256 q = rounded_quotient(_mm256_sub_ps(x, z), r, rinv);
+    q = _mm256_min_ps(hi, _mm256_max_ps(lo, q));
+    __m256i c = _mm256_cvttps_epi32(_mm256_add_ps(q, mid));
+    c = _mm256_packus_epi16(_mm256_packus_epi32(c, c), c); /* (each lane's dword 0) */
+    _mm_storel_epi64((__m128i *)out,
+                     _mm_unpacklo_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
+}
+
+/* x[0..n) with one divisor, reciprocal and zero (per_elem 0) or one each
+ * (1); rinv NULL: divisions (a NaN reciprocal). The tail through a local
+ * buffer of 8. */
+KVS_AI void quantize1(const float *x, uint64_t n, const float *r, const float *rinv,
+                      const float *z, int per_elem, __m256 lo, __m256 hi, __m256 mid,
+                      uint8_t *codes)
+{
+    __m256 vr = _mm256_set1_ps(r[0]), vz = _mm256_set1_ps(z[0]);
+    __m256 vi = _mm256_set1_ps(rinv ? rinv[0] : __builtin_nanf(""));
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        if (per_elem) {
+            vr = _mm256_loadu_ps(r + i), vz = _mm256_loadu_ps(z + i);
+            if (rinv) vi = _mm256_loadu_ps(rinv + i);
+        }
+        codes8_at(_mm256_loadu_ps(x + i), vr, vi, vz, lo, hi, mid, codes + i);
+    }
+    if (i < n) {
+        uint64_t m = n - i;
+        float tx[8] = {0}, tr[8] = {1, 1, 1, 1, 1, 1, 1, 1}, tz[8] = {0}, ti[8] = {0};
+        uint8_t tc[8];
+        memcpy(tx, x + i, 4 * m);
+        if (per_elem) {
+            memcpy(tr, r + i, 4 * m), memcpy(tz, z + i, 4 * m);
+            if (rinv) memcpy(ti, rinv + i, 4 * m);
+            vr = _mm256_loadu_ps(tr), vz = _mm256_loadu_ps(tz);
+            if (rinv) vi = _mm256_loadu_ps(ti);
+        }
+        codes8_at(_mm256_loadu_ps(tx), vr, vi, vz, lo, hi, mid, tc);
+        memcpy(codes + i, tc, m);
+    }
+}
+
+static void quantize(const float *x, uint64_t n, const float *r, const float *rinv,
+                     const float *z, uint64_t group, float lo, float hi, float mid,
+                     uint8_t *codes)
+{
+    const __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi), vmid = _mm256_set1_ps(mid);
+    if (group == 1) {
+        quantize1(x, n, r, rinv, z, 1, vlo, vhi, vmid, codes);
+        return;
+    }
+    for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++)
+        quantize1(x + c0, n - c0 < group ? n - c0 : group, r + k, rinv ? rinv + k : NULL, z + k,
+                  0, vlo, vhi, vmid, codes + c0);
+}
+
+static void reciprocals(const float *r, uint64_t n, float *out)
+{
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, reciprocal(_mm256_loadu_ps(r + i)));
+    if (i < n) {
+        float t[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        memcpy(t, r + i, 4 * (n - i));
+        _mm256_storeu_ps(t, reciprocal(_mm256_loadu_ps(t)));
+        memcpy(out + i, t, 4 * (n - i));
+    }
+}
+
+static void load_scales(const uint8_t *p, uint64_t n, int f16, float *out)
+{
+    if (!f16) { /* little-endian float32 already */
+        memcpy(out, p, 4 * n);
+        return;
+    }
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+    for (; i < n; i++) out[i] = _cvtsh_ss((unsigned short)(p[2 * i] | p[2 * i + 1] << 8));
+}
+
 /* ---- decode ------------------------------------------------------------ */
 
 /* 8 float32 -> bfloat16 bits in 32-bit lanes (half.h's
@@ -427,6 +582,11 @@ static void store_fence(void)
 
 static const kvs_intq_kernels avx2_kernels = {
     .isa = "avx2",
+    .widen_bf16 = widen_bf16,
+    .scales = scales,
+    .quantize = quantize,
+    .reciprocals = reciprocals,
+    .load_scales = load_scales,
     .encode_token_bf16 = encode_token_bf16,
     .decode_bf16 = decode_bf16,
     .store_fence = store_fence,
