@@ -7,9 +7,10 @@
  * code". The scalar variant is all NULL. Kernels take any n (0 included)
  * at any alignment. The variant in use follows the fp8 kernels' choice
  * (KVSERDE_ISA, kvs_fp8_set_isa): "avx512" and "avx512fp16" run the
- * AVX-512 kernels, "avx2" the AVX2 ones (the fused token rows
- * encode_token_bf16 and decode_bf16; the rest NULL), "scalar" the portable
- * code (whose hot loops GCC already builds for AVX2, codecs/clones.h).
+ * AVX-512 kernels, "avx2" the AVX2 ones (the fused token rows and the
+ * channel axis's row operations, the rest NULL: intq_avx2.c), "scalar"
+ * the portable code (whose hot loops GCC builds for AVX2 as well,
+ * codecs/clones.h).
  */
 #ifndef KVSERDE_INTQ_KERNELS_H
 #define KVSERDE_INTQ_KERNELS_H
@@ -152,8 +153,9 @@ typedef struct kvs_intq_kernels {
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
 
 /* The AVX2 variant (AVX2, F16C, FMA, BMI2: the fp8 dispatcher's avx2
- * check), compiled in on x86 only: encode_token_bf16, decode_bf16 and
- * store_fence, every other entry NULL. It does not check the CPU. */
+ * check), compiled in on x86 only: widen_bf16, scales, reciprocals,
+ * quantize, load_scales, encode_token_bf16, decode_bf16 and store_fence,
+ * every other entry NULL. It does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx2(void);
 
 #endif /* KVSERDE_INTQ_KERNELS_H */
