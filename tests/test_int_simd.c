@@ -1,5 +1,5 @@
 /* test_int_simd.c - the integer quantizer's hand-written kernels
- * (src/codecs/intq_avx512.c, intq_kernels.h) against its portable code
+ * (src/codecs/intq_avx512.c, intq_avx2.c, intq_kernels.h) against its portable code
  * (src/codecs/intq.c), bit for bit: each kernel on adversarial inputs
  * (every bfloat16 pattern, +-0, NaN, inf, subnormals, halves, float16
  * overflow, every length to past two vectors, misaligned buffers; the
@@ -11,8 +11,10 @@
  * portable build, payload, decoded bytes, codes and messages of refusals
  * (damaged payloads too), with the decoder's streaming stores on and off;
  * and a KVSERDE_ISA that cannot run refused by the int stage, nothing
- * written. The kernel tests are skipped with a message on a CPU without
- * AVX-512. */
+ * written. The kernel tests run for every hand-written set this CPU runs:
+ * the AVX-512 one (src/codecs/intq_avx512.c) where it has AVX-512, the
+ * AVX2 one (src/codecs/intq_avx2.c) where it has AVX2; each skips the
+ * entries its set leaves NULL. The whole-object test runs on any CPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,7 +54,7 @@ static float nasty(uint64_t *s)
     }
 }
 
-static const kvs_intq_kernels *K; /* the AVX-512 kernels */
+static const kvs_intq_kernels *K; /* the set under test (run_kernel_tests) */
 
 /* ---------------------------------------------------------------------
  * Kernels one by one
@@ -895,35 +897,49 @@ static void test_unknown_isa_refused(void)
     REQUIRE_OK(kvs_fp8_set_isa("auto"));
 }
 
+/* The kernel tests of one hand-written set, each where the set has the
+ * entry (NULL: the portable code runs, nothing to compare). */
+static void run_kernel_tests(const kvs_intq_kernels *k)
+{
+    K = k;
+    printf("test_int_simd: the %s kernels\n", K->isa);
+    /* decode_range's one fence after its streamed rows (intq_kernels.h) */
+    CHECK(K->store_fence != NULL);
+#define RUN_IF(entry, test) \
+    do { \
+        if (K->entry) RUN(test); \
+    } while (0)
+    RUN_IF(widen_bf16, test_widen_every_bf16);
+    RUN_IF(narrow_bf16, test_narrow);
+    RUN_IF(minmax, test_minmax_values_and_zeros);
+    RUN_IF(fold_columns, test_fold_columns);
+    RUN_IF(scales, test_scales);
+    RUN_IF(quantize, test_quantize_ties);
+    RUN_IF(quantize, test_quantize_reciprocal);
+    RUN_IF(pack[2], test_pack_unpack);
+    RUN_IF(pack[2], test_pack_unpack_long);
+    RUN_IF(hadamard, test_hadamard);
+    RUN_IF(dequantize, test_dequantize);
+    RUN_IF(load_scales, test_load_scales);
+    RUN_IF(encode_token_bf16, test_fused_encode);
+    RUN_IF(encode_channel_bf16, test_fused_encode_channels);
+    RUN_IF(decode_bf16, test_fused_decode);
+    RUN_IF(decode_rotated_bf16, test_rotated_decode);
+    RUN_IF(widen_rotated_bf16, test_rotated_widen);
+#undef RUN_IF
+}
+
 int main(void)
 {
     RUN(test_unknown_isa_refused);
+    int sets = 0;
 #if defined(__x86_64__)
-    if (kvs_fp8_isa_available("avx512")) K = kvs_intq_kernels_avx512();
+    if (kvs_fp8_isa_available("avx512")) run_kernel_tests(kvs_intq_kernels_avx512()), sets++;
+    if (kvs_fp8_isa_available("avx2")) run_kernel_tests(kvs_intq_kernels_avx2()), sets++;
 #endif
-    if (K == NULL) {
-        printf("test_int_simd skipped: no AVX-512 on this CPU or build (the portable code runs)\n");
-        return 0;
-    }
-    /* decode_range's one fence after its streamed rows (intq_kernels.h) */
-    CHECK(K->store_fence != NULL);
-    RUN(test_widen_every_bf16);
-    RUN(test_narrow);
-    RUN(test_minmax_values_and_zeros);
-    RUN(test_fold_columns);
-    RUN(test_scales);
-    RUN(test_quantize_ties);
-    RUN(test_quantize_reciprocal);
-    RUN(test_pack_unpack);
-    RUN(test_pack_unpack_long);
-    RUN(test_hadamard);
-    RUN(test_dequantize);
-    RUN(test_load_scales);
-    RUN(test_fused_encode);
-    RUN(test_fused_encode_channels);
-    RUN(test_fused_decode);
-    RUN(test_rotated_decode);
-    RUN(test_rotated_widen);
+    if (sets == 0)
+        printf("test_int_simd: no hand-written kernels on this CPU or build (the portable code "
+               "runs); whole objects only\n");
     RUN(test_objects_every_variant);
     return TEST_SUMMARY();
 }

@@ -457,6 +457,7 @@ static int kernels_get(const kvs_intq_kernels **out)
     int rc = kvs_fp8_kernels_get(&fp8);
     if (rc) return rc;
     if (strncmp(fp8->isa, "avx512", 6) == 0) *out = kvs_intq_kernels_avx512(); /* and avx512fp16 */
+    else if (strcmp(fp8->isa, "avx2") == 0) *out = kvs_intq_kernels_avx2();
 #endif
     return KVS_OK;
 }

@@ -7,8 +7,10 @@
  * code". The scalar variant is all NULL. Kernels take any n (0 included)
  * at any alignment. The variant in use follows the fp8 kernels' choice
  * (KVSERDE_ISA, kvs_fp8_set_isa): "avx512" and "avx512fp16" run the
- * AVX-512 kernels, "scalar" and "avx2" the portable code (whose hot loops
- * GCC already builds for AVX2, codecs/clones.h).
+ * AVX-512 kernels, "avx2" the AVX2 ones (the fused token rows and the
+ * channel axis's row operations, the rest NULL: intq_avx2.c), "scalar"
+ * the portable code (whose hot loops GCC builds for AVX2 as well,
+ * codecs/clones.h).
  */
 #ifndef KVSERDE_INTQ_KERNELS_H
 #define KVSERDE_INTQ_KERNELS_H
@@ -29,7 +31,7 @@ typedef struct kvs_intq_rowfmt {
 #define KVS_INTQ_FUSED_GROUPS 64
 
 typedef struct kvs_intq_kernels {
-    const char *isa; /* "scalar", "avx512" */
+    const char *isa; /* "scalar", "avx2", "avx512" */
     /* n bfloat16 (little-endian) -> float32; returns 1 if any is inf or NaN */
     int (*widen_bf16)(const uint8_t *src, uint64_t n, float *out);
     /* widen_rotated_bf16: widen_bf16 and hadamard(out, n, h) in one pass,
@@ -149,5 +151,11 @@ typedef struct kvs_intq_kernels {
  * dispatcher's avx512 check covers them), compiled in on x86 only. It
  * does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
+
+/* The AVX2 variant (AVX2, F16C, FMA, BMI2: the fp8 dispatcher's avx2
+ * check), compiled in on x86 only: widen_bf16, scales, reciprocals,
+ * quantize, load_scales, encode_token_bf16, decode_bf16 and store_fence,
+ * every other entry NULL. It does not check the CPU. */
+const kvs_intq_kernels *kvs_intq_kernels_avx2(void);
 
 #endif /* KVSERDE_INTQ_KERNELS_H */
