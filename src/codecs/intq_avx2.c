@@ -94,6 +94,20 @@ KVS_AI int scales_vec(__m256 lo, __m256 hi, int zp, int f16, __m256 steps, __m12
     return 1;
 }
 
+/* scales_vec's stored bits of its 8 groups at sbuf / zbuf (groups 8 on
+ * from 8 v: 2 bytes a group for float16, else 4). */
+KVS_AI void store_scale_bits(uint8_t *sbuf, uint8_t *zbuf, uint64_t v, int f16, __m128i sb,
+                             __m128i zb, __m256 s, __m256 z)
+{
+    if (f16) {
+        _mm_storeu_si128((__m128i *)(sbuf + 16 * v), sb);
+        _mm_storeu_si128((__m128i *)(zbuf + 16 * v), zb);
+    } else {
+        _mm256_storeu_ps((float *)(void *)(sbuf + 32 * v), s);
+        _mm256_storeu_ps((float *)(void *)(zbuf + 32 * v), z);
+    }
+}
+
 /* 1 / r where that is a normal float, else NaN (r > 0): a product by it
  * is NaN, which the near-half test sends to the division. */
 KVS_AI __m256 reciprocal(__m256 r)
@@ -260,13 +274,7 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
         _mm256_storeu_ps(d + 8 * b, dv);
         _mm256_storeu_ps(z + 8 * b, zv);
         _mm256_storeu_ps(rinv + 8 * b, reciprocal(dv));
-        if (f16) {
-            _mm_storeu_si128((__m128i *)(sbuf + 16 * b), sb);
-            _mm_storeu_si128((__m128i *)(zbuf + 16 * b), zb);
-        } else {
-            _mm256_storeu_ps((float *)(void *)(sbuf + 32 * b), s);
-            _mm256_storeu_ps((float *)(void *)(zbuf + 32 * b), zv);
-        }
+        store_scale_bits(sbuf, zbuf, b, f16, sb, zb, s, zv);
     }
     /* every group fits: now the bytes */
     size_t ss = f16 ? 2 : 4;
@@ -326,13 +334,7 @@ static uint64_t scales(const float *mn, const float *mx, uint64_t n, int zp, int
                 return i;
             _mm256_storeu_ps(d + 8 * h, dv);
             _mm256_storeu_ps(zz + 8 * h, z);
-            if (f16) {
-                _mm_storeu_si128((__m128i *)(sb + 16 * h), sh);
-                _mm_storeu_si128((__m128i *)(zb + 16 * h), zh);
-            } else {
-                _mm256_storeu_ps((float *)(void *)(sb + 32 * h), s);
-                _mm256_storeu_ps((float *)(void *)(zb + 32 * h), z);
-            }
+            store_scale_bits(sb, zb, (uint64_t)h, f16, sh, zh, s, z);
         }
         memcpy(scales_out + i * ss, sb, m * ss);
         if (zp) memcpy(zeros + i * ss, zb, m * ss);

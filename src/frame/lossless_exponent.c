@@ -486,10 +486,10 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     for (uint32_t j = 0; j < ns; j++) at_c[j] = (uint32_t)((uint64_t)j * period / ns);
     size_t need = period / 64 > 2 ? period / 64 : 2;
 #if KVS_HAVE_X86
-    /* the AVX-512 finder takes whole rows of all 32 samples, and rows + 1
+    /* the SIMD finders take whole rows of all 32 samples, and rows + 1
      * as 16-bit words */
-    int simd = kvs_rans_avx512_in_use() && ns == LLX_SAMPLES && rows < 0xFFFF;
-    int avx2 = !simd && rows_avx2() && ns == LLX_SAMPLES && rows < 0xFFFF; /* the same terms */
+    int whole = ns == LLX_SAMPLES && rows < 0xFFFF;
+    int simd = whole && kvs_rans_avx512_in_use(), avx2 = whole && !simd && rows_avx2();
 #endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
