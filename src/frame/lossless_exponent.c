@@ -628,6 +628,137 @@ static void hist_total(llx_hist *h, uint32_t out[LLX_GROUPS][256])
     memcpy(out, h->total, sizeof h->total);
 }
 
+/* The exponents' histograms count every HIST_SAMPLE-th unit of a block (a
+ * row from channel 0, the first one from the block's phase; without
+ * channels, runs of HIST_RUN elements) and scale the counts by HIST_SAMPLE:
+ * the counts only set the tables and the estimates, and counting every
+ * key was a sixth to a quarter of the encoder (docs/performance.md). The
+ * other units add only the keys the sample lacks, with a count of 1 each,
+ * so every symbol the block codes has a code. Blocks of fewer units, or of
+ * rows shorter than HIST_MIN_ROW, are counted whole. */
+#define HIST_SAMPLE 4
+#define HIST_RUN 256
+#define HIST_MIN_UNITS 16
+#define HIST_MIN_ROW 64
+
+/* bm's bit of every key h counts (key g << 8 | s: bit key % 8 of byte key /
+ * 8). */
+static void present_bits(uint32_t h[LLX_GROUPS][256], uint8_t bm[128])
+{
+    const uint32_t *t = h[0];
+    for (unsigned j = 0; j < 128; j++) {
+        unsigned b = 0;
+        for (unsigned q = 0; q < 8; q++) b |= (unsigned)(t[8 * j + q] != 0) << q;
+        bm[j] = (uint8_t)b;
+    }
+}
+
+/* The first i in [0, k) whose key ctx[i] << 8 | exp[i] (ctx NULL: exp[i])
+ * h does not count, or k; bm holds h's keys as bits for the SIMD searches,
+ * the portable loop reads h. */
+static size_t first_absent(const uint8_t *exp, const uint8_t *ctx, size_t k,
+                           const uint8_t bm[128], uint32_t h[LLX_GROUPS][256])
+{
+    size_t i = 0;
+#if KVS_HAVE_X86
+    if (kvs_rans_avx512_in_use()) {
+        i = kvs_llx_first_absent_avx512(exp, ctx, k, bm);
+        if (i < (k & ~(size_t)63)) return i;
+    } else if (rows_avx2()) {
+        i = kvs_llx_first_absent_avx2(exp, ctx, k, bm);
+        if (i < (k & ~(size_t)31)) return i;
+    }
+#endif
+    /* eight keys a test, without a branch or a flag per key: a count less
+     * 1 has its top bit set only where the count is 0 (counts < 2^31);
+     * without contexts a loop of its own */
+    const uint32_t *t = h[0];
+    uint32_t none = 0;
+    if (ctx)
+        for (; i + 8 <= k && !(none >> 31); i += 8)
+#pragma GCC unroll 8
+            for (size_t q = i; q < i + 8; q++) none |= t[(unsigned)ctx[q] << 8 | exp[q]] - 1;
+    else
+        for (; i + 8 <= k && !(none >> 31); i += 8)
+#pragma GCC unroll 8
+            for (size_t q = i; q < i + 8; q++) none |= t[exp[q]] - 1;
+    if (none >> 31) i -= 8;
+    for (; i < k; i++)
+        if (t[(ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]] == 0) return i;
+    return k;
+}
+
+/* The len elements of a unit outside the sample: each key that h (its
+ * bits bm) lacks is counted once. */
+static void add_absent(const uint8_t *exp, const uint8_t *ctx, size_t len, uint8_t bm[128],
+                       uint32_t h[LLX_GROUPS][256])
+{
+    size_t i = 0;
+    while ((i += first_absent(exp + i, ctx ? ctx + i : NULL, len - i, bm, h)) < len) {
+        unsigned key = (ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i];
+        h[key >> 8][key & 0xFF] = 1;
+        bm[key >> 3] |= (uint8_t)(1u << (key & 7));
+        i++;
+    }
+}
+
+/* The block's exponent histograms per group (w->ctx when use_map, else one
+ * group): into h of the rows without a reference, and with row references
+ * (nref) into hr of the rows with one. */
+static void exponent_hists(kvs_llx_scratch *w, size_t k, uint32_t period, uint32_t phase,
+                           int use_map, size_t nref, uint32_t h[LLX_GROUPS][256],
+                           uint32_t hr[LLX_GROUPS][256])
+{
+    const uint8_t *exp = w->exp, *ctx = use_map ? w->ctx : NULL;
+    size_t unit = use_map ? period : HIST_RUN;
+    size_t first = use_map && phase ? period - phase : unit;
+    if (first > k) first = k;
+    size_t units = 1 + (k - first + unit - 1) / unit;
+    unsigned stride =
+        (!use_map || period >= HIST_MIN_ROW) && units >= HIST_MIN_UNITS ? HIST_SAMPLE : 1;
+    hist_clear(&w->hist[0]);
+    if (nref) hist_clear(&w->hist[1]); /* nref: phase 0, unit u is row u */
+    if (stride == 1) hist_keys(exp, ctx, k, w->key);
+    if (stride == 1 && !nref) {
+        hist_add(&w->hist[0], w->key, k);
+    } else {
+        for (size_t u = 0, i0 = 0, len = first; i0 < k;
+             u++, i0 += len, len = k - i0 < unit ? k - i0 : unit) {
+            if (u % stride) continue;
+            if (stride > 1) hist_keys(exp + i0, ctx ? ctx + i0 : NULL, len, w->key + i0);
+            hist_add(&w->hist[nref && w->ref[u] != 0], w->key + i0, len);
+        }
+    }
+    hist_total(&w->hist[0], h);
+    if (nref) hist_total(&w->hist[1], hr);
+    if (stride == 1) return;
+    uint8_t bm[2][128];
+    for (int c = 0; c < (nref ? 2 : 1); c++) {
+        uint32_t(*t)[256] = c ? hr : h;
+        for (int g = 0; g < LLX_GROUPS; g++)
+            for (int s = 0; s < 256; s++) t[g][s] *= stride;
+        present_bits(t, bm[c]);
+    }
+    /* the units outside the sample: runs of them between the sampled ones
+     * (with references, within runs of rows of one kind) */
+    for (size_t r = 0, end; r < units; r = end) {
+        int c = nref && w->ref[r] != 0;
+        for (end = r + 1; end < units && nref && (w->ref[end] != 0) == c; end++) continue;
+        if (!nref) end = units;
+        for (size_t u = r; u < end;) {
+            if (u % stride == 0) {
+                u++;
+                continue;
+            }
+            size_t u1 = (u / stride + 1) * stride < end ? (u / stride + 1) * stride : end;
+            size_t i0 = first + (u - 1) * unit, i1 = first + (u1 - 1) * unit;
+            if (i1 > k) i1 = k;
+            add_absent(exp + i0, ctx ? ctx + i0 : NULL, i1 - i0, bm[c], c ? hr : h);
+            u = u1;
+        }
+    }
+}
+
 /* The cost of 1, 2 and 4 groups of the histograms h (2: the ranking's
  * halves), tables and map included, in bits; t[g] the tables of 2^g groups,
  * *choice the cheapest g. */
@@ -1068,25 +1199,12 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
     /* The exponents' histograms per group: of the rows without a
      * reference (h), and of those with one (hr) when there are any; kind 1
      * counts them all. */
-    uint32_t h[LLX_GROUPS][256], hall[LLX_GROUPS][256];
-    hist_keys(w->exp, use_map ? w->ctx : NULL, k, w->key);
-    hist_clear(&w->hist[0]);
-    if (nref == 0) {
-        hist_add(&w->hist[0], w->key, k);
-        hist_total(&w->hist[0], h);
-        memcpy(hall, h, sizeof h);
-    } else {
-        uint32_t hr[LLX_GROUPS][256];
-        hist_clear(&w->hist[1]);
-        for (size_t i0 = 0; i0 < k; i0 += period) {
-            size_t len = k - i0 < period ? k - i0 : period;
-            hist_add(&w->hist[w->ref[i0 / period] != 0], w->key + i0, len);
-        }
-        hist_total(&w->hist[0], h);
-        hist_total(&w->hist[1], hr);
+    uint32_t h[LLX_GROUPS][256], hall[LLX_GROUPS][256], hr[LLX_GROUPS][256];
+    exponent_hists(w, k, period, phase, use_map, nref, h, hr);
+    memcpy(hall, h, sizeof h);
+    if (nref)
         for (int g = 0; g < LLX_GROUPS; g++)
-            for (int s = 0; s < 256; s++) hall[g][s] = h[g][s] + hr[g][s];
-    }
+            for (int s = 0; s < 256; s++) hall[g][s] += hr[g][s];
     kvs_rans_freqs t[3][LLX_GROUPS];
     uint8_t form[KVS_RANS_FREQS_MAX];
     int choice = 0;
