@@ -85,6 +85,72 @@ static void test_normalize(void)
     CHECK(kvs_rans_cost_bits(c, &t) >= 1e9);
 }
 
+/* Largest remainders as their definition reads (one scan for the largest
+ * fraction per unit left, the lower symbol first among equal ones), what
+ * kvs_rans_normalize must give on every input. */
+static void normalize_ref(const uint32_t count[256], uint16_t f[256])
+{
+    uint64_t total = 0, rem[256];
+    for (int s = 0; s < 256; s++) total += count[s];
+    memset(f, 0, 256 * sizeof f[0]);
+    if (total == 0) {
+        f[0] = KVS_RANS_TOTAL;
+        return;
+    }
+    int sum = 0;
+    for (int s = 0; s < 256; s++) {
+        uint64_t q = (uint64_t)count[s] * KVS_RANS_TOTAL;
+        f[s] = (uint16_t)(count[s] == 0 ? 0 : q / total ? q / total : 1);
+        rem[s] = count[s] && q / total ? q % total : 0;
+        sum += f[s];
+    }
+    for (int d = (int)KVS_RANS_TOTAL - sum; d > 0; d--) {
+        int best = 0;
+        for (int s = 1; s < 256; s++)
+            if (rem[s] > rem[best]) best = s;
+        f[best]++;
+        rem[best] = 0;
+    }
+    for (int d = (int)KVS_RANS_TOTAL - sum; d < 0;) {
+        int big = 0;
+        for (int s = 1; s < 256; s++)
+            if (f[s] > f[big]) big = s;
+        int take = (f[big] + 7) / 8;
+        if (take > f[big] - 1) take = f[big] - 1;
+        if (take > -d) take = -d;
+        f[big] = (uint16_t)(f[big] - take);
+        d += take;
+    }
+}
+
+/* kvs_rans_normalize against normalize_ref: 3000 random count vectors,
+ * sparse and dense, counts of 1 beside large ones (rounded up, then taken
+ * back), equal counts (equal fractions), totals from 1 to about 2^40. */
+static void test_normalize_definition(void)
+{
+    uint64_t s = 99;
+    int bad = 0;
+    for (int n = 0; n < 3000; n++) {
+        uint32_t c[256] = {0};
+        unsigned used = 1 + (unsigned)(lcg(&s) % 256), form = (unsigned)(lcg(&s) % 4);
+        for (unsigned j = 0; j < used; j++) {
+            unsigned sym = (unsigned)(lcg(&s) % 256);
+            uint32_t v = form == 0   ? (uint32_t)(lcg(&s) % 100)
+                         : form == 1 ? (lcg(&s) % 3 ? 1u : (uint32_t)(lcg(&s) % 1000000))
+                         : form == 2 ? 7u
+                                     : (uint32_t)lcg(&s);
+            c[sym] = v;
+        }
+        kvs_rans_freqs t;
+        uint16_t want[256];
+        kvs_rans_normalize(c, &t);
+        normalize_ref(c, want);
+        if (memcmp(t.f, want, sizeof want) != 0 && bad++ < 3)
+            fprintf(stderr, "normalize: vector %d (form %u, %u symbols) differs\n", n, form, used);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 static void test_table_form(void)
 {
     kvs_rans_freqs t = {{0}}, back;
@@ -482,6 +548,7 @@ static void test_decoder_refusals(void)
 int main(void)
 {
     RUN(test_normalize);
+    RUN(test_normalize_definition);
     RUN(test_table_form);
     RUN(test_roundtrips);
     RUN(test_kernels_agree);
