@@ -283,7 +283,8 @@ void kvs_rans_dec_init(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned
 static const kvs_rans_kernels kernel_sets[] = {
     [KVS_RANS_SCALAR] = {kvs_rans_enc_groups_scalar, kvs_rans_dec_groups_scalar, NULL, NULL},
 #if KVS_HAVE_X86
-    [KVS_RANS_AVX2] = {kvs_rans_enc_groups_avx2, kvs_rans_dec_groups_avx2, NULL, NULL},
+    [KVS_RANS_AVX2] = {kvs_rans_enc_groups_avx2, kvs_rans_dec_groups_avx2, NULL,
+                       kvs_rans_dec_fill_avx2},
     [KVS_RANS_AVX512] = {kvs_rans_enc_groups_avx512, kvs_rans_dec_groups_avx512,
                          kvs_rans_dec_joint_avx512, kvs_rans_dec_fill_avx512},
 #endif

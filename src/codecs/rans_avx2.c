@@ -178,3 +178,38 @@ void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
     *pp = p;
     *nocode |= !_mm256_testz_si256(bad, bad);
 }
+
+void kvs_rans_dec_fill_avx2(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)
+{
+    /* Eight slots a store, the last ones of a symbol by a masked store (the
+     * last symbol's run ends at the table's end), and only the symbols with
+     * slots, found 16 at a time: the scalar loop scans all 256 and stores
+     * four slots at a time. */
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), step = _mm256_set1_epi32(8);
+    for (unsigned c = 0; c < nctx; c++) {
+        uint32_t *slot = d->slot + c * KVS_RANS_TOTAL, start = 0;
+        for (unsigned s0 = 0; s0 < 256; s0 += 16) {
+            __m256i f16 = _mm256_loadu_si256((const __m256i *)(t[c].f + s0));
+            /* two mask bits a symbol: the even one says it has slots */
+            uint32_t used = ~(uint32_t)_mm256_movemask_epi8(
+                                _mm256_cmpeq_epi16(f16, _mm256_setzero_si256())) &
+                            0x55555555u;
+            for (; used; used &= used - 1) {
+                uint32_t s = s0 + (uint32_t)__builtin_ctz(used) / 2, f = t[c].f[s], j = 0;
+                __m256i v = _mm256_add_epi32(
+                    _mm256_set1_epi32((int)(f << KVS_RANS_DEC_F_SHIFT |
+                                            s << KVS_RANS_DEC_SYM_SHIFT)),
+                    lane);
+                for (; j + 8 <= f; j += 8) {
+                    _mm256_storeu_si256((__m256i *)(slot + start + j), v);
+                    v = _mm256_add_epi32(v, step);
+                }
+                if (j < f)
+                    _mm256_maskstore_epi32((int *)(slot + start + j),
+                                           _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(f - j)), lane),
+                                           v);
+                start += f;
+            }
+        }
+    }
+}

@@ -63,6 +63,7 @@ void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               uint32_t *nocode);
 size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                 const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+void kvs_rans_dec_fill_avx2(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
