@@ -521,6 +521,12 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
     return nref;
 }
 
+/* Element i's histogram key: its group (ctx NULL: 0) << 8 | its exponent. */
+static inline unsigned key_at(const uint8_t *exp, const uint8_t *ctx, size_t i)
+{
+    return (ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i];
+}
+
 /* key[i] = ctx[i] << 8 | exp[i] (ctx NULL: all group 0), the histograms'
  * indices: made for the whole block before any is counted, as a store of
  * 16 read back at once as 16-bit loads does not forward (that was slower
@@ -540,7 +546,7 @@ static void hist_keys(const uint8_t *restrict exp, const uint8_t *restrict ctx, 
         _mm_storeu_si128((__m128i *)(key + i + 8), _mm_unpackhi_epi8(e, c));
     }
 #endif
-    for (; i < k; i++) key[i] = (uint16_t)((ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]);
+    for (; i < k; i++) key[i] = (uint16_t)key_at(exp, ctx, i);
 }
 
 /* Whether the histograms use the 16-bit ways (else the 32-bit ones). */
@@ -671,20 +677,21 @@ static size_t first_absent(const uint8_t *exp, const uint8_t *ctx, size_t k,
 #endif
     /* eight keys a test, without a branch or a flag per key: a count less
      * 1 has its top bit set only where the count is 0 (counts < 2^31);
-     * without contexts a loop of its own */
+     * without contexts a loop of its own; the eight with an absent key are
+     * then searched one by one */
     const uint32_t *t = h[0];
-    uint32_t none = 0;
-    if (ctx)
-        for (; i + 8 <= k && !(none >> 31); i += 8)
+    for (; i + 8 <= k; i += 8) {
+        uint32_t none = 0;
+        if (ctx)
 #pragma GCC unroll 8
             for (size_t q = i; q < i + 8; q++) none |= t[(unsigned)ctx[q] << 8 | exp[q]] - 1;
-    else
-        for (; i + 8 <= k && !(none >> 31); i += 8)
+        else
 #pragma GCC unroll 8
             for (size_t q = i; q < i + 8; q++) none |= t[exp[q]] - 1;
-    if (none >> 31) i -= 8;
+        if (none >> 31) break;
+    }
     for (; i < k; i++)
-        if (t[(ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i]] == 0) return i;
+        if (t[key_at(exp, ctx, i)] == 0) return i;
     return k;
 }
 
@@ -695,7 +702,7 @@ static void add_absent(const uint8_t *exp, const uint8_t *ctx, size_t len, uint8
 {
     size_t i = 0;
     while ((i += first_absent(exp + i, ctx ? ctx + i : NULL, len - i, bm, h)) < len) {
-        unsigned key = (ctx ? (unsigned)ctx[i] << 8 : 0u) | exp[i];
+        unsigned key = key_at(exp, ctx, i);
         h[key >> 8][key & 0xFF] = 1;
         bm[key >> 3] |= (uint8_t)(1u << (key & 7));
         i++;

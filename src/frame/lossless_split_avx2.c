@@ -2,9 +2,9 @@
  * histograms lack (lossless_split.h), 32 elements a step with AVX2, for
  * cores without AVX-512 (lossless_split_avx512.c has the AVX-512 one):
  * the portable loop, a load and a test per element, costs about what the
- * sampled counting saves (docs/performance.md). Compiled with the AVX2 flags (CMakeLists.txt);
- * the caller checks the CPU. Returns what the portable loop returns
- * (test_lossless runs both). */
+ * sampled counting saves (docs/performance.md). Compiled with the AVX2
+ * flags (CMakeLists.txt); the caller checks the CPU. Returns what the
+ * portable loop returns (test_lossless runs both). */
 #include <immintrin.h>
 
 #include "frame/lossless_split.h"
