@@ -644,6 +644,14 @@ static int settled_count(const char *path, int want)
     return n;
 }
 
+/* The process's threads between cases (main's before the first): a case
+ * waits for this count before taking its own, since the threads the step
+ * before it joined (use_scenario's stores, the previous case) may still be
+ * listed in /proc for a moment; counted too early, one of them made a case
+ * see a thread "left running" -1 times (one run in about 120 on a busy
+ * 2-core host). */
+static int g_tasks_idle;
+
 static char g_case[160]; /* the case running, for the hang guard */
 
 static void raw_write(const char *s)
@@ -663,6 +671,12 @@ static void on_alarm(int sig)
     raw_write("test_faults: HANG: the case ");
     raw_write(g_case);
     raw_write(" did not finish within its time limit\n");
+    if (atomic_load(&g_fired) && g_fire_bt_len > 0) {
+        /* where the injected call was made (addr2line -e test_faults):
+         * backtrace_symbols_fd does not allocate */
+        raw_write("test_faults: the injected call was made from:\n");
+        backtrace_symbols_fd(g_fire_bt, g_fire_bt_len, 2);
+    }
     _exit(3);
 }
 
@@ -1309,7 +1323,7 @@ static void run_case(enum scenario sc, int ki, long n, long *calls, struct stats
         snprintf(g_case, sizeof g_case, "%s/fault-free", scen_names[sc]);
     g_case_failed = 0;
     int fds0 = count_entries("/proc/self/fd");
-    int tasks0 = count_entries("/proc/self/task");
+    int tasks0 = settled_count("/proc/self/task", g_tasks_idle);
     size_t live0 = track_live();
     unsigned long epoch = ++g_epoch;
 
@@ -1478,6 +1492,7 @@ int main(void)
     if (s) snprintf(g_only, sizeof g_only, "%s", s);
 
     signal(SIGALRM, on_alarm);
+    g_tasks_idle = count_entries("/proc/self/task");
     void *warm[2];
     (void)backtrace(warm, 2); /* loads the unwinder now, not inside a fault */
 

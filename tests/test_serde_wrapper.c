@@ -13,6 +13,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1711,6 +1712,148 @@ static void test_close_with_tasks_in_flight(void)
     kvs_l2_destroy(w);
 }
 
+/* A completion that lands while a refused submit holds the wrapper's lock
+ * is still carried on. A finishing task's hook only marks its phase when
+ * the lock is taken, trusting the holder to drain the mark as it lets go:
+ * the temp pool's refusal let go without draining, so a load whose inner
+ * read finished in that moment was never deserialized nor completed, and
+ * close() then waited for it for ever (found by test_faults, one run in
+ * about 200 on a busy 2-core host). Here refused submits hammer the lock
+ * while a load is in flight, round after round. */
+static void test_completion_during_refused_submit(void)
+{
+    enum { ROUNDS = 2000, SPAM_MAX = 100000 };
+    /* 1.5 x 2048 bytes a temp: the load's one fits, the other task's two
+     * never do */
+    kvs_l2_adapter *w = mem_wrapper(fp8_proc(), 3 * 3072 / 2, NULL);
+    REQUIRE(w != NULL);
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 1, (int64_t[]){2048});
+    kvs_object_key keys[2]; /* key 1 is never stored: its load is refused first */
+    kvs_memobj *src[1], *dst[2];
+    keys_range(keys, 0, 2);
+    new_objs(src, 1, &l);
+    new_objs(dst, 2, &l);
+    fill_exact(src[0], 1);
+    kvs_l2_store_result res;
+    CHECK_OK(do_store(w, keys, src, 1, &res));
+    CHECK_EQ_INT(res.state, KVS_TASK_OK);
+    int stuck = 0;
+    long refused = 0;
+    for (int r = 0; r < ROUNDS && !stuck; r++) {
+        kvs_l2_task_id id;
+        CHECK_OK(kvs_l2_submit_load(w, keys, dst, 1, &id));
+        kvs_l2_bitmap bm = {0};
+        int done = 0;
+        for (int i = 0; i < SPAM_MAX && !done; i++) {
+            kvs_l2_task_id rid;
+            kvs_l2_bitmap rb;
+            CHECK_OK(kvs_l2_submit_load(w, keys, dst, 2, &rid)); /* the pool refuses it */
+            CHECK_OK(kvs_l2_query_load(w, rid, &rb));
+            /* a load's refusal: the task done, its keys missed, the reason */
+            static const char why[] = "serde wrapper: temp pool exhausted: need 6144 bytes "
+                                      "for 2 temps, ";
+            int ok = rb.state == KVS_TASK_OK && rb.status == KVS_ENOMEM && rb.nhits == 0 &&
+                     strncmp(rb.message, why, sizeof why - 1) == 0;
+            if (!ok) KVS_FAIL_("refused load: state %d status %d '%s'", (int)rb.state,
+                               rb.status, rb.message);
+            refused += ok;
+            kvs_l2_bitmap_release(&rb);
+            CHECK_OK(kvs_l2_query_load(w, id, &bm));
+            done = bm.state != KVS_TASK_PENDING;
+            if (!done) kvs_l2_bitmap_release(&bm);
+        }
+        if (!done) {
+            /* nothing takes the lock now: a mark left behind stays */
+            struct timespec ts = {0, 200000000};
+            nanosleep(&ts, NULL);
+            CHECK_OK(kvs_l2_query_load(w, id, &bm));
+            done = bm.state != KVS_TASK_PENDING;
+        }
+        if (!done) {
+            stuck = 1;
+            KVS_FAIL_("round %d: the load never completed", r);
+            continue;
+        }
+        CHECK_EQ_INT(bm.state, KVS_TASK_OK);
+        CHECK_EQ_STR(bits(&bm), "1");
+        kvs_l2_bitmap_release(&bm);
+        CHECK(same_bytes(src[0], dst[0]));
+    }
+    CHECK(stuck || refused >= ROUNDS); /* each round refused at least once */
+    if (!stuck) CHECK_OK(kvs_l2_close(w)); /* else close would wait for the lost load */
+    free_objs(src, 1);
+    free_objs(dst, 2);
+    if (!stuck) kvs_l2_destroy(w);
+}
+
+/* close() with a load in flight returns once the load has ended, however
+ * the load's completions meet close's own holds of the wrapper's lock (a
+ * hook that finds it held leaves its phase marked for the holder; close
+ * used to sleep on a condition of that lock, where a mark made just before
+ * the sleep would have stayed: a window too narrow for these rounds to hit
+ * in six runs of the old code, so this guards the new wait rather than
+ * showing the old one's flaw). Rounds of a load submitted and close called
+ * at once; close runs on a thread of its own so that a lost load fails the
+ * test instead of hanging it. */
+struct closer {
+    kvs_l2_adapter *w;
+    atomic_int done;
+    int rc;
+};
+
+static void *closer_main(void *arg)
+{
+    struct closer *c = arg;
+    c->rc = kvs_l2_close(c->w);
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+static void test_close_meets_completions(void)
+{
+    enum { ROUNDS = 400 };
+    kvs_layout l = layout1(KVS_DTYPE_BFLOAT16, 1, (int64_t[]){2048});
+    kvs_object_key key;
+    kvs_memobj *src[1], *dst[1];
+    keys_range(&key, 0, 1);
+    new_objs(src, 1, &l);
+    new_objs(dst, 1, &l);
+    fill_exact(src[0], 3);
+    for (int r = 0; r < ROUNDS; r++) {
+        kvs_l2_adapter *w = mem_wrapper(fp8_proc(), 0, NULL);
+        REQUIRE(w != NULL);
+        kvs_l2_store_result res;
+        CHECK_OK(do_store(w, &key, src, 1, &res));
+        CHECK_EQ_INT(res.state, KVS_TASK_OK);
+        memset(dst[0]->data, 0, dst[0]->capacity);
+        kvs_l2_task_id id;
+        CHECK_OK(kvs_l2_submit_load(w, &key, dst, 1, &id));
+        struct closer c = {w, 0, KVS_OK};
+        pthread_t th;
+        REQUIRE(pthread_create(&th, NULL, closer_main, &c) == 0);
+        for (int ms = 0; ms < 5000 && !atomic_load(&c.done); ms++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (!atomic_load(&c.done)) {
+            KVS_FAIL_("round %d: close did not return within 5 s", r);
+            pthread_detach(th); /* it and the wrapper are lost */
+            break;
+        }
+        pthread_join(th, NULL);
+        CHECK_OK(c.rc);
+        kvs_l2_bitmap bm;
+        CHECK_OK(kvs_l2_query_load(w, id, &bm));
+        CHECK_EQ_INT(bm.state, KVS_TASK_OK);
+        CHECK_EQ_STR(bits(&bm), "1");
+        kvs_l2_bitmap_release(&bm);
+        CHECK(same_bytes(src[0], dst[0]));
+        kvs_l2_destroy(w);
+    }
+    free_objs(src, 1);
+    free_objs(dst, 1);
+}
+
 /* destroy without close, with tasks in flight, leaks nothing. */
 static void test_destroy_with_tasks_in_flight(void)
 {
@@ -2355,6 +2498,8 @@ int main(void)
     RUN(test_destroy_with_tasks_in_flight);
     RUN(test_concurrent_clients);
     RUN(test_racing_closes);
+    RUN(test_completion_during_refused_submit);
+    RUN(test_close_meets_completions);
     RUN(test_list_keys_passes_through);
     RUN(test_phase_order_is_submission_order);
     RUN(test_phases_chain_on_the_finishing_thread);

@@ -190,8 +190,14 @@ struct wrapper {
     pthread_t thread;
     int thread_started;
 
-    pthread_mutex_t mu;         /* guards everything below */
-    pthread_cond_t idle;        /* inflight dropped to 0 */
+    /* close()'s sleep until no task is in flight: a count that moves when
+     * inflight drops to 0 (not a condition of mu: see wait_idle) */
+    pthread_mutex_t idle_mu;
+    pthread_cond_t idle_cv;
+    uint64_t idle_seq;          /* guarded by idle_mu */
+
+    pthread_mutex_t mu;         /* guards everything below; held only
+                                   between lock_mu and unlock_mu */
     struct wtask *heads[NPHASES], *tails[NPHASES]; /* each phase's tasks, FIFO */
     _Atomic int pending[NPHASES]; /* a hooked completion found mu held: the
                                      holder drains the phase (not guarded) */
@@ -209,6 +215,9 @@ struct wrapper {
     pthread_mutex_t close_mu;   /* serializes close() callers */
     int closed;                 /* guarded by close_mu */
 };
+
+static void lock_mu(struct wrapper *w);
+static void unlock_mu(struct wrapper *w, struct temp **to_free);
 
 static struct wrapper *wr_of(kvs_l2_adapter *a)
 {
@@ -341,11 +350,11 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
     int overflow = size != 0 && need / size != n;
     struct temp *to_free = NULL;
 
-    pthread_mutex_lock(&w->mu);
+    lock_mu(w);
     uint64_t free_bytes = w->pool_capacity - w->pool_in_use;
     if (overflow || need > free_bytes) {
         uint64_t cap = w->pool_capacity;
-        pthread_mutex_unlock(&w->mu);
+        unlock_mu(w, &to_free);
         if (overflow)
             return kvs_set_error(KVS_ENOMEM,
                                  "%s: temp pool exhausted: need %zu temps of %zu bytes, "
@@ -383,28 +392,25 @@ static int pool_reserve(struct wrapper *w, size_t n, size_t size, struct temp **
         t->next = to_free;
         to_free = t;
     }
-    pthread_mutex_unlock(&w->mu);
-    free_list(to_free);
-    to_free = NULL;
+    unlock_mu(w, &to_free);
 
     for (size_t i = got; i < n; i++) {
         temps[i] = temp_new(size);
         if (temps[i] == NULL) {
-            pthread_mutex_lock(&w->mu);
+            lock_mu(w);
             pool_release_locked(w, temps, i, size, &to_free);
             /* the temps never allocated were counted too */
             w->pool_in_use -= (uint64_t)(n - i) * size;
             w->temps_in_use -= n - i;
-            pthread_mutex_unlock(&w->mu);
-            free_list(to_free);
+            unlock_mu(w, &to_free);
             return kvs_set_error(KVS_ENOMEM, "%s: cannot allocate a temp of %zu bytes",
                                  OWNER, size);
         }
     }
     if (got < n) {
-        pthread_mutex_lock(&w->mu);
+        lock_mu(w);
         w->temps_allocated += n - got;
-        pthread_mutex_unlock(&w->mu);
+        unlock_mu(w, &to_free);
     }
     for (size_t i = 0; i < got; i++)
         (void)kvs_memobj_set_used_size(&temps[i]->obj, size); /* undo any narrowing */
@@ -505,7 +511,12 @@ static void finish_locked(struct wrapper *w, struct wtask *wt, struct temp **to_
     kvs_l2_tq_complete(&w->tq, wt->t);
     wt->t = NULL;
     wtask_free(wt);
-    if (--w->inflight == 0) pthread_cond_broadcast(&w->idle);
+    if (--w->inflight == 0) {
+        pthread_mutex_lock(&w->idle_mu);
+        w->idle_seq++;
+        pthread_cond_broadcast(&w->idle_cv);
+        pthread_mutex_unlock(&w->idle_mu);
+    }
 }
 
 /* Fill a load result from the inner bitmap kept in the task. */
@@ -707,7 +718,10 @@ static void drain_locked(struct wrapper *w, enum phase ph, struct temp **to_free
  * after its unlock (the marks are sequentially consistent atomics). This
  * covers a hook on the holder's own thread (a task the callee completed
  * inside a submit: its trylock fails) and spares a hook on another thread
- * a sleep on mu and the holder a wake-up of it.
+ * a sleep on mu and the holder a wake-up of it. So mu is taken only by
+ * lock_mu and let go only by unlock_mu, everywhere (the temp pool, the
+ * status, close): a plain unlock, or a sleep on a condition of mu, would
+ * leave a mark made meanwhile behind, and its task would never end.
  * ------------------------------------------------------------------ */
 
 /* Drain every phase marked pending (mu held); a drain can submit a next
@@ -767,6 +781,31 @@ static void phase_done(struct wrapper *w, enum phase ph, uint64_t id)
         if (wt) advance_if_done_locked(w, wt, &to_free);
     }
     unlock_mu(w, &to_free);
+}
+
+/* close()'s wait for the tasks in flight to end; then the poll thread is
+ * told to stop. It cannot sleep on a condition of mu: a hook that finds mu
+ * held leaves its phase marked for the holder, and a holder asleep in
+ * pthread_cond_wait drains nothing, so a mark made just before that sleep
+ * would stay, and the task with it. It lets mu go as every holder does
+ * (unlock_mu drains), then sleeps on idle_seq, read before it looked. */
+static void wait_idle(struct wrapper *w)
+{
+    for (;;) {
+        pthread_mutex_lock(&w->idle_mu);
+        uint64_t seen = w->idle_seq;
+        pthread_mutex_unlock(&w->idle_mu);
+        struct temp *to_free = NULL;
+        lock_mu(w);
+        drain_pending_locked(w, &to_free);
+        int idle = w->inflight == 0;
+        if (idle) w->stop = 1;
+        unlock_mu(w, &to_free);
+        if (idle) return;
+        pthread_mutex_lock(&w->idle_mu);
+        while (w->idle_seq == seen) pthread_cond_wait(&w->idle_cv, &w->idle_mu);
+        pthread_mutex_unlock(&w->idle_mu);
+    }
 }
 
 static void serialize_done(void *ctx, uint64_t id) { phase_done(ctx, PH_SERIALIZE, id); }
@@ -1333,7 +1372,8 @@ static int wr_status(kvs_l2_adapter *a, json_t **out)
     json_t *st = NULL;
     int rc = kvs_l2_status(w->inner, &st);
     if (rc) return rc;
-    pthread_mutex_lock(&w->mu);
+    struct temp *to_free = NULL;
+    lock_mu(w);
     json_t *pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                              "capacity_bytes", (json_int_t)w->pool_capacity,
                              "in_use_bytes", (json_int_t)w->pool_in_use,
@@ -1343,7 +1383,7 @@ static int wr_status(kvs_l2_adapter *a, json_t **out)
                              "peak_in_use_bytes", (json_int_t)w->peak_in_use,
                              "allocated_temps", (json_int_t)w->temps_allocated,
                              "tasks_in_flight", (json_int_t)w->inflight);
-    pthread_mutex_unlock(&w->mu);
+    unlock_mu(w, &to_free);
     /* json_object_set_new() takes the value's reference even when it fails. */
     int bad = pool == NULL || !json_is_object(st);
     if (bad) json_decref(pool);
@@ -1373,10 +1413,7 @@ static int wr_close(kvs_l2_adapter *a)
     (void)kvs_l2_tq_close_begin(&w->tq);
     /* 2. Every task in flight runs to its end and signals; the poll thread
      *    drives them while the processor and the inner adapter stay open. */
-    pthread_mutex_lock(&w->mu);
-    while (w->inflight > 0) pthread_cond_wait(&w->idle, &w->mu);
-    w->stop = 1;
-    pthread_mutex_unlock(&w->mu);
+    wait_idle(w);
     /* 3. Stop the poll thread (before the fds it polls go away). */
     if (w->thread_started) {
         (void)kvs_notifier_notify(&w->wake);
@@ -1398,13 +1435,13 @@ static int wr_close(kvs_l2_adapter *a)
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
     }
     /* 5. Release the pool and the fds. */
-    pthread_mutex_lock(&w->mu);
-    struct temp *idle = w->idle_temps;
+    struct temp *idle = NULL;
+    lock_mu(w);
+    idle = w->idle_temps;
     w->idle_temps = NULL;
     w->pool_cached = 0;
     w->temps_cached = 0;
-    pthread_mutex_unlock(&w->mu);
-    free_list(idle);
+    unlock_mu(w, &idle);
     kvs_l2_tq_close_fds(&w->tq);
     kvs_notifier_close(&w->wake);
     w->closed = 1;
@@ -1421,7 +1458,8 @@ static void wr_free(struct wrapper *w)
     if (w->tq_ready) kvs_l2_tq_destroy(&w->tq);
     kvs_notifier_close(&w->wake);
     free_list(w->idle_temps);
-    pthread_cond_destroy(&w->idle);
+    pthread_cond_destroy(&w->idle_cv);
+    pthread_mutex_destroy(&w->idle_mu);
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->close_mu);
     free(w);
@@ -1508,7 +1546,8 @@ int kvs_serde_wrapper_create_named(kvs_l2_adapter *inner, kvs_processor *proc,
     w->pool_capacity = options && options->temp_pool_bytes ? options->temp_pool_bytes
                                                             : DEFAULT_POOL_BYTES;
     pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->idle, NULL);
+    pthread_mutex_init(&w->idle_mu, NULL);
+    pthread_cond_init(&w->idle_cv, NULL);
     pthread_mutex_init(&w->close_mu, NULL);
 
     /* The four fds the poll thread drains; they must be distinct. */
