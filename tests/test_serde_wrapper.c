@@ -1793,9 +1793,9 @@ static void test_completion_during_refused_submit(void)
  * the load's completions meet close's own holds of the wrapper's lock (a
  * hook that finds it held leaves its phase marked for the holder; close
  * used to sleep on a condition of that lock, where a mark made just before
- * the sleep would have stayed: a window too narrow for these rounds to hit
- * in six runs of the old code, so this guards the new wait rather than
- * showing the old one's flaw). Rounds of a load submitted and close called
+ * the sleep would have stayed: a window these rounds did not hit in 5 runs
+ * of the old code alone, so this guards the new wait rather than showing
+ * the old one's flaw). Rounds of a load submitted and close called
  * at once; close runs on a thread of its own so that a lost load fails the
  * test instead of hanging it. */
 struct closer {

@@ -1435,9 +1435,8 @@ static int wr_close(kvs_l2_adapter *a)
         snprintf(msg, sizeof msg, "%s", kvs_last_error());
     }
     /* 5. Release the pool and the fds. */
-    struct temp *idle = NULL;
     lock_mu(w);
-    idle = w->idle_temps;
+    struct temp *idle = w->idle_temps;
     w->idle_temps = NULL;
     w->pool_cached = 0;
     w->temps_cached = 0;
