@@ -237,9 +237,12 @@ static int wait_store(kvs_l2_adapter *a, kvs_l2_task_id id, kvs_l2_store_result 
     }
 }
 
-static int wait_bitmap(kvs_l2_adapter *a, int load, kvs_l2_task_id id, kvs_l2_bitmap *out)
+/* Wait for a lookup (load 0) or load task, up to wait_ms, looking every
+ * poll_ms; 1 if it ended. */
+static int wait_bitmap_for(kvs_l2_adapter *a, int load, kvs_l2_task_id id, kvs_l2_bitmap *out,
+                           int wait_ms, int poll_ms)
 {
-    int64_t deadline = now_ms() + WAIT_MS;
+    int64_t deadline = now_ms() + wait_ms;
     for (;;) {
         int rc = load ? kvs_l2_query_load(a, id, out) : kvs_l2_query_lookup_and_lock(a, id, out);
         if (rc != KVS_OK) return 0;
@@ -248,8 +251,13 @@ static int wait_bitmap(kvs_l2_adapter *a, int load, kvs_l2_task_id id, kvs_l2_bi
         struct pollfd p = {load ? kvs_l2_load_event_fd(a) : kvs_l2_lookup_event_fd(a), POLLIN,
                            0};
         if (p.fd < 0) return 0;
-        if (poll(&p, 1, 50) > 0) kvs_event_fd_consume(p.fd, NULL);
+        if (poll(&p, 1, poll_ms) > 0) kvs_event_fd_consume(p.fd, NULL);
     }
+}
+
+static int wait_bitmap(kvs_l2_adapter *a, int load, kvs_l2_task_id id, kvs_l2_bitmap *out)
+{
+    return wait_bitmap_for(a, load, id, out, WAIT_MS, 50);
 }
 
 /* Submit a store and wait for it. */
@@ -1882,21 +1890,6 @@ static void soak_fail(struct soak *s, const char *what, long long a, long long b
     atomic_store(&s->stop, 1);
 }
 
-/* wait_bitmap for loads from several threads: they share the load fd, and
- * one's read of it takes the others' wake-ups, so each looks every ms. */
-static int soak_wait_load(kvs_l2_adapter *w, kvs_l2_task_id id, kvs_l2_bitmap *out)
-{
-    int64_t deadline = now_ms() + 10000;
-    for (;;) {
-        if (kvs_l2_query_load(w, id, out) != KVS_OK) return 0;
-        if (out->state != KVS_TASK_PENDING) return 1;
-        if (now_ms() > deadline) return 0;
-        struct pollfd p = {kvs_l2_load_event_fd(w), POLLIN, 0};
-        if (p.fd < 0) return 0;
-        if (poll(&p, 1, 1) > 0) kvs_event_fd_consume(p.fd, NULL);
-    }
-}
-
 static void *soak_loader(void *arg)
 {
     struct soak *s = arg;
@@ -1917,7 +1910,9 @@ static void *soak_loader(void *arg)
             soak_fail(s, "a load refused at submit", n, 0);
             break;
         }
-        if (!soak_wait_load(s->w, id, &bm)) {
+        /* the loaders share the load fd, and one's read of it takes the
+         * others' wake-ups: each looks every ms */
+        if (!wait_bitmap_for(s->w, 1, id, &bm, 10000, 1)) {
             soak_fail(s, "a load task never ended within 10 s (task, keys)", (long long)id, n);
             break;
         }

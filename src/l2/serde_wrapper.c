@@ -788,7 +788,8 @@ static void phase_done(struct wrapper *w, enum phase ph, uint64_t id)
  * held leaves its phase marked for the holder, and a holder asleep in
  * pthread_cond_wait drains nothing, so a mark made just before that sleep
  * would stay, and the task with it. It lets mu go as every holder does
- * (unlock_mu drains), then sleeps on idle_seq, read before it looked. */
+ * (unlock_mu drains), then sleeps on idle_seq, read before it looked: a
+ * last task that drain (or anyone) finishes after the look moves it. */
 static void wait_idle(struct wrapper *w)
 {
     for (;;) {
@@ -797,7 +798,6 @@ static void wait_idle(struct wrapper *w)
         pthread_mutex_unlock(&w->idle_mu);
         struct temp *to_free = NULL;
         lock_mu(w);
-        drain_pending_locked(w, &to_free);
         int idle = w->inflight == 0;
         if (idle) w->stop = 1;
         unlock_mu(w, &to_free);
