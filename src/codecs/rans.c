@@ -233,6 +233,7 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
 {
     pthread_once(&rcp_once, rcp_init);
     e->top = nctx - 1;
+    e->wide_ok = kvs_rans_isa() >= KVS_RANS_AVX2;
     for (unsigned c = 0; c < nctx; c++) {
         uint32_t start = 0;
         for (unsigned s = 0; s < 256; s++) {
@@ -240,14 +241,12 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
             /* f = 1: q = x - 1 (the reciprocal of 1 does not fit): the bias
              * makes bias + x + (x - 1)(M - 1) = x M + start */
             uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : f ? start : 0;
-            e->info[c * 256 + s] = bias | f << 13 | (uint32_t)shift_of[f] << 26;
+            uint32_t info = bias | f << 13 | (uint32_t)shift_of[f] << 26;
+            e->info[c * 256 + s] = info;
+            if (e->wide_ok) e->wide[c * 256 + s] = info | (uint64_t)kvs_rans_rcp_of[f] << 32;
             start += f;
         }
     }
-    e->wide_ok = kvs_rans_isa() == KVS_RANS_AVX2;
-    if (e->wide_ok)
-        for (unsigned i = 0; i < nctx * 256; i++)
-            e->wide[i] = e->info[i] | (uint64_t)kvs_rans_rcp_of[e->info[i] >> 13 & 0x1FFF] << 32;
 }
 
 static const kvs_rans_kernels *kernels(void); /* which kernels, below */

@@ -59,11 +59,12 @@ typedef struct kvs_rans_freqs {
 typedef struct kvs_rans_enc_tables {
     uint32_t info[KVS_RANS_MAX_CTX * 256];
     uint32_t top; /* the last context with a table: nctx - 1 */
-    /* The AVX2 kernel's form of the same: info | the reciprocal << 32, both
-     * from one 64-bit gather (on Zen 3 the two 32-bit gathers, the second
-     * waiting on the first's f, were 1.4x slower: 96 against 65-69 us
-     * for 65,536 symbols). Filled only where kvs_rans_enc_init runs with
-     * the AVX2 kernels in use (wide_ok); elsewhere they code from info. */
+    /* The AVX2 and AVX-512 kernels' form of the same: info | the
+     * reciprocal << 32, both from one 64-bit gather (on Zen 3 the two
+     * 32-bit gathers, the second waiting on the first's f, were 1.4x
+     * slower: 96 against 65-69 us for 65,536 symbols; on Zen 5 see
+     * rans_avx512.c). Filled only where kvs_rans_enc_init runs with those
+     * kernels in use (wide_ok); elsewhere they code from info. */
     uint32_t wide_ok;
     uint64_t wide[KVS_RANS_MAX_CTX * 256];
 } kvs_rans_enc_tables;
