@@ -348,6 +348,93 @@ static void test_tables_across_sets(void)
     free(b);
 }
 
+/* The AVX-512 encoder's byte form (rans.h): taken when every context's
+ * coded symbols fit a window of 256 >> ceil(log2 nctx) symbols, also one
+ * that wraps past 255, and not when one needs a symbol more or there are
+ * more than 8 contexts; either way the stream is the scalar set's, and a
+ * symbol outside its window (frequency 0) is refused as by the scalar
+ * set. Group counts odd and even (an odd top group goes by the gathers). */
+static void test_window_tables(void)
+{
+    if (!use_isa(KVS_RANS_AVX512)) {
+        printf("test_window_tables: no avx512 here: skipped\n");
+        kvs_rans_set_simd(1);
+        return;
+    }
+    static const unsigned nctxs[] = {1, 2, 3, 4, 5, 8, 9};
+    static const size_t sizes[] = {32, 64, 96, 65536 + 32 * 3 + 5};
+    size_t nmax = 65536 + 32 * 3 + 5, cap = kvs_rans_bound(nmax);
+    uint8_t *sym = malloc(nmax), *ctx = malloc(nmax), *a = malloc(cap), *b = malloc(cap),
+            *back = malloc(nmax);
+    static kvs_rans_enc_tables e;
+    static kvs_rans_dec_tables d;
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    int windowed = 0, gathered = 0;
+    for (size_t q = 0; q < sizeof nctxs / sizeof nctxs[0]; q++)
+        for (unsigned extra = 0; extra < 2; extra++)
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+                unsigned nctx = nctxs[q], lg = 0;
+                while ((1u << lg) < nctx) lg++;
+                unsigned w = nctx > 8 ? 32 : 256u >> lg, span = w + extra > 256 ? 256 : w + extra;
+                size_t n = sizes[z];
+                uint64_t seed = 7 * n + nctx + extra;
+                uint32_t count[KVS_RANS_MAX_CTX][256];
+                memset(count, 0, sizeof count);
+                /* context c's symbols: span values from 256 - span / 2 + 37 c
+                 * (mod 256; context 0 wraps), the two ends always present */
+                for (size_t i = 0; i < n; i++) {
+                    unsigned c = (unsigned)(lcg(&seed) % nctx);
+                    unsigned at = i < 2 * nctx ? (i / nctx ? span - 1 : 0)
+                                               : (unsigned)(lcg(&seed) % span);
+                    if (i < 2 * nctx) c = (unsigned)(i % nctx);
+                    sym[i] = (uint8_t)(256 - span / 2 + 37 * c + at);
+                    ctx[i] = (uint8_t)c;
+                    count[c][sym[i]]++;
+                }
+                for (unsigned c = 0; c < nctx; c++) kvs_rans_normalize(count[c], &t[c]);
+                size_t ma = 0, mb = 0;
+                use_isa(KVS_RANS_SCALAR);
+                kvs_rans_enc_init(&e, t, nctx);
+                CHECK_OK(kvs_rans_encode(&e, sym, nctx > 1 ? ctx : NULL, n, a, cap, &ma));
+                use_isa(KVS_RANS_AVX512);
+                kvs_rans_enc_init(&e, t, nctx);
+                int want = nctx <= 8 && span <= w;
+                if ((int)e.win_ok != want)
+                    KVS_FAIL_("%u contexts, spans of %u: byte form %u, expected %d", nctx, span,
+                              e.win_ok, want);
+                windowed += want, gathered += !want;
+                CHECK_OK(kvs_rans_encode(&e, sym, nctx > 1 ? ctx : NULL, n, b, cap, &mb));
+                if (ma != mb || memcmp(a, b, ma) != 0)
+                    KVS_FAIL_("%u contexts, spans of %u, %zu symbols: not the scalar stream",
+                              nctx, span, n);
+                kvs_rans_dec_init(&d, t, nctx);
+                CHECK(kvs_rans_decode(&d, b, mb, nctx > 1 ? ctx : NULL, back, n, "t") == KVS_OK &&
+                      memcmp(back, sym, n) == 0);
+                if (want && nctx > 1 && span < 256 && n >= 96) {
+                    /* one symbol just outside its context's window, in a
+                     * group the byte form codes: no code */
+                    uint8_t keep = sym[n - 40];
+                    sym[n - 40] = (uint8_t)(256 - span / 2 + 37 * ctx[n - 40] + span);
+                    char msg[120];
+                    snprintf(msg, sizeof msg,
+                             "rans: symbol %u at %zu has frequency 0 in the table of context %u",
+                             sym[n - 40], n - 40, ctx[n - 40]);
+                    CHECK_ERR(kvs_rans_encode(&e, sym, ctx, n, b, cap, &mb), KVS_EINVAL, msg);
+                    sym[n - 40] = keep;
+                }
+            }
+    /* one context has a window of all 256 symbols, so a span above it is
+     * windowed too */
+    CHECK_EQ_INT(windowed, 7 * 4);
+    CHECK_EQ_INT(gathered, 7 * 4);
+    kvs_rans_set_simd(1);
+    free(sym);
+    free(ctx);
+    free(a);
+    free(b);
+    free(back);
+}
+
 /* Two streams at once (kvs_rans_decode2, the pair kernels): each stream's
  * symbols are its own decode's, for every kernel set and for streams of
  * different lengths (the pair loop stops at the shorter and the longer
@@ -593,6 +680,7 @@ int main(void)
     RUN(test_roundtrips);
     RUN(test_kernels_agree);
     RUN(test_tables_across_sets);
+    RUN(test_window_tables);
     RUN(test_pair_decode);
     RUN(test_dec_tables_agree);
     RUN(test_context_clamp);

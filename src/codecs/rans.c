@@ -85,11 +85,20 @@ void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
     uint8_t sym[256];
     uint64_t rem[256];
     int nz = counted_symbols(count, sym), sum = 0;
+    /* q / total by a product with 1 / total, then mended: the product is
+     * within one of the quotient (q < 2^53), and a 64-bit division per
+     * symbol was most of this function's time (a block's encoder
+     * normalises 10 to 20 tables) */
+    double inv = 1.0 / (double)total;
     for (int j = 0; j < nz; j++) {
         unsigned s = sym[j];
         uint64_t q = (uint64_t)count[s] * KVS_RANS_TOTAL;
-        out->f[s] = (uint16_t)(q / total ? q / total : 1);
-        rem[j] = q / total ? q % total : 0;
+        uint64_t quo = (uint64_t)((double)q * inv), r;
+        if (quo * total > q) quo--;
+        r = q - quo * total;
+        if (r >= total) quo++, r -= total;
+        out->f[s] = (uint16_t)(quo ? quo : 1);
+        rem[j] = quo ? r : 0;
         sum += out->f[s];
     }
     int d = (int)KVS_RANS_TOTAL - sum;
@@ -229,24 +238,95 @@ static void rcp_init(void)
     }
 }
 
+/* The symbols t codes: bit s of used[s / 64] set where f[s] > 0. */
+static void coded_symbols(const kvs_rans_freqs *t, uint64_t used[4])
+{
+    for (unsigned q = 0; q < 4; q++) {
+        uint64_t m = 0;
+#ifdef __SSE2__
+        for (unsigned s = 0; s < 64; s += 16) {
+            const __m128i *f = (const __m128i *)(t->f + 64 * q + s);
+            __m128i z = _mm_packs_epi16(_mm_cmpeq_epi16(_mm_loadu_si128(f), _mm_setzero_si128()),
+                                        _mm_cmpeq_epi16(_mm_loadu_si128(f + 1), _mm_setzero_si128()));
+            m |= (uint64_t)(~(unsigned)_mm_movemask_epi8(z) & 0xFFFF) << s;
+        }
+#else
+        for (unsigned s = 0; s < 64; s++) m |= (uint64_t)(t->f[64 * q + s] != 0) << s;
+#endif
+        used[q] = m;
+    }
+}
+
+/* Where a window of coded symbols (rans.h's byte form) starts, and in *span
+ * how many symbols it holds: after the longest run of uncoded symbols,
+ * counted round the circle (the row residuals of kind 2 lie around 0 and
+ * wrap past 255). */
+static unsigned window_of(const uint64_t used[4], unsigned *span)
+{
+    unsigned first = 256, prev = 0, gap = 0, start = 0;
+    for (unsigned q = 0; q < 4; q++)
+        for (uint64_t m = used[q]; m; m &= m - 1) {
+            unsigned s = 64 * q + (unsigned)__builtin_ctzll(m);
+            if (first == 256) first = s;
+            else if (s - prev - 1 > gap) gap = s - prev - 1, start = s;
+            prev = s;
+        }
+    if (first == 256) { /* nothing coded */
+        *span = 0;
+        return 0;
+    }
+    if (first + 255 - prev >= gap) gap = first + 255 - prev, start = first;
+    *span = 256 - gap;
+    return start;
+}
+
 void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned nctx)
 {
     pthread_once(&rcp_once, rcp_init);
     e->top = nctx - 1;
     e->wide_ok = kvs_rans_isa() >= KVS_RANS_AVX2;
+    /* The byte form where the AVX-512 kernels run and every context's
+     * window is at most W = 256 >> ceil(log2 nctx) symbols. */
+    unsigned log2 = 8 - (nctx > 1) - (nctx > 2) - (nctx > 4);
+    e->win_ok = kvs_rans_isa() == KVS_RANS_AVX512 && nctx <= 8;
+    uint64_t used[KVS_RANS_MAX_CTX][4];
+    for (unsigned c = 0; c < nctx; c++) {
+        coded_symbols(&t[c], used[c]);
+        unsigned span, start = window_of(used[c], &span);
+        if (span > 1u << log2) e->win_ok = 0;
+        e->win_base[c] = (uint8_t)start;
+    }
+    memset(e->info, 0, nctx * 256 * sizeof e->info[0]);
+    if (e->wide_ok) memset(e->wide, 0, nctx * 256 * sizeof e->wide[0]);
+    if (e->win_ok) memset(e->win_field, 0, sizeof e->win_field);
     for (unsigned c = 0; c < nctx; c++) {
         uint32_t start = 0;
-        for (unsigned s = 0; s < 256; s++) {
-            uint32_t f = t[c].f[s];
-            /* f = 1: q = x - 1 (the reciprocal of 1 does not fit): the bias
-             * makes bias + x + (x - 1)(M - 1) = x M + start */
-            uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : f ? start : 0;
-            uint32_t info = bias | f << 13 | (uint32_t)shift_of[f] << 26;
-            e->info[c * 256 + s] = info;
-            if (e->wide_ok) e->wide[c * 256 + s] = info | (uint64_t)kvs_rans_rcp_of[f] << 32;
-            start += f;
-        }
+        for (unsigned q = 0; q < 4; q++)
+            for (uint64_t m = used[c][q]; m; m &= m - 1) {
+                unsigned s = 64 * q + (unsigned)__builtin_ctzll(m);
+                uint32_t f = t[c].f[s];
+                /* f = 1: q = x - 1 (the reciprocal of 1 does not fit): the
+                 * bias makes bias + x + (x - 1)(M - 1) = x M + start */
+                uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : start;
+                uint32_t info = bias | f << 13 | (uint32_t)shift_of[f] << 26;
+                uint64_t wide = info | (uint64_t)kvs_rans_rcp_of[f] << 32;
+                e->info[c * 256 + s] = info;
+                if (e->wide_ok) e->wide[c * 256 + s] = wide;
+                if (e->win_ok) {
+                    unsigned j = c << log2 | ((s - e->win_base[c]) & 255);
+                    for (unsigned b = 0; b < 8; b++) e->win_field[b][j] = (uint8_t)(wide >> 8 * b);
+                }
+                start += f;
+            }
     }
+    if (!e->win_ok) return;
+    /* contexts above the last count as the last (CTX_AT) */
+    for (unsigned c = 0; c < 64; c++) {
+        unsigned k = c < nctx ? c : nctx - 1;
+        e->win_base[c] = e->win_base[k];
+        e->win_high[c] = (uint8_t)(k << log2 & 0xFF);
+    }
+    e->win_log2 = log2;
 }
 
 static const kvs_rans_kernels *kernels(void); /* which kernels, below */

@@ -67,6 +67,15 @@ typedef struct kvs_rans_enc_tables {
      * kernels in use (wide_ok); elsewhere they code from info. */
     uint32_t wide_ok;
     uint64_t wide[KVS_RANS_MAX_CTX * 256];
+    /* The AVX-512 kernel's byte form, where every context's coded symbols
+     * lie in a window of W = 256 >> ceil(log2 nctx) symbols (nctx <= 8;
+     * win_ok): context c's window starts at win_base[c], and byte b of
+     * wide's entry (c, s) is win_field[b][c W + s - win_base[c]] (0
+     * elsewhere: no code), so the entries of 64 symbols are eight 256-byte
+     * lookups by byte permutes instead of gathers (rans_avx512.c). */
+    uint32_t win_ok, win_log2;
+    uint8_t win_base[64], win_high[64];
+    uint8_t win_field[8][256];
 } kvs_rans_enc_tables;
 
 /* The decoder's table, per context (index ctx * KVS_RANS_TOTAL + slot): the

@@ -166,6 +166,98 @@ static inline __m512i enc_half(__m512i info, __m512i rcp, __m512i X, uint8_t **p
     return X;
 }
 
+/* The entries of the 64 symbols at sym64 (two groups) from the byte form
+ * of the tables (rans.h): info and reciprocal of symbols 16v..16v+15 in
+ * info[v] and rcp[v]; *bad gets a lane whose symbol lies outside its
+ * context's window. Eight byte fields, each a 256-byte lookup of 64
+ * symbols (two 128-byte permutes and a blend), then bytes to dwords by
+ * unpacks; those work within 128-bit lanes, so the indexes are first put
+ * in the order that leaves the dwords in lane order: byte 16k + 4q + r
+ * takes symbol 16q + 4k + r. */
+static inline void win_entries(const kvs_rans_enc_tables *e, const uint8_t *sym64,
+                               const uint8_t *ctx64, __m512i info[4], __m512i rcp[4],
+                               __mmask64 *bad)
+{
+    const __m512i order = _mm512_set_epi8(
+        63, 62, 61, 60, 47, 46, 45, 44, 31, 30, 29, 28, 15, 14, 13, 12, 59, 58, 57, 56, 43,
+        42, 41, 40, 27, 26, 25, 24, 11, 10, 9, 8, 55, 54, 53, 52, 39, 38, 37, 36, 23, 22,
+        21, 20, 7, 6, 5, 4, 51, 50, 49, 48, 35, 34, 33, 32, 19, 18, 17, 16, 3, 2, 1, 0);
+    __m512i s = _mm512_loadu_si512((const void *)sym64);
+    __m512i c = ctx64 ? _mm512_min_epu8(_mm512_loadu_si512((const void *)ctx64),
+                                        _mm512_set1_epi8((char)e->top))
+                      : _mm512_setzero_si512();
+    __m512i d = _mm512_sub_epi8(s, _mm512_permutexvar_epi8(c, _mm512_loadu_si512(e->win_base)));
+    *bad |= _mm512_cmpgt_epu8_mask(d, _mm512_set1_epi8((char)((1u << e->win_log2) - 1)));
+    __m512i j = _mm512_or_si512(d, _mm512_permutexvar_epi8(c, _mm512_loadu_si512(e->win_high)));
+    j = _mm512_permutexvar_epi8(order, j);
+    __mmask64 up = _mm512_movepi8_mask(j);
+    __m512i f[8];
+#pragma GCC unroll 8
+    for (int b = 0; b < 8; b++) {
+        const uint8_t *t = e->win_field[b];
+        __m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512(t), j, _mm512_loadu_si512(t + 64));
+        __m512i hi =
+            _mm512_permutex2var_epi8(_mm512_loadu_si512(t + 128), j, _mm512_loadu_si512(t + 192));
+        f[b] = _mm512_mask_blend_epi8(up, lo, hi);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m512i *out = h ? rcp : info;
+        const __m512i *g = f + 4 * h;
+        __m512i b01 = _mm512_unpacklo_epi8(g[0], g[1]), t01 = _mm512_unpackhi_epi8(g[0], g[1]);
+        __m512i b23 = _mm512_unpacklo_epi8(g[2], g[3]), t23 = _mm512_unpackhi_epi8(g[2], g[3]);
+        out[0] = _mm512_unpacklo_epi16(b01, b23);
+        out[1] = _mm512_unpackhi_epi16(b01, b23);
+        out[2] = _mm512_unpacklo_epi16(t01, t23);
+        out[3] = _mm512_unpackhi_epi16(t01, t23);
+    }
+}
+
+/* The groups with the byte form (win_ok): two at a time, the next two's
+ * entries looked up before these are coded. An odd top group goes first
+ * by the gathers. */
+static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                           size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode)
+{
+    uint8_t *p = *pp;
+    __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
+    __mmask16 bad = 0;
+    __mmask64 outside = 0;
+    size_t g = groups;
+    if (g & 1) {
+        size_t i = (g - 1) * KVS_RANS_LANES;
+        __m512i info, rcp;
+        enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &info, &rcp);
+        X1 = enc_half(info, rcp, X1, &p, &bad);
+        enc_entries(e, sym + i, ctx ? ctx + i : NULL, &info, &rcp);
+        X0 = enc_half(info, rcp, X0, &p, &bad);
+        g--;
+    }
+    if (g) {
+        __m512i info[4], rcp[4];
+        size_t i = (g - 2) * KVS_RANS_LANES;
+        win_entries(e, sym + i, ctx ? ctx + i : NULL, info, rcp, &outside);
+        for (; g; g -= 2) {
+            __m512i ninfo[4], nrcp[4];
+            if (g > 2) {
+                i = (g - 4) * KVS_RANS_LANES;
+                win_entries(e, sym + i, ctx ? ctx + i : NULL, ninfo, nrcp, &outside);
+            }
+            X1 = enc_half(info[3], rcp[3], X1, &p, &bad);
+            X0 = enc_half(info[2], rcp[2], X0, &p, &bad);
+            X1 = enc_half(info[1], rcp[1], X1, &p, &bad);
+            X0 = enc_half(info[0], rcp[0], X0, &p, &bad);
+            if (g > 2)
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) info[v] = ninfo[v], rcp[v] = nrcp[v];
+        }
+    }
+    _mm512_storeu_si512(x, X0);
+    _mm512_storeu_si512(x + 16, X1);
+    *pp = p;
+    *nocode |= bad != 0 || outside != 0;
+}
+
 /* The entries of group g - 1 are gathered before group g is coded: the
  * gathers depend on the symbols only, and written ahead of the states'
  * chain in program order they overlap it, where gathered inside each step
@@ -180,6 +272,10 @@ void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym
 {
     if (!e->wide_ok || groups == 0) { /* tables built for other kernels (rans.h) */
         kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode);
+        return;
+    }
+    if (e->win_ok) {
+        enc_groups_win(e, sym, ctx, groups, x, pp, nocode);
         return;
     }
     uint8_t *p = *pp;
