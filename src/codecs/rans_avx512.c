@@ -1,6 +1,7 @@
 /* rans_avx512.c - the groups of 32 symbols of rans.c with AVX-512: the 32
  * states as two vectors of 16, table entries fetched by gathers (the
- * encoder's from the wide form of rans.h, one group ahead), the
+ * encoder's by byte permutes of the tables' byte form where rans.h has
+ * one, else from their wide form, ahead of the states' chain), the
  * renormalisation words moved in and out with expand and compress. The
  * stream is the scalar kernels' bit for bit (rans_kernels.h): in a group the
  * decoder takes words for lanes 0-15, then 16-31, each vector in lane order,
