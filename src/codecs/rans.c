@@ -220,20 +220,21 @@ int kvs_rans_freqs_read(const uint8_t *in, size_t n, const char *what, kvs_rans_
     return KVS_OK;
 }
 
-/* The reciprocal (rans_kernels.h) and shift of every frequency f >= 2
- * (f = 1: ~0, shift 0, below): a block's encoder builds up to eight
- * tables, and the 64-bit division and shift search per symbol were most
- * of that. */
-uint32_t kvs_rans_rcp_of[KVS_RANS_TOTAL + 1];
+/* The encoder's reciprocal (with the shift in an entry's info, q = x / f)
+ * and shift of every frequency f >= 2 (f = 1: ~0, shift 0, below): a
+ * block's encoder builds up to eight tables, and the 64-bit division and
+ * shift search per symbol were most of that. The scalar loop reads the
+ * reciprocal here, the SIMD kernels from the tables' wide form. */
+static uint32_t rcp_of[KVS_RANS_TOTAL + 1];
 static uint8_t shift_of[KVS_RANS_TOTAL + 1];
 static pthread_once_t rcp_once = PTHREAD_ONCE_INIT;
 
 static void rcp_init(void)
 {
-    kvs_rans_rcp_of[1] = ~0u;
+    rcp_of[1] = ~0u;
     for (uint32_t f = 2, shift = 1; f <= KVS_RANS_TOTAL; f++) {
         while (f > (1u << shift)) shift++;
-        kvs_rans_rcp_of[f] = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
+        rcp_of[f] = (uint32_t)(((1ull << (shift + 31)) + f - 1) / f);
         shift_of[f] = (uint8_t)(shift - 1);
     }
 }
@@ -309,7 +310,7 @@ void kvs_rans_enc_init(kvs_rans_enc_tables *e, const kvs_rans_freqs *t, unsigned
                  * bias makes bias + x + (x - 1)(M - 1) = x M + start */
                 uint32_t bias = f == 1 ? start + KVS_RANS_TOTAL - 1 : start;
                 uint32_t info = bias | f << 13 | (uint32_t)shift_of[f] << 26;
-                uint64_t wide = info | (uint64_t)kvs_rans_rcp_of[f] << 32;
+                uint64_t wide = info | (uint64_t)rcp_of[f] << 32;
                 e->info[c * 256 + s] = info;
                 if (e->wide_ok) e->wide[c * 256 + s] = wide;
                 if (e->win_ok) {
@@ -422,7 +423,7 @@ int kvs_rans_set_simd(int on)
  * branch on the data. */
 static inline uint32_t enc_put(uint32_t x, uint32_t info, uint8_t **pp)
 {
-    uint32_t f = info >> 13 & 0x1FFF, rcp = kvs_rans_rcp_of[f];
+    uint32_t f = info >> 13 & 0x1FFF, rcp = rcp_of[f];
     uint8_t *p = *pp;
     uint32_t out = x >= f << KVS_RANS_XMAX_SHIFT; /* x_max = ((L >> scale) << 16) f */
     p[-2] = (uint8_t)x;

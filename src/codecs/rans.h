@@ -53,7 +53,7 @@ typedef struct kvs_rans_freqs {
 /* The encoder's per-symbol constants, per context (index ctx * 256 + s):
  * bias (bits 0-12) | f (bits 13-25, 0 = no code) | reciprocal shift (bits
  * 26-29). 1 KiB per context. The scalar loop takes the reciprocal of f
- * from one table of every frequency's (rans_kernels.h), which stays in L1
+ * from one table of every frequency's (rans.c), which stays in L1
  * where a copy per symbol took 64 KiB for the coefficient coder's 64
  * contexts (its scalar encoding 4 % faster); the SIMD kernels gather both
  * at once from the wide form below (on Zen 5 the coefficient coder's 64

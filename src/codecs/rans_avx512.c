@@ -214,26 +214,58 @@ static inline void win_entries(const kvs_rans_enc_tables *e, const uint8_t *sym6
     }
 }
 
+/* The entries of group g - 1 are gathered before group g is coded: the
+ * gathers depend on the symbols only, and written ahead of the states'
+ * chain in program order they overlap it, where gathered inside each step
+ * the out-of-order window did not reach the next group's (on Zen 5,
+ * 131,072 exponents of real KV under 4 contexts: 1.9 -> 1.0 TSC ticks a
+ * symbol, together with the wide entries: two 64-bit gathers of eight
+ * cost less than the 32-bit gather of sixteen whose f indexes a second
+ * one; either change alone gave 1.7 and 1.85). */
+/* groups >= 1, from the wide form (rans.h). */
+static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                            size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode)
+{
+    uint8_t *p = *pp;
+    __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
+    __mmask16 bad = 0;
+    __m512i info0, rcp0, info1, rcp1;
+    size_t last = (groups - 1) * KVS_RANS_LANES;
+    enc_entries(e, sym + last + 16, ctx ? ctx + last + 16 : NULL, &info1, &rcp1);
+    enc_entries(e, sym + last, ctx ? ctx + last : NULL, &info0, &rcp0);
+    for (size_t g = groups; g-- > 0;) {
+        __m512i ninfo0 = info0, nrcp0 = rcp0, ninfo1 = info1, nrcp1 = rcp1;
+        if (g > 0) {
+            size_t i = (g - 1) * KVS_RANS_LANES;
+            enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &ninfo1, &nrcp1);
+            enc_entries(e, sym + i, ctx ? ctx + i : NULL, &ninfo0, &nrcp0);
+        }
+        X1 = enc_half(info1, rcp1, X1, &p, &bad);
+        X0 = enc_half(info0, rcp0, X0, &p, &bad);
+        info0 = ninfo0, rcp0 = nrcp0, info1 = ninfo1, rcp1 = nrcp1;
+    }
+    _mm512_storeu_si512(x, X0);
+    _mm512_storeu_si512(x + 16, X1);
+    *pp = p;
+    *nocode |= bad != 0;
+}
+
 /* The groups with the byte form (win_ok): two at a time, the next two's
  * entries looked up before these are coded. An odd top group goes first
  * by the gathers. */
 static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                            size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode)
 {
+    size_t g = groups;
+    if (g & 1) {
+        size_t i = (g - 1) * KVS_RANS_LANES;
+        enc_groups_wide(e, sym + i, ctx ? ctx + i : NULL, 1, x, pp, nocode);
+        g--;
+    }
     uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
     __mmask16 bad = 0;
     __mmask64 outside = 0;
-    size_t g = groups;
-    if (g & 1) {
-        size_t i = (g - 1) * KVS_RANS_LANES;
-        __m512i info, rcp;
-        enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &info, &rcp);
-        X1 = enc_half(info, rcp, X1, &p, &bad);
-        enc_entries(e, sym + i, ctx ? ctx + i : NULL, &info, &rcp);
-        X0 = enc_half(info, rcp, X0, &p, &bad);
-        g--;
-    }
     if (g) {
         __m512i info[4], rcp[4];
         size_t i = (g - 2) * KVS_RANS_LANES;
@@ -259,46 +291,14 @@ static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, con
     *nocode |= bad != 0 || outside != 0;
 }
 
-/* The entries of group g - 1 are gathered before group g is coded: the
- * gathers depend on the symbols only, and written ahead of the states'
- * chain in program order they overlap it, where gathered inside each step
- * the out-of-order window did not reach the next group's (on Zen 5,
- * 131,072 exponents of real KV under 4 contexts: 1.9 -> 1.0 TSC ticks a
- * symbol, together with the wide entries: two 64-bit gathers of eight
- * cost less than the 32-bit gather of sixteen whose f indexes a second
- * one; either change alone gave 1.7 and 1.85). */
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode)
 {
-    if (!e->wide_ok || groups == 0) { /* tables built for other kernels (rans.h) */
+    if (!e->wide_ok || groups == 0) /* no groups, or tables built for other kernels (rans.h) */
         kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode);
-        return;
-    }
-    if (e->win_ok) {
+    else if (e->win_ok)
         enc_groups_win(e, sym, ctx, groups, x, pp, nocode);
-        return;
-    }
-    uint8_t *p = *pp;
-    __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
-    __mmask16 bad = 0;
-    __m512i info0, rcp0, info1, rcp1;
-    size_t last = (groups - 1) * KVS_RANS_LANES;
-    enc_entries(e, sym + last + 16, ctx ? ctx + last + 16 : NULL, &info1, &rcp1);
-    enc_entries(e, sym + last, ctx ? ctx + last : NULL, &info0, &rcp0);
-    for (size_t g = groups; g-- > 0;) {
-        __m512i ninfo0 = info0, nrcp0 = rcp0, ninfo1 = info1, nrcp1 = rcp1;
-        if (g > 0) {
-            size_t i = (g - 1) * KVS_RANS_LANES;
-            enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &ninfo1, &nrcp1);
-            enc_entries(e, sym + i, ctx ? ctx + i : NULL, &ninfo0, &nrcp0);
-        }
-        X1 = enc_half(info1, rcp1, X1, &p, &bad);
-        X0 = enc_half(info0, rcp0, X0, &p, &bad);
-        info0 = ninfo0, rcp0 = nrcp0, info1 = ninfo1, rcp1 = nrcp1;
-    }
-    _mm512_storeu_si512(x, X0);
-    _mm512_storeu_si512(x + 16, X1);
-    *pp = p;
-    *nocode |= bad != 0;
+    else
+        enc_groups_wide(e, sym, ctx, groups, x, pp, nocode);
 }

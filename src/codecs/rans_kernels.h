@@ -18,10 +18,6 @@
  * frequency f when x >= ((L >> scale) << 16) f = f << KVS_RANS_XMAX_SHIFT. */
 #define KVS_RANS_XMAX_SHIFT (31 - KVS_RANS_SCALE_BITS)
 
-/* The encoder's reciprocal of each frequency f (rans.c; with the shift in
- * an entry's info, q = x / f), filled by kvs_rans_enc_init. */
-extern uint32_t kvs_rans_rcp_of[KVS_RANS_TOTAL + 1];
-
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode);
