@@ -61,7 +61,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 VALGRIND_OPTIONS ?= --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect --track-fds=yes --trace-children=no
 
-.PHONY: check check-plain check-asan check-tsan fuzz valgrind aarch64
+.PHONY: check check-plain check-asan check-tsan release fuzz valgrind aarch64
 
 check: setup
 	@failed=""; \
@@ -82,6 +82,15 @@ check-asan check-tsan: check-%: setup
 	  -DKVS_BUILD_BENCH=OFF $(CMAKE_FLAGS) >/dev/null && \
 	cmake --build $$dir -j $(JOBS) && \
 	cd $$dir && ctest --output-on-failure -j $(JOBS)
+
+# The Release build type (-O3: more inlining, and more of GCC's
+# maybe-uninitialized and format-truncation analysis, under -Werror), built
+# whole and its tests run: a user's `cmake -DCMAKE_BUILD_TYPE=Release`.
+RELEASE_BUILD ?= build-release
+release: setup
+	@cmake -S . -B $(RELEASE_BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(RELEASE_BUILD) -j $(JOBS)
+	@cd $(RELEASE_BUILD) && ctest --output-on-failure -j $(JOBS)
 
 fuzz: setup
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \

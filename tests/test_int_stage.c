@@ -893,7 +893,7 @@ static void test_clones_match_portable(void)
         const int64_t d4[4] = {2, 1 + (int64_t)(lcg(&seed) % 3), 1 + (int64_t)(lcg(&seed) % 90), D};
         kvs_memobj *o = obj(KVS_FMT_KV_2LTD, dt, 4, d4), *a = like(o), *b = like(o);
         fill(o, seed, 1.0f + (float)(lcg(&seed) % 100));
-        size_t bound, n1, n2;
+        size_t bound = 0, n1, n2;
         REQUIRE_OK(ref_intq_bound(&p, &o->layout, &bound));
         uint8_t *x = malloc(bound), *y = malloc(bound);
         REQUIRE_OK(kvs_intq_encode(&p, o, x, bound, &n1));

@@ -803,7 +803,7 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
 {
     int16_t *mn = keys, *mx = keys + n;
     __m256i sb[2], zb[2];
-    __m512 sv[2], zv[2], dv[2];
+    __m512 sv[2], zv[2], dv[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (uint64_t c = 0; c < n; c += 32)
         column_stats16(src + 2 * c, stride, rows, f->zero_point, mn + c, mx + c);
     /* every channel's scales known to fit before any is stored; then

@@ -1384,7 +1384,7 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
                              b, u, k, len - at);
     const uint8_t *sm = rec + at;
     at += u;
-    unsigned ng;
+    unsigned ng = 0;
     int rc = read_groups(w, rec, len, &at, period, b, &ng);
     if (rc) return rc;
     size_t rows = (k + period - 1) / period, bitmap = (rows + 7) / 8;
@@ -1748,7 +1748,7 @@ static int block_parse(kvs_llx_scratch *w, const llx_out *o, const kvs_llx_block
                              b, k, len - 1);
     pd->sm = rec + 1;
     size_t at = 1 + k;
-    unsigned ng;
+    unsigned ng = 0;
     int rc = read_groups(w, rec, len, &at, period, b, &ng);
     if (rc) return rc;
     kvs_rans_freqs t[LLX_GROUPS];

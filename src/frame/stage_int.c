@@ -50,7 +50,7 @@ static int int_create(const json_t *config, kvs_stage **out)
     kvs_intq_params p;
     memset(&p, 0, sizeof p);
     int k_axis, v_axis, zp, sd;
-    unsigned group;
+    unsigned group = 0;
     int rc = kvs_json_check_keys(config, "int", "member", known);
     if (rc == KVS_OK) rc = get_int(config, "bits", 2, 8, 4, &p.bits);
     if (rc == KVS_OK)

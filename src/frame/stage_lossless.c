@@ -563,7 +563,7 @@ static int ll_decoded_size(const uint8_t *params, size_t nparams, const uint8_t 
 {
     (void)params;
     (void)nparams;
-    ll_head h;
+    ll_head h = {0};
     int rc = read_head(in, n, &h);
     if (rc) return rc;
     if (h.n > SIZE_MAX) return kvs_set_error(KVS_ECORRUPT, "lossless: decoded size too large");
@@ -733,7 +733,7 @@ static int ll_direct_ok(const uint8_t *params, size_t nparams, const uint8_t *in
 {
     (void)params;
     (void)nparams;
-    ll_head h;
+    ll_head h = {0};
     return n >= LL_HEADER && read_head(in, n, &h) == KVS_OK && direct_shape(&h);
 }
 
@@ -773,7 +773,7 @@ static int ll_refuse(int rc, const uint8_t *in, size_t n, ll_accept_fn accept, v
 static int ll_decode_to(const kvs_stage_ctx *ctx, const uint8_t *in, size_t n, uint8_t *out,
                         size_t cap, size_t *outn, int direct, ll_accept_fn accept, void *arg)
 {
-    ll_head h;
+    ll_head h = {0};
     int rc = read_head(in, n, &h);
     if (rc) return ll_refuse(rc, in, n, accept, arg);
     if (direct && !direct_shape(&h))

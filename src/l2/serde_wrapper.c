@@ -536,7 +536,8 @@ static void deser_key_failed(struct wtask *wt, size_t j, int status, const char 
         kvs_l2_tq_fail(wt->t, wt->inner_status, wt->inner_message);
     wt->hits[wt->sel_idx[j]] = 0;
     char msg[KVS_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, OWNER ": load of key %zu: %s", wt->sel_idx[j], message);
+    /* (the inner message cut to what fits after the prefix) */
+    snprintf(msg, sizeof msg, OWNER ": load of key %zu: %.440s", wt->sel_idx[j], message);
     kvs_l2_tq_fail(wt->t, status, msg);
 }
 
