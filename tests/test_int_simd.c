@@ -433,7 +433,7 @@ static void test_load_scales(void)
  * Fused rows (encode_token_bf16, decode_bf16)
  * ------------------------------------------------------------------ */
 
-enum { FN = 1024 }; /* the longest fused row tested */
+enum { FN = 4096 }; /* the longest fused row tested */
 
 /* The bytes of one token row of bfloat16 as the portable block loop makes
  * them (widen, group statistics, scales, division, pack); -1: refused as
@@ -503,9 +503,43 @@ static kvs_intq_params fused_params(uint64_t *s, int round)
     return p;
 }
 
+/* One token row of n bfloat16 at src through the reference and the
+ * kernel set's encode_token_bf16 (codes_ahead as the kernel takes it):
+ * where the kernel fuses the row (returns 1), the reference's bytes and
+ * none past them; else nothing written (the caller runs the portable
+ * code). Returns what the kernel returned. */
+static int check_token_row(const kvs_intq_params *p, const uint8_t *src, unsigned n,
+                           unsigned group, int codes_ahead)
+{
+    static uint8_t sc[2][4 * 64 + 8], zr[2][4 * 64 + 8], cd[2][FN + 8];
+    size_t ss = kvs_dtype_size(p->scale_dtype), ng = n / group;
+    for (int v = 0; v < 2; v++) {
+        memset(sc[v], 0xA5, sizeof sc[v]);
+        memset(zr[v], 0xA5, sizeof zr[v]);
+        memset(cd[v], 0xA5, sizeof cd[v]);
+    }
+    int rw = ref_token_row(p, src, n, group, sc[0], zr[0], cd[0]);
+    kvs_intq_rowfmt f;
+    row_format(p, group, &f);
+    /* codes prefetched for writing a row on (payload_ahead) or not: the
+     * prefetch writes nothing, so the reference's codes stay as they are */
+    int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1], NULL,
+                                  codes_ahead ? cd[0] : NULL);
+    if (rg) { /* the reference's bytes, and none past them */
+        CHECK_EQ_INT(rw, 0);
+        CHECK(memcmp(sc[0], sc[1], sizeof sc[0]) == 0 && memcmp(zr[0], zr[1], sizeof zr[0]) == 0);
+        CHECK(memcmp(cd[0], cd[1], sizeof cd[0]) == 0);
+        CHECK(sc[1][ng * ss] == 0xA5 && cd[1][n * p->bits / 8] == 0xA5);
+    } else { /* nothing written: the caller runs the portable code */
+        for (size_t i = 0; i < sizeof sc[1]; i++) CHECK(sc[1][i] == 0xA5 && zr[1][i] == 0xA5);
+        for (size_t i = 0; i < sizeof cd[1]; i++) CHECK(cd[1][i] == 0xA5);
+    }
+    return rg;
+}
+
 static void test_fused_encode(void)
 {
-    static uint8_t src[2 * FN], sc[2][4 * 64 + 8], zr[2][4 * 64 + 8], cd[2][FN + 8];
+    static uint8_t src[2 * FN];
     uint64_t s = 37;
     long fused = 0, fell_back = 0;
     for (int round = 0; round < 6000; round++) {
@@ -513,33 +547,43 @@ static void test_fused_encode(void)
         unsigned n = 64 * (1 + (unsigned)(lcg(&s) % 16)), group;
         do group = 32 * (1 + (unsigned)(lcg(&s) % 4)); while (n % group || n / group > 64);
         for (unsigned c0 = 0; c0 < n; c0 += group) fused_group(&s, &p, src + 2 * c0, group);
-        size_t ss = kvs_dtype_size(p.scale_dtype), ng = n / group;
-        for (int v = 0; v < 2; v++) {
-            memset(sc[v], 0xA5, sizeof sc[v]);
-            memset(zr[v], 0xA5, sizeof zr[v]);
-            memset(cd[v], 0xA5, sizeof cd[v]);
-        }
-        int rw = ref_token_row(&p, src, n, group, sc[0], zr[0], cd[0]);
-        kvs_intq_rowfmt f;
-        row_format(&p, group, &f);
-        /* codes prefetched for writing a row on (payload_ahead) or not: the
-         * prefetch writes nothing, so the reference's codes stay as they are */
-        const uint8_t *codes_ahead = round % 3 ? cd[0] : NULL;
-        int rg = K->encode_token_bf16(src, n, &f, sc[1], zr[1], cd[1], NULL, codes_ahead);
-        if (rg) { /* the reference's bytes, and none past them */
-            fused++;
-            CHECK_EQ_INT(rw, 0);
-            CHECK(memcmp(sc[0], sc[1], sizeof sc[0]) == 0 && memcmp(zr[0], zr[1], sizeof zr[0]) == 0);
-            CHECK(memcmp(cd[0], cd[1], sizeof cd[0]) == 0);
-            CHECK(sc[1][ng * ss] == 0xA5 && cd[1][n * p.bits / 8] == 0xA5);
-        } else { /* nothing written: the caller runs the portable code */
-            fell_back++;
-            for (size_t i = 0; i < sizeof sc[1]; i++) CHECK(sc[1][i] == 0xA5 && zr[1][i] == 0xA5);
-            for (size_t i = 0; i < sizeof cd[1]; i++) CHECK(cd[1][i] == 0xA5);
-        }
+        if (check_token_row(&p, src, n, group, round % 3 != 0)) fused++;
+        else fell_back++;
     }
     /* both ways taken, most rows fused */
     CHECK(fused > 2000 && fell_back > 100);
+}
+
+/* Rows of 66 to 128 chunks of 32 codes (past the encoder's windows of 64
+ * chunks whose near-half chunks it makes again at the window's end, the
+ * last window partial), each group ties of the step (chunks with near
+ * lanes) or plain values, the tie groups put on the windows' edges too:
+ * the reference's bytes. A window's fix-ups dropped, or put on the wrong
+ * chunks, change codes of a tie group. */
+static void test_fused_encode_windows(void)
+{
+    static uint8_t src[2 * FN];
+    uint64_t s = 41;
+    long fused = 0;
+    for (int round = 0; round < 400; round++) {
+        kvs_intq_params p = fused_params(&s, round);
+        unsigned group = 64, n = group * (33 + (unsigned)(lcg(&s) % 32)), ng = n / group;
+        for (unsigned k = 0; k < ng; k++) {
+            /* groups 31, 32 and the last hold chunks 62-65 and the row's end */
+            int ties = k == 31 || k == 32 || k == ng - 1 || lcg(&s) % 4 == 0;
+            float steps = (float)(p.zero_point ? p.levels - 1 : (p.levels - 1) / 2);
+            float scale = ldexpf(1.0f, (int)(lcg(&s) % 12) - 6) * 0.75f;
+            for (unsigned i = 0; i < group; i++) {
+                float v = ties ? ((float)(int)(lcg(&s) % (unsigned)(2 * steps + 1)) - steps) * 0.5f *
+                                     scale
+                               : unif(&s) * scale * steps;
+                if (i == 0) v = steps * scale;
+                put_le16(src + 2 * (k * group + i), (uint16_t)(kvs_f32_to_bits(v) >> 16));
+            }
+        }
+        fused += check_token_row(&p, src, n, group, 0);
+    }
+    CHECK(fused > 300);
 }
 
 /* The portable block loop's bytes for a channel-axis block of bfloat16
@@ -922,6 +966,7 @@ static void run_kernel_tests(const kvs_intq_kernels *k)
     RUN_IF(dequantize, test_dequantize);
     RUN_IF(load_scales, test_load_scales);
     RUN_IF(encode_token_bf16, test_fused_encode);
+    RUN_IF(encode_token_bf16, test_fused_encode_windows);
     RUN_IF(encode_channel_bf16, test_fused_encode_channels);
     RUN_IF(decode_bf16, test_fused_decode);
     RUN_IF(decode_rotated_bf16, test_rotated_decode);

@@ -11,8 +11,8 @@
  * The same IEEE float32 operations as intq.c's portable code, in the same
  * order, so the same bytes; why each step is exact is argued once, in
  * intq_avx512.c beside the 16-lane kernel it follows (scale_up,
- * scales_vec, rounded_quotient, fused_pair, decode_lookup, bf16x16), and
- * not repeated here. What differs for want of AVX-512: no masks
+ * scales_vec, rounded_quotient, fused_pair, pair_grid, decode_lookup,
+ * bf16x16), and not repeated here. What differs for want of AVX-512: no masks
  * (comparisons give all-ones lanes; tails go through small local buffers
  * or scalar steps, so no byte past n is read or written), vcvtps2ph's
  * rounding from its immediate (F16C), no vrangeps (the near-half test of
@@ -221,28 +221,81 @@ KVS_AI void pack_pairs(__m256i a, __m256i b, unsigned bits, uint8_t *out)
     }
 }
 
+/* The codes of elements e..e + 31 by codes16 (the near lanes divided),
+ * packed at out. */
+KVS_AI void chunk32(const uint8_t *src, uint64_t e, __m256 r, __m256 ri, __m256 zz, __m256i kmid,
+                    __m256i imid, unsigned bits, int zp, uint8_t *out)
+{
+    __m256i e0, o0, e1, o1;
+    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), r, ri, zz, kmid, imid, zp, &e0,
+            &o0);
+    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), r, ri, zz, kmid, imid, zp,
+            &e1, &o1);
+    pack_pairs(_mm256_or_si256(e0, _mm256_slli_epi32(o0, (int)bits)),
+               _mm256_or_si256(e1, _mm256_slli_epi32(o1, (int)bits)), bits, out + e * bits / 8);
+}
+
+/* intq_avx512.c's pair_grid for 16 bfloat16 v (no NaN reciprocal): each
+ * code from one FMA's sum w = RN(y x ri + grid), the pairs as pack_pairs
+ * takes them (the even code, the odd one shifted up by `bits`, zeros
+ * above: the packs saturate). Returns nonzero where some sum's low 13
+ * bits are 0 (its code needs codes16). */
+KVS_AI int grid16(__m256i v, __m256 ri, __m256 zz, __m256 grid, unsigned bits, int zp,
+                  __m256i *pairs)
+{
+    const __m256i frac = _mm256_set1_epi32(0x1FFF), zero = _mm256_setzero_si256();
+    const __m256i low = _mm256_set1_epi32((int)((1u << bits) - 1));
+    __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+    __m256 ye = zp ? _mm256_sub_ps(xe, zz) : xe, yo = zp ? _mm256_sub_ps(xo, zz) : xo;
+    __m256i we = _mm256_castps_si256(_mm256_fmadd_ps(ye, ri, grid));
+    __m256i wo = _mm256_castps_si256(_mm256_fmadd_ps(yo, ri, grid));
+    __m256i near = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(we, frac), zero),
+                                   _mm256_cmpeq_epi32(_mm256_and_si256(wo, frac), zero));
+    *pairs = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(we, 13), low),
+                             _mm256_and_si256(_mm256_srli_epi32(wo, 13 - (int)bits),
+                                              _mm256_slli_epi32(low, (int)bits)));
+    return !_mm256_testz_si256(near, near);
+}
+
 /* The codes of a row, group by group (bits and zp constants in each
- * copy). */
+ * copy), 32 at a time by grid16 and the chunks it leaves by chunk32 once
+ * per window of 64 chunks (intq_avx512.c's token_codes); a row with a
+ * NaN reciprocal by chunk32. */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mid,
                         const float *d, const float *rinv, const float *z, unsigned bits,
                         int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
 {
+    enum { WINDOW = 64 };
     const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+    const __m256 grid = _mm256_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f);
     const __m256i imid = _mm256_set1_epi32((int)mid);
     const __m256i kmid = _mm256_sub_epi32(_mm256_castps_si256(magic), imid);
+    int nan = 0;
+    for (uint64_t k = 0; k < n / group; k++) nan |= rinv[k] != rinv[k];
+    uint64_t near = 0, j = 0; /* the window's flags; chunk j of the row */
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += group, k++) {
         const __m256 r = _mm256_set1_ps(d[k]), ri = _mm256_set1_ps(rinv[k]), zz = _mm256_set1_ps(z[k]);
-        for (uint64_t e = c0; e < c0 + group; e += 32) {
+        for (uint64_t e = c0; e < c0 + group; e += 32, j++) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
             prefetch_line(codes_ahead, e, bits);
-            __m256i e0, o0, e1, o1;
-            codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), r, ri, zz, kmid, imid, zp,
-                    &e0, &o0);
-            codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), r, ri, zz, kmid, imid,
-                    zp, &e1, &o1);
-            pack_pairs(_mm256_or_si256(e0, _mm256_slli_epi32(o0, (int)bits)),
-                       _mm256_or_si256(e1, _mm256_slli_epi32(o1, (int)bits)), bits,
-                       out + e * bits / 8);
+            if (nan) {
+                chunk32(src, e, r, ri, zz, kmid, imid, bits, zp, out);
+                continue;
+            }
+            __m256i a, b;
+            int na = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), ri, zz, grid,
+                            bits, zp, &a);
+            int nb = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), ri, zz, grid,
+                            bits, zp, &b);
+            pack_pairs(a, b, bits, out + e * bits / 8);
+            near |= (uint64_t)(na | nb) << (j % WINDOW);
+            if (j % WINDOW == WINDOW - 1 || e + 32 == n)
+                for (uint64_t first = j - j % WINDOW; near; near &= near - 1) {
+                    uint64_t ee = 32 * (first + (uint64_t)__builtin_ctzll(near)), kk = ee / group;
+                    chunk32(src, ee, _mm256_set1_ps(d[kk]), _mm256_set1_ps(rinv[kk]),
+                            _mm256_set1_ps(z[kk]), kmid, imid, bits, zp, out);
+                }
         }
     }
 }

@@ -319,6 +319,53 @@ KVS_AI void fused_pair(__m512 xe, __m512 xo, __m512 re, __m512 ro, __m512 ie, __
     }
 }
 
+/* The fused encoders' codes of 32 elements (the even and odd ones of
+ * fused_pair's, paired: no reciprocal NaN), each in one FMA, with a test
+ * of their own for the lanes whose code needs fused_pair. With m the
+ * integer part of mid (fused_pair's kmid) and G = 1.5 x 2^10 + m + 1/2,
+ * w = RN(y x rinv + G) lies in [2^10, 2^11) (|y x rinv| < 256.01 and m
+ * <= 255, fused_pair's bounds), where the spacing is 2^-13, so w = G + g
+ * with g the exact product y x rinv rounded to a multiple of 2^-13, and
+ * w's bits are those of 2^10 + 2^9 plus (g + 1/2 + m) 2^13: bits 13 up
+ * hold floor(g + 1/2) + m over 0x22600 (whose low byte is 0, so the low
+ * byte of w >> 13 is the code), the low 13 bits g + 1/2's fraction. Where
+ * that fraction is not 0 (g is not a half-integer), g is at least 2^-13
+ * from every half-integer and the exact product within 2^-14 of g, so at
+ * least 2^-14 from one on g's side; the quotient v = y / r is within |v|
+ * 2^-24 < 2^-15.9 of the product (rinv = RN(1 / r), a normal float), so
+ * v and RN(v), what the portable code rounds, lie strictly on that side
+ * too: floor(g + 1/2) = rint(RN(v)), the reference's code, with no clamp
+ * (fused_lanes: the fused rows need none). Where the fraction is 0 (one
+ * lane in 8192 of products spread evenly, more where values are halves
+ * of a step, whose quotients are exact ties; a NaN product's low bits are
+ * 0 too, though no caller passes a NaN reciprocal) the 32 codes are made
+ * again by fused_pair. Returns nonzero for those; *we, *wo: the sums'
+ * bits. */
+KVS_AI __mmask16 pair_grid(__m512 xe, __m512 xo, __m512 ie, __m512 io, __m512 ze, __m512 zo,
+                           __m512 grid, int zp, __m512i *we, __m512i *wo)
+{
+    const __m512i frac = _mm512_set1_epi32(0x1FFF);
+    __m512 ye = zp ? _mm512_sub_ps(xe, ze) : xe, yo = zp ? _mm512_sub_ps(xo, zo) : xo;
+    *we = _mm512_castps_si512(_mm512_fmadd_ps(ye, ie, grid));
+    *wo = _mm512_castps_si512(_mm512_fmadd_ps(yo, io, grid));
+    return _mm512_testn_epi32_mask(*we, frac) | _mm512_testn_epi32_mask(*wo, frac);
+}
+
+/* pair_grid's G for a row format's mid. */
+KVS_AI __m512 grid_of(float mid) { return _mm512_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f); }
+
+/* The fused encoders' chunks of 32 codes are made by pair_grid, a bit set
+ * for each chunk it cannot make, and those chunks made again by
+ * fused_pair (the same codes as the portable loop's, stored over the
+ * first ones) once per window of 64 chunks: the branch then depends only
+ * on the window's bits, where a branch per chunk waited on its products
+ * and, mispredicted, threw away the chunks after it. Per 32 codes (int8,
+ * no zero point) 10 vector instructions besides the load and the store,
+ * where fused_pair and pack_pairs take 17; on AMD Zen 4 at 256 MiB the
+ * int8 / int4 / int2 presets encode at 10.7 / 9.6 / 8.3 GB/s against 9.7 /
+ * 8.2 / 7.0 before (docs/performance.md, 2026-12-07). */
+#define NEAR_WINDOW 64
+
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
@@ -582,21 +629,40 @@ KVS_AI __m512 keys_to_ps(__m256i key)
     return bf16_to_ps(_mm512_castsi512_si256(order_key(_mm512_castsi256_si512(key))));
 }
 
+/* 32 codes `bits` wide packed at out from lanes of pairs t (the even
+ * code in bits 0..bits-1, its odd neighbour's above it: the byte or word
+ * the portable pack_codes makes; for 2 bits the lane's bits 4-7 and
+ * 28-31 zero, as two pairs per 64-bit lane become one byte). */
+KVS_AI void narrow_pairs(__m512i t, unsigned bits, uint8_t *out)
+{
+    if (bits == 8)
+        _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(t));
+    else if (bits == 4)
+        _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(t));
+    else /* two pairs per 64-bit lane: the high one's 4 bits up to bit 4 */
+        _mm_storel_epi64((__m128i *)out,
+                         _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64(t, 28))));
+}
+
 /* The codes of 32 consecutive elements as an even and an odd vector
  * (32-bit lanes), packed `bits` wide at out. */
 KVS_AI void pack_pairs(__m512i ev, __m512i od, unsigned bits, uint8_t *out)
 {
-    if (bits == 8) {
-        _mm256_storeu_si256((__m256i *)out,
-                            _mm512_cvtepi32_epi16(_mm512_or_si512(ev, _mm512_slli_epi32(od, 8))));
-    } else if (bits == 4) {
-        _mm_storeu_si128((__m128i *)out,
-                         _mm512_cvtepi32_epi8(_mm512_or_si512(ev, _mm512_slli_epi32(od, 4))));
-    } else { /* two pairs per 64-bit lane: the high one's 4 bits up to bit 4 */
-        __m512i t = _mm512_or_si512(ev, _mm512_slli_epi32(od, 2));
-        _mm_storel_epi64((__m128i *)out,
-                         _mm512_cvtepi64_epi8(_mm512_or_si512(t, _mm512_srli_epi64(t, 28))));
-    }
+    narrow_pairs(_mm512_or_si512(ev, _mm512_slli_epi32(od, bits)), bits, out);
+}
+
+/* The same from pair_grid's sums: the even code is the low byte of we >>
+ * 13 (bits 0..bits-1, zeros above them to bit 7); the odd one, shifted
+ * up by `bits`, comes with we >> (13 - bits), whose bits from `bits` to 7
+ * are the code and up to bit 20 the constant's (none in bits 4-7 or from
+ * bit 21 on: what narrow_pairs' 2-bit form needs); the bits below
+ * `bits` are the even code's (one bit-select). */
+KVS_AI void pack_grid(__m512i we, __m512i wo, unsigned bits, uint8_t *out)
+{
+    const __m512i low = _mm512_set1_epi32((int)((1u << bits) - 1));
+    __m512i t = _mm512_ternarylogic_epi32(low, _mm512_srli_epi32(we, 13),
+                                          _mm512_srli_epi32(wo, 13 - bits), 0xCA);
+    narrow_pairs(t, bits, out);
 }
 
 /* The even and odd elements of 32 bfloat16 as float32 lanes. */
@@ -623,21 +689,64 @@ KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, 
     pack_pairs(ev, od, bits, out + e * bits / 8);
 }
 
+/* codes32_packed by pair_grid: nonzero where fused_pair must make them
+ * (grid: grid_of(mid)). */
+KVS_AI int codes32_quick(const uint8_t *src, uint64_t e, __m512 ri, __m512 zz, __m512 grid,
+                         unsigned bits, int zp, uint8_t *out)
+{
+    __m512i v = _mm512_loadu_si512(src + 2 * e), we, wo;
+    __mmask16 near = pair_grid(even_ps(v), odd_ps(v), ri, ri, zz, zz, grid, zp, &we, &wo);
+    pack_grid(we, wo, bits, out + e * bits / 8);
+    return near != 0;
+}
+
+/* The chunks of a token row flagged in `near` (bit b: the chunk of
+ * elements 32 (first + b)..) made again whole by codes32_packed. */
+KVS_AI void token_fixups(const uint8_t *src, uint64_t first, uint64_t near, uint64_t group,
+                         const float *d, const float *rinv, const float *z, __m512 mid,
+                         unsigned bits, int zp, uint8_t *out)
+{
+    for (; near; near &= near - 1) {
+        uint64_t e = 32 * (first + (uint64_t)__builtin_ctzll(near)), k = e / group;
+        codes32_packed(src, e, _mm512_set1_ps(d[k]), _mm512_set1_ps(rinv[k]),
+                       _mm512_set1_ps(z[k]), mid, bits, zp, out);
+    }
+}
+
 /* The codes of a row, group by group (bits a constant in each copy, so
- * the loop has no branch on it). */
+ * the loop has no branch on it), by pair_grid and the chunks it leaves
+ * by fused_pair per window (NEAR_WINDOW); a row with a NaN reciprocal
+ * (a divisor whose reciprocal is not a normal float) by fused_pair. */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
                         int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
 {
-    const __m512 mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid), grid = grid_of(f->mid);
+    __mmask16 nan = 0;
+    for (uint64_t k = 0; k < n / f->group; k += 16) {
+        __m512 ri = _mm512_maskz_loadu_ps(first16(n / f->group - k), rinv + k);
+        nan |= _mm512_cmp_ps_mask(ri, ri, _CMP_UNORD_Q);
+    }
+    uint64_t near = 0, j = 0; /* the window's flags; chunk j of the row */
     for (uint64_t c0 = 0, k = 0; c0 < n; c0 += f->group, k++) {
-        const __m512 r = _mm512_set1_ps(d[k]), ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
-        for (uint64_t e = c0; e < c0 + f->group; e += 32) {
+        const __m512 ri = _mm512_set1_ps(rinv[k]), zz = _mm512_set1_ps(z[k]);
+        for (uint64_t e = c0; e < c0 + f->group; e += 32, j++) {
             if (ahead) _mm_prefetch((const char *)(ahead + 2 * e), _MM_HINT_T0);
             prefetch_line(codes_ahead, e, bits);
-            codes32_packed(src, e, r, ri, zz, mid, bits, zp, out);
+            if (nan) {
+                codes32_packed(src, e, _mm512_set1_ps(d[k]), ri, zz, mid, bits, zp, out);
+                continue;
+            }
+            near |= (uint64_t)codes32_quick(src, e, ri, zz, grid, bits, zp, out)
+                    << (j % NEAR_WINDOW);
+            if (j % NEAR_WINDOW == NEAR_WINDOW - 1) {
+                token_fixups(src, j - (NEAR_WINDOW - 1), near, f->group, d, rinv, z, mid, bits,
+                             zp, out);
+                near = 0;
+            }
         }
     }
+    token_fixups(src, j - j % NEAR_WINDOW, near, f->group, d, rinv, z, mid, bits, zp, out);
 }
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
@@ -768,30 +877,61 @@ KVS_AI void store_column_scales(uint64_t c, const kvs_intq_rowfmt *f, const __m2
     _mm512_storeu_si512(zeros + 4 * c + 64, b);
 }
 
+/* The codes of 32 channels c.. of row x (as codes32_packed, with the
+ * divisors of the even channels at d[c..c + 15] and the odd ones' at
+ * d[c + 16..c + 31]); `quick`: by pair_grid, returning nonzero where
+ * fused_pair must make them, else by fused_pair. */
+KVS_AI int column_chunk(const uint8_t *x, uint64_t c, const float *d, const float *rinv,
+                        const float *z, __m512 mid, __m512 grid, unsigned bits, int zp, int quick,
+                        int paired, uint8_t *out)
+{
+    __m512i v = _mm512_loadu_si512(x + 2 * c);
+    if (quick) {
+        __m512i we, wo;
+        __mmask16 near = pair_grid(even_ps(v), odd_ps(v), _mm512_loadu_ps(rinv + c),
+                                   _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c),
+                                   _mm512_loadu_ps(z + c + 16), grid, zp, &we, &wo);
+        pack_grid(we, wo, bits, out + c * bits / 8);
+        return near != 0;
+    }
+    __m512i ev, od;
+    fused_pair(even_ps(v), odd_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(d + c + 16),
+               _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c),
+               _mm512_loadu_ps(z + c + 16), mid, zp, paired, &ev, &od);
+    pack_pairs(ev, od, bits, out + c * bits / 8);
+    return 0;
+}
+
 /* The codes of a block's rows, 32 channels at a time from one bfloat16
- * load (as codes32_packed, with the divisors of the even channels at
- * d[c..c + 15] and the odd ones' at d[c + 16..c + 31]). */
+ * load. Where no reciprocal is NaN (fused_pair's `paired`) by pair_grid
+ * and the chunks it leaves by fused_pair per window (token_codes'); else
+ * each by fused_pair, through fused_lanes. */
 KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
                          const kvs_intq_rowfmt *f, const float *d, const float *rinv,
                          const float *z, unsigned bits, int zp, uint8_t *codes,
                          uint64_t row_bytes, const uint8_t *ahead)
 {
-    const __m512 mid = _mm512_set1_ps(f->mid);
+    const __m512 mid = _mm512_set1_ps(f->mid), grid = grid_of(f->mid);
     __mmask16 nan = 0; /* fused_pair's `paired`: no reciprocal of the block is NaN */
     for (uint64_t c = 0; c < n; c += 16) {
         __m512 ri = _mm512_loadu_ps(rinv + c);
         nan |= _mm512_cmp_ps_mask(ri, ri, _CMP_UNORD_Q);
     }
+    uint64_t near = 0, j = 0, per_row = n / 32; /* the window's flags; chunk j of the block */
     for (uint64_t t = 0; t < rows; t++) {
         const uint8_t *x = src + t * stride;
-        for (uint64_t c = 0; c < n; c += 32) {
+        for (uint64_t c = 0; c < n; c += 32, j++) {
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
-            __m512i v = _mm512_loadu_si512(x + 2 * c), ev, od;
-            fused_pair(even_ps(v), odd_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(d + c + 16),
-                       _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(rinv + c + 16),
-                       _mm512_loadu_ps(z + c), _mm512_loadu_ps(z + c + 16), mid, zp, !nan, &ev,
-                       &od);
-            pack_pairs(ev, od, bits, codes + t * row_bytes + c * bits / 8);
+            near |= (uint64_t)column_chunk(x, c, d, rinv, z, mid, grid, bits, zp, !nan, 0,
+                                           codes + t * row_bytes)
+                    << (j % NEAR_WINDOW);
+            if (j % NEAR_WINDOW == NEAR_WINDOW - 1 || (t == rows - 1 && c + 32 == n)) {
+                for (uint64_t b = j - j % NEAR_WINDOW; near; near &= near - 1) {
+                    uint64_t jj = b + (uint64_t)__builtin_ctzll(near), tt = jj / per_row;
+                    column_chunk(src + tt * stride, 32 * (jj % per_row), d, rinv, z, mid, grid,
+                                 bits, zp, 0, 1, codes + tt * row_bytes);
+                }
+            }
         }
     }
 }
