@@ -525,6 +525,69 @@ static void test_pair_decode(void)
     free(dt);
 }
 
+/* The AVX-512 decoder's two forms of its product (paired vpmuludq, as on
+ * Intel's cores, and vpmulld, as on AMD's): each decodes the scalar set's
+ * streams to their symbols, alone and in pairs, for one context, the
+ * lossless stage's 4 and the coefficient coder's 64; and a damaged word
+ * gives what the scalar decoder gives (the same status and symbols).
+ * A form that took a wrong frequency or dropped a lane's product fails. */
+static void test_dec_products(void)
+{
+    if (!use_isa(KVS_RANS_AVX512)) {
+        printf("test_dec_products: no avx512 here: skipped\n");
+        return;
+    }
+    size_t n = 65536 + 17;
+    uint8_t *sym = malloc(n), *ctx = malloc(n), *back = malloc(n), *ref = malloc(n);
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    kvs_rans_dec_tables *dt = malloc(sizeof *dt);
+    static const unsigned nctxs[] = {1, 4, KVS_RANS_MAX_CTX};
+    int cases = 0;
+    for (int d = SKEWED; d <= RARE; d++)
+        for (int c = 0; c < 3; c++) {
+            unsigned nctx = nctxs[c];
+            const uint8_t *cx = nctx > 1 ? ctx : NULL;
+            make_data((enum dist)d, nctx, n, 31 + (uint64_t)(d * 3 + c), sym, ctx, t);
+            uint8_t *s = NULL;
+            size_t m = 0;
+            use_isa(KVS_RANS_SCALAR);
+            CHECK(rt(t, nctx, sym, ctx, n, &s, &m));
+            kvs_rans_dec_init(dt, t, nctx);
+            size_t k = 4 * KVS_RANS_LANES + (m - 4 * KVS_RANS_LANES) / 3; /* a word to damage */
+            s[k] ^= 0x21;
+            int ref_rc = kvs_rans_decode(dt, s, m, cx, ref, n, "t");
+            s[k] ^= 0x21;
+            for (int form = 0; form < 2; form++) {
+                use_isa(KVS_RANS_AVX512);
+                kvs_rans_set_dec_mullo(form);
+                memset(back, 0, n);
+                CHECK(kvs_rans_decode(dt, s, m, cx, back, n, "t") == KVS_OK &&
+                      memcmp(back, sym, n) == 0);
+                uint8_t *back2 = malloc(n);
+                kvs_rans_dec_job job[2] = {{dt, s, m, cx, back, n, "t"}, {dt, s, m, cx, back2, n, "t"}};
+                memset(back, 0, n);
+                CHECK(kvs_rans_decode2(job) == KVS_OK && memcmp(back, sym, n) == 0 &&
+                      memcmp(back2, sym, n) == 0);
+                free(back2);
+                s[k] ^= 0x21;
+                int rc = kvs_rans_decode(dt, s, m, cx, back, n, "t");
+                CHECK_EQ_INT(rc, ref_rc);
+                if (rc == KVS_OK) CHECK(memcmp(back, ref, n) == 0);
+                s[k] ^= 0x21;
+                cases++;
+            }
+            free(s);
+        }
+    CHECK_EQ_INT(cases, 4 * 3 * 2);
+    kvs_rans_set_dec_mullo(-1);
+    kvs_rans_set_simd(1);
+    free(dt);
+    free(sym);
+    free(ctx);
+    free(back);
+    free(ref);
+}
+
 /* The decoder's tables built by each SIMD fill (AVX2, AVX-512) and by the
  * scalar loop: the same entries, for every distribution and context count,
  * and for a table of runs of 1 to 33 slots that end on and off a store of
@@ -682,6 +745,7 @@ int main(void)
     RUN(test_tables_across_sets);
     RUN(test_window_tables);
     RUN(test_pair_decode);
+    RUN(test_dec_products);
     RUN(test_dec_tables_agree);
     RUN(test_context_clamp);
     RUN(test_encoder_refusals);

@@ -7,8 +7,10 @@
  * decoder takes words for lanes 0-15, then 16-31, each vector in lane order,
  * and the encoder stores them so. */
 #include <immintrin.h>
+#include <stdatomic.h>
 
 #include "codecs/rans_kernels.h"
+#include "util/cpu_features.h"
 
 #define RANS_L (1u << 15)
 
@@ -23,13 +25,18 @@ static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
  * The 32 states are only two dependency chains (a gather, a multiply, the
  * renormalisation), so the kernel waits on their latency, not on its
  * ports: each step from one state to the next is kept short. The slot
- * index is one ternary-logic op, and the product f (x >> M) is taken as two
- * vpmuludq (5 cycles) on the even and odd lanes, not one vpmulld (10): the
- * entries' frequency sits on top (rans.h), so one shift of each lane parity
- * gives it with nothing but the other lane's bits above bit 31, which a
- * vpmuludq ignores (41.7 -> 37.8 us for a block's 81,920 symbols). */
-static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const uint8_t *ctx16,
-                               uint8_t *sym16, const uint8_t **pp)
+ * index is one ternary-logic op. On Intel's cores the product f (x >> M)
+ * is taken as two vpmuludq (5 cycles) on the even and odd lanes, not one
+ * vpmulld (10): the entries' frequency sits on top (rans.h), so one shift
+ * of each lane parity gives it with nothing but the other lane's bits
+ * above bit 31, which a vpmuludq ignores (41.7 -> 37.8 us for a block's
+ * 81,920 symbols). AMD's Zen 4 does vpmulld in 3 cycles, and there the
+ * one product is faster than the two and their shifts and merge (`mullo`,
+ * a constant in each copy: level 3 whole chunks decode 4-7 % faster,
+ * docs/performance.md). */
+static inline __attribute__((always_inline)) __m512i
+dec_half(const kvs_rans_dec_tables *d, __m512i X, const uint8_t *ctx16, uint8_t *sym16,
+         const uint8_t **pp, int mullo)
 {
     const __m512i slots = _mm512_set1_epi32(KVS_RANS_TOTAL - 1);
     __m512i idx = _mm512_and_si512(X, slots);
@@ -38,10 +45,14 @@ static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const ui
                                         0xEA);
     __m512i e = _mm512_i32gather_epi32(idx, (const void *)d->slot, 4);
     __m512i q = _mm512_srli_epi32(X, KVS_RANS_SCALE_BITS);
-    __m512i qodd = _mm512_srli_epi64(X, 32 + KVS_RANS_SCALE_BITS);
-    __m512i even = _mm512_mul_epu32(_mm512_srli_epi32(e, KVS_RANS_DEC_F_SHIFT), q);
-    __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(e, 32 + KVS_RANS_DEC_F_SHIFT), qodd);
-    X = _mm512_mask_shuffle_epi32(even, 0xAAAA, odd, _MM_PERM_CDAB);
+    if (mullo) {
+        X = _mm512_mullo_epi32(_mm512_srli_epi32(e, KVS_RANS_DEC_F_SHIFT), q);
+    } else {
+        __m512i qodd = _mm512_srli_epi64(X, 32 + KVS_RANS_SCALE_BITS);
+        __m512i even = _mm512_mul_epu32(_mm512_srli_epi32(e, KVS_RANS_DEC_F_SHIFT), q);
+        __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(e, 32 + KVS_RANS_DEC_F_SHIFT), qodd);
+        X = _mm512_mask_shuffle_epi32(even, 0xAAAA, odd, _MM_PERM_CDAB);
+    }
     X = _mm512_add_epi32(X, _mm512_and_si512(e, slots));
     _mm_storeu_si128((__m128i *)sym16,
                      _mm512_cvtepi32_epi8(_mm512_srli_epi32(e, KVS_RANS_DEC_SYM_SHIFT)));
@@ -54,15 +65,28 @@ static inline __m512i dec_half(const kvs_rans_dec_tables *d, __m512i X, const ui
     return X;
 }
 
-size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+static atomic_int dec_form = -1; /* kvs_rans_set_dec_mullo */
+
+void kvs_rans_set_dec_mullo(int form) { atomic_store(&dec_form, form); }
+
+/* Whether dec_half takes its product by vpmulld: on AMD's cores, unless a
+ * test chose. */
+static int dec_mullo(void)
+{
+    int form = atomic_load_explicit(&dec_form, memory_order_relaxed);
+    return form >= 0 ? form : (kvs_cpu_features() & KVS_CPU_AMD) != 0;
+}
+
+static inline __attribute__((always_inline)) size_t
+dec_groups(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp, const uint8_t *end,
+           const uint8_t *ctx, uint8_t *sym, size_t n, int mullo)
 {
     const uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
     size_t i = 0;
     for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
-        X0 = dec_half(d, X0, ctx ? ctx + i : NULL, sym + i, &p);
-        X1 = dec_half(d, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p);
+        X0 = dec_half(d, X0, ctx ? ctx + i : NULL, sym + i, &p, mullo);
+        X1 = dec_half(d, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p, mullo);
     }
     _mm512_storeu_si512(x, X0);
     _mm512_storeu_si512(x + 16, X1);
@@ -70,7 +94,14 @@ size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, con
     return i;
 }
 
-void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
+size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+{
+    return dec_mullo() ? dec_groups(d, x, pp, end, ctx, sym, n, 1)
+                       : dec_groups(d, x, pp, end, ctx, sym, n, 0);
+}
+
+static inline __attribute__((always_inline)) void dec_joint(kvs_rans_dec_run run[2], int mullo)
 {
     kvs_rans_dec_run *a = &run[0], *b = &run[1];
     const uint8_t *pa = a->p, *pb = b->p;
@@ -83,10 +114,10 @@ void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
     for (; i + KVS_RANS_LANES <= a->n && i + KVS_RANS_LANES <= b->n &&
            a->end - pa >= 2 * KVS_RANS_LANES && b->end - pb >= 2 * KVS_RANS_LANES;
          i += KVS_RANS_LANES) {
-        A0 = dec_half(a->d, A0, a->ctx ? a->ctx + i : NULL, a->sym + i, &pa);
-        B0 = dec_half(b->d, B0, b->ctx ? b->ctx + i : NULL, b->sym + i, &pb);
-        A1 = dec_half(a->d, A1, a->ctx ? a->ctx + i + 16 : NULL, a->sym + i + 16, &pa);
-        B1 = dec_half(b->d, B1, b->ctx ? b->ctx + i + 16 : NULL, b->sym + i + 16, &pb);
+        A0 = dec_half(a->d, A0, a->ctx ? a->ctx + i : NULL, a->sym + i, &pa, mullo);
+        B0 = dec_half(b->d, B0, b->ctx ? b->ctx + i : NULL, b->sym + i, &pb, mullo);
+        A1 = dec_half(a->d, A1, a->ctx ? a->ctx + i + 16 : NULL, a->sym + i + 16, &pa, mullo);
+        B1 = dec_half(b->d, B1, b->ctx ? b->ctx + i + 16 : NULL, b->sym + i + 16, &pb, mullo);
     }
     _mm512_storeu_si512(a->x, A0);
     _mm512_storeu_si512(a->x + 16, A1);
@@ -95,6 +126,12 @@ void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
     a->done = b->done = i;
     a->p = pa;
     b->p = pb;
+}
+
+void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2])
+{
+    if (dec_mullo()) dec_joint(run, 1);
+    else dec_joint(run, 0);
 }
 
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx)

@@ -88,6 +88,11 @@ int kvs_rans_set_isa(int isa);
  * coefficient coder's own AVX-512 kernels follow). */
 int kvs_rans_set_simd(int on);
 
+/* Tests: the AVX-512 decoder's form of its product (rans_avx512.c), 0
+ * the paired vpmuludq, 1 vpmulld, -1 the one for this CPU's vendor (the
+ * default); the same symbols either way. */
+void kvs_rans_set_dec_mullo(int form);
+
 /* Whether the AVX-512 set is in use (the CPU, KVSERDE_ISA,
  * kvs_rans_set_isa): the lossless stage and the coefficient coder use
  * their own AVX-512 kernels only then. */
