@@ -32,7 +32,7 @@ static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
  * above bit 31, which a vpmuludq ignores (41.7 -> 37.8 us for a block's
  * 81,920 symbols). AMD's Zen 4 does vpmulld in 3 cycles, and there the
  * one product is faster than the two and their shifts and merge (`mullo`,
- * a constant in each copy: level 3 whole chunks decode 4-7 % faster,
+ * a constant in each copy: level 3 whole chunks decode 4-10 % faster,
  * docs/performance.md). */
 static inline __attribute__((always_inline)) __m512i
 dec_half(const kvs_rans_dec_tables *d, __m512i X, const uint8_t *ctx16, uint8_t *sym16,
