@@ -1,9 +1,12 @@
 /* intq_avx2.c - the integer quantizer's AVX2 kernels (intq_kernels.h),
  * for CPUs without AVX-512: the fused token rows (encode_token_bf16,
  * decode_bf16 at 2, 4 and 8 bits) the "int8 token" and "int4 kivi" presets
- * run, and the row operations of the channel axis's unfused blocks
- * (widen_bf16, scales, reciprocals, quantize, load_scales: int4 kivi's
- * keys), each intq_avx512.c's algorithm in 8-lane vectors. On Zen 3
+ * run, the fused channel blocks (encode_channel_bf16: int4 kivi's keys;
+ * since 2026-12-07, int4 kivi encode 3.7 -> 5.5 GB/s at 64 MiB on Zen 4
+ * under this set), and the row operations of the channel axis's unfused blocks
+ * (widen_bf16, scales, reciprocals, quantize, load_scales: the blocks the
+ * fused one does not take), each intq_avx512.c's algorithm in 8-lane
+ * vectors. On Zen 3
  * (bench_int, 64 MiB, one thread, medians of 3 alternated runs against
  * main's portable code) int8 token encode 1.76 -> 5.24 GB/s, decode 3.84
  * -> 5.00; int4 kivi 1.56 -> 3.31 / 3.54 -> 5.90.
@@ -165,19 +168,20 @@ KVS_AI __m256 keys_to_ps(const int16_t *k)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* The codes of the even (*ce) and odd (*co) elements of 16 bfloat16 v in
- * one group (divisor r, reciprocal ri, zero zz), as intq_avx512.c's
+/* The codes of the even (*ce) and odd (*co) elements of 16 bfloat16 v
+ * (divisors re / ro, reciprocals ie / io, zeros ze / zo: one group's
+ * twice in a token row, 8 channels' each in a channel block), as intq_avx512.c's
  * fused_pair: rint(q) as (q + 1.5 x 2^23) - 1.5 x 2^23, the code from
  * the sum's low bits (kmid: the magic's bits less mid), and the lanes
  * within 2^-12 of a half (or NaN: reciprocal NaN) divided. */
-KVS_AI void codes16(__m256i v, __m256 r, __m256 ri, __m256 zz, __m256i kmid, __m256i imid,
-                    int zp, __m256i *ce, __m256i *co)
+KVS_AI void codes16(__m256i v, __m256 re, __m256 ro, __m256 ie, __m256 io, __m256 ze,
+                    __m256 zo, __m256i kmid, __m256i imid, int zp, __m256i *ce, __m256i *co)
 {
     const __m256 magic = _mm256_set1_ps(0x1.8p23f), edge = _mm256_set1_ps(0.5f - 0x1p-12f);
     __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
-    __m256 ye = zp ? _mm256_sub_ps(xe, zz) : xe, yo = zp ? _mm256_sub_ps(xo, zz) : xo;
-    __m256 qe = _mm256_mul_ps(ye, ri), qo = _mm256_mul_ps(yo, ri);
+    __m256 ye = zp ? _mm256_sub_ps(xe, ze) : xe, yo = zp ? _mm256_sub_ps(xo, zo) : xo;
+    __m256 qe = _mm256_mul_ps(ye, ie), qo = _mm256_mul_ps(yo, io);
     __m256 te = _mm256_add_ps(qe, magic), to = _mm256_add_ps(qo, magic);
     __m256 fe = _mm256_sub_ps(qe, _mm256_sub_ps(te, magic));
     __m256 fo = _mm256_sub_ps(qo, _mm256_sub_ps(to, magic));
@@ -187,8 +191,8 @@ KVS_AI void codes16(__m256i v, __m256 r, __m256 ri, __m256 zz, __m256i kmid, __m
     __m256 no = _mm256_cmp_ps(abs_ps(fo), edge, _CMP_NLT_UQ);
     if (_mm256_testz_ps(_mm256_or_ps(ne, no), _mm256_or_ps(ne, no))) return;
     /* (vcvtps2dq rounds to nearest even, rintf's mode) */
-    __m256i de = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(ye, r)), imid);
-    __m256i dd = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(yo, r)), imid);
+    __m256i de = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(ye, re)), imid);
+    __m256i dd = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(yo, ro)), imid);
     *ce = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*ce), _mm256_castsi256_ps(de), ne));
     *co = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(*co), _mm256_castsi256_ps(dd), no));
 }
@@ -227,10 +231,10 @@ KVS_AI void chunk32(const uint8_t *src, uint64_t e, __m256 r, __m256 ri, __m256 
                     __m256i imid, unsigned bits, int zp, uint8_t *out)
 {
     __m256i e0, o0, e1, o1;
-    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), r, ri, zz, kmid, imid, zp, &e0,
-            &o0);
-    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), r, ri, zz, kmid, imid, zp,
-            &e1, &o1);
+    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), r, r, ri, ri, zz, zz, kmid, imid,
+            zp, &e0, &o0);
+    codes16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), r, r, ri, ri, zz, zz, kmid,
+            imid, zp, &e1, &o1);
     pack_pairs(_mm256_or_si256(e0, _mm256_slli_epi32(o0, (int)bits)),
                _mm256_or_si256(e1, _mm256_slli_epi32(o1, (int)bits)), bits, out + e * bits / 8);
 }
@@ -240,16 +244,16 @@ KVS_AI void chunk32(const uint8_t *src, uint64_t e, __m256 r, __m256 ri, __m256 
  * takes them (the even code, the odd one shifted up by `bits`, zeros
  * above: the packs saturate). Returns nonzero where some sum's low 13
  * bits are 0 (its code needs codes16). */
-KVS_AI int grid16(__m256i v, __m256 ri, __m256 zz, __m256 grid, unsigned bits, int zp,
-                  __m256i *pairs)
+KVS_AI int grid16(__m256i v, __m256 ie, __m256 io, __m256 ze, __m256 zo, __m256 grid,
+                  unsigned bits, int zp, __m256i *pairs)
 {
     const __m256i frac = _mm256_set1_epi32(0x1FFF), zero = _mm256_setzero_si256();
     const __m256i low = _mm256_set1_epi32((int)((1u << bits) - 1));
     __m256 xe = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     __m256 xo = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
-    __m256 ye = zp ? _mm256_sub_ps(xe, zz) : xe, yo = zp ? _mm256_sub_ps(xo, zz) : xo;
-    __m256i we = _mm256_castps_si256(_mm256_fmadd_ps(ye, ri, grid));
-    __m256i wo = _mm256_castps_si256(_mm256_fmadd_ps(yo, ri, grid));
+    __m256 ye = zp ? _mm256_sub_ps(xe, ze) : xe, yo = zp ? _mm256_sub_ps(xo, zo) : xo;
+    __m256i we = _mm256_castps_si256(_mm256_fmadd_ps(ye, ie, grid));
+    __m256i wo = _mm256_castps_si256(_mm256_fmadd_ps(yo, io, grid));
     __m256i near = _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(we, frac), zero),
                                    _mm256_cmpeq_epi32(_mm256_and_si256(wo, frac), zero));
     *pairs = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(we, 13), low),
@@ -257,6 +261,9 @@ KVS_AI int grid16(__m256i v, __m256 ri, __m256 zz, __m256 grid, unsigned bits, i
                                               _mm256_slli_epi32(low, (int)bits)));
     return !_mm256_testz_si256(near, near);
 }
+
+/* grid16's constant for a row format's mid (intq_avx512.c's grid_of). */
+KVS_AI __m256 grid_of(float mid) { return _mm256_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f); }
 
 /* The codes of a row, group by group (bits and zp constants in each
  * copy), 32 at a time by grid16 and the chunks it leaves by chunk32 once
@@ -268,7 +275,7 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mi
 {
     enum { WINDOW = 64 };
     const __m256 magic = _mm256_set1_ps(0x1.8p23f);
-    const __m256 grid = _mm256_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f);
+    const __m256 grid = grid_of(mid);
     const __m256i imid = _mm256_set1_epi32((int)mid);
     const __m256i kmid = _mm256_sub_epi32(_mm256_castps_si256(magic), imid);
     int nan = 0;
@@ -284,10 +291,10 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mi
                 continue;
             }
             __m256i a, b;
-            int na = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), ri, zz, grid,
-                            bits, zp, &a);
-            int nb = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), ri, zz, grid,
-                            bits, zp, &b);
+            int na = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e)), ri, ri, zz, zz,
+                            grid, bits, zp, &a);
+            int nb = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), ri, ri, zz,
+                            zz, grid, bits, zp, &b);
             pack_pairs(a, b, bits, out + e * bits / 8);
             near |= (uint64_t)(na | nb) << (j % WINDOW);
             if (j % WINDOW == WINDOW - 1 || e + 32 == n)
@@ -333,14 +340,168 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     size_t ss = f16 ? 2 : 4;
     memcpy(scales_out, sbuf, ng * ss);
     if (zp) memcpy(zeros, zbuf, ng * ss);
-    switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
-    case 16: token_codes(src, n, f->group, f->mid, d, rinv, z, 8, 0, out, ahead, codes_ahead); break;
-    case 17: token_codes(src, n, f->group, f->mid, d, rinv, z, 8, 1, out, ahead, codes_ahead); break;
-    case 8: token_codes(src, n, f->group, f->mid, d, rinv, z, 4, 0, out, ahead, codes_ahead); break;
-    case 9: token_codes(src, n, f->group, f->mid, d, rinv, z, 4, 1, out, ahead, codes_ahead); break;
-    case 4: token_codes(src, n, f->group, f->mid, d, rinv, z, 2, 0, out, ahead, codes_ahead); break;
-    default: token_codes(src, n, f->group, f->mid, d, rinv, z, 2, 1, out, ahead, codes_ahead); break;
+#define TOKEN_CODES(B, Z) \
+    token_codes(src, n, f->group, f->mid, d, rinv, z, B, Z, out, ahead, codes_ahead)
+    KVS_INTQ_EACH_WIDTH(f->bits, zp, TOKEN_CODES);
+#undef TOKEN_CODES
+    return 1;
+}
+
+/* ---- the fused channel blocks ------------------------------------------- */
+
+/* The keys (or magnitudes) of channels c..c + 15 over the block's rows:
+ * their smallest at mn[c..], largest at mx[c..] (intq_avx512.c's
+ * column_stats16, 16 channels a vector). */
+KVS_AI void column_stats(const uint8_t *src, uint64_t stride, uint64_t rows, int zp, int16_t *mn,
+                         int16_t *mx)
+{
+    const __m256i mag = _mm256_set1_epi16(0x7FFF);
+    __m256i lo = _mm256_set1_epi16(INT16_MAX), hi = _mm256_set1_epi16(INT16_MIN);
+    for (uint64_t t = 0; t < rows; t++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(src + t * stride));
+        v = zp ? order_key(v) : _mm256_and_si256(v, mag);
+        lo = _mm256_min_epi16(lo, v);
+        hi = _mm256_max_epi16(hi, v);
     }
+    _mm256_storeu_si256((__m256i *)mn, lo);
+    _mm256_storeu_si256((__m256i *)mx, hi);
+}
+
+/* 16 keys as the float32 values of the even (*e) and odd (*o) ones. */
+KVS_AI void keys_pairs_to_ps(const int16_t *k, __m256 *e, __m256 *o)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)k);
+    __m256i ke = _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16), ko = _mm256_srai_epi32(v, 16);
+    const __m256i m = _mm256_set1_epi32(0x7FFF);
+    ke = _mm256_xor_si256(ke, _mm256_and_si256(_mm256_srai_epi32(ke, 15), m));
+    ko = _mm256_xor_si256(ko, _mm256_and_si256(_mm256_srai_epi32(ko, 15), m));
+    *e = _mm256_castsi256_ps(_mm256_slli_epi32(ke, 16));
+    *o = _mm256_castsi256_ps(_mm256_slli_epi32(ko, 16));
+}
+
+/* The stored scales (and zeros) of channels c..c + 15 from their even and
+ * odd halves (scales_vec's outputs for each). */
+KVS_AI void store_column_scales(uint64_t c, int f16, int zp, const __m128i sb[2],
+                                const __m128i zb[2], const __m256 sv[2], const __m256 zv[2],
+                                uint8_t *scales, uint8_t *zeros)
+{
+    for (int w = 0; w < 1 + (zp != 0); w++) {
+        uint8_t *out = w ? zeros : scales;
+        const __m128i *b = w ? zb : sb;
+        const __m256 *v = w ? zv : sv;
+        if (f16) {
+            _mm_storeu_si128((__m128i *)(out + 2 * c), _mm_unpacklo_epi16(b[0], b[1]));
+            _mm_storeu_si128((__m128i *)(out + 2 * c + 16), _mm_unpackhi_epi16(b[0], b[1]));
+        } else { /* unpacks work in 128-bit lanes: then the lanes in order */
+            __m256 lo = _mm256_unpacklo_ps(v[0], v[1]), hi = _mm256_unpackhi_ps(v[0], v[1]);
+            _mm256_storeu_ps((float *)(void *)(out + 4 * c), _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps((float *)(void *)(out + 4 * c + 32),
+                             _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+    }
+}
+
+/* The codes of channels c..c + 31 of row x by grid16 (nonzero: some need
+ * codes16), or (exact) by codes16; the divisors, reciprocals and zeros of
+ * the even channels of each 16 at d[c..c + 7], of the odd ones at
+ * d[c + 8..c + 15]. */
+KVS_AI int column_chunk(const uint8_t *x, uint64_t c, const float *d, const float *rinv,
+                        const float *z, __m256 grid, __m256i kmid, __m256i imid, unsigned bits,
+                        int zp, int exact, uint8_t *out)
+{
+    __m256i p[2];
+    int near = 0;
+    for (int h = 0; h < 2; h++) {
+        uint64_t k = c + 16 * h;
+        __m256i v = _mm256_loadu_si256((const __m256i *)(x + 2 * k));
+        __m256 ie = _mm256_loadu_ps(rinv + k), io = _mm256_loadu_ps(rinv + k + 8);
+        __m256 ze = _mm256_loadu_ps(z + k), zo = _mm256_loadu_ps(z + k + 8);
+        if (exact) {
+            __m256i ce, co;
+            codes16(v, _mm256_loadu_ps(d + k), _mm256_loadu_ps(d + k + 8), ie, io, ze, zo, kmid,
+                    imid, zp, &ce, &co);
+            p[h] = _mm256_or_si256(ce, _mm256_slli_epi32(co, (int)bits));
+        } else {
+            near |= grid16(v, ie, io, ze, zo, grid, bits, zp, &p[h]);
+        }
+    }
+    pack_pairs(p[0], p[1], bits, out + c * bits / 8);
+    return near;
+}
+
+/* intq_avx512.c's encode_channel_bf16 in 8-lane vectors: the channels'
+ * statistics over the block, every scale checked before any is stored,
+ * then each row's codes 32 channels at a time by grid16 and the chunks it
+ * leaves by codes16 once per window of 64 chunks (token_codes'); a block
+ * with a NaN reciprocal by codes16 throughout. */
+KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                         const kvs_intq_rowfmt *f, const float *d, const float *rinv,
+                         const float *z, unsigned bits, int zp, uint8_t *codes,
+                         uint64_t row_bytes, const uint8_t *ahead)
+{
+    enum { WINDOW = 64 };
+    const __m256 magic = _mm256_set1_ps(0x1.8p23f), grid = grid_of(f->mid);
+    const __m256i imid = _mm256_set1_epi32((int)f->mid);
+    const __m256i kmid = _mm256_sub_epi32(_mm256_castps_si256(magic), imid);
+    int nan = 0;
+    for (uint64_t c = 0; c < n; c++) nan |= rinv[c] != rinv[c];
+    uint64_t near = 0, j = 0, per_row = n / 32; /* the window's flags; chunk j of the block */
+    for (uint64_t t = 0; t < rows; t++) {
+        const uint8_t *x = src + t * stride;
+        for (uint64_t c = 0; c < n; c += 32, j++) {
+            if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
+            near |= (uint64_t)column_chunk(x, c, d, rinv, z, grid, kmid, imid, bits, zp, nan,
+                                           codes + t * row_bytes)
+                    << (j % WINDOW);
+            if (j % WINDOW == WINDOW - 1 || (t == rows - 1 && c + 32 == n))
+                for (uint64_t b = j - j % WINDOW; near; near &= near - 1) {
+                    uint64_t jj = b + (uint64_t)__builtin_ctzll(near), tt = jj / per_row;
+                    column_chunk(src + tt * stride, 32 * (jj % per_row), d, rinv, z, grid, kmid,
+                                 imid, bits, zp, 1, codes + tt * row_bytes);
+                }
+        }
+    }
+}
+
+static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t rows, uint64_t n,
+                               const kvs_intq_rowfmt *f, uint8_t *scales_out, uint8_t *zeros,
+                               uint8_t *codes, uint64_t row_bytes, int16_t *keys, float *d,
+                               float *z, float *rinv, const uint8_t *ahead)
+{
+    int16_t *mn = keys, *mx = keys + n;
+    int zp = f->zero_point, f16 = f->scale_f16;
+    for (uint64_t c = 0; c < n; c += 16) column_stats(src + 2 * c, stride, rows, zp, mn + c, mx + c);
+    /* not finite, or with a zero point a minimum of +-0: the portable
+     * code's (encode_token_bf16's tests) */
+    for (uint64_t c = 0; c < n; c++) {
+        if (mx[c] >= 0x7F80) return 0;
+        if (zp && (mn[c] <= -0x7F81 || mn[c] == 0 || mn[c] == -1)) return 0;
+    }
+    /* every channel's scales known to fit before any is stored; then
+     * computed again, for the stored bits */
+    const __m256 steps = _mm256_set1_ps(f->steps);
+    for (int pass = 0; pass < 2; pass++)
+        for (uint64_t c = 0; c < n; c += 16) {
+            __m256 lo[2], hi[2], sv[2], zv[2], dv[2];
+            __m128i sb[2], zb[2];
+            keys_pairs_to_ps(mx + c, &hi[0], &hi[1]);
+            if (zp) keys_pairs_to_ps(mn + c, &lo[0], &lo[1]);
+            else lo[0] = hi[0], lo[1] = hi[1];
+            for (int h = 0; h < 2; h++) {
+                if (!scales_vec(lo[h], hi[h], zp, f16, steps, &sb[h], &zb[h], &sv[h], &zv[h], &dv[h]))
+                    return 0; /* (pass 1 computes what pass 0 found to fit) */
+                if (pass == 0) {
+                    _mm256_storeu_ps(d + c + 8 * h, dv[h]);
+                    _mm256_storeu_ps(z + c + 8 * h, zv[h]);
+                    _mm256_storeu_ps(rinv + c + 8 * h, reciprocal(dv[h]));
+                }
+            }
+            if (pass) store_column_scales(c, f16, zp, sb, zb, sv, zv, scales_out, zeros);
+        }
+#define COLUMN_CODES(B, Z) \
+    column_codes(src, stride, rows, n, f, d, rinv, z, B, Z, codes, row_bytes, ahead)
+    KVS_INTQ_EACH_WIDTH(f->bits, zp, COLUMN_CODES);
+#undef COLUMN_CODES
     return 1;
 }
 
@@ -651,6 +812,7 @@ static const kvs_intq_kernels avx2_kernels = {
     .reciprocals = reciprocals,
     .load_scales = load_scales,
     .encode_token_bf16 = encode_token_bf16,
+    .encode_channel_bf16 = encode_channel_bf16,
     .decode_bf16 = decode_bf16,
     .store_fence = store_fence,
 };

@@ -787,14 +787,9 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     for (uint64_t b = 0; b * 16 < ng; b++)
         store_scales(16 * b, first16(ng - 16 * b), zp, f->scale_f16, sb[b],
                      zb[b], sv[b], zv[b], scales_out, zeros);
-    switch (f->bits * 2 + (zp != 0)) { /* one copy per width and zero point */
-    case 16: token_codes(src, n, f, d, rinv, z, 8, 0, out, ahead, codes_ahead); break;
-    case 17: token_codes(src, n, f, d, rinv, z, 8, 1, out, ahead, codes_ahead); break;
-    case 8: token_codes(src, n, f, d, rinv, z, 4, 0, out, ahead, codes_ahead); break;
-    case 9: token_codes(src, n, f, d, rinv, z, 4, 1, out, ahead, codes_ahead); break;
-    case 4: token_codes(src, n, f, d, rinv, z, 2, 0, out, ahead, codes_ahead); break;
-    default: token_codes(src, n, f, d, rinv, z, 2, 1, out, ahead, codes_ahead); break;
-    }
+#define TOKEN_CODES(B, Z) token_codes(src, n, f, d, rinv, z, B, Z, out, ahead, codes_ahead)
+    KVS_INTQ_EACH_WIDTH(f->bits, zp, TOKEN_CODES);
+#undef TOKEN_CODES
     return 1;
 }
 
@@ -967,14 +962,10 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
                 _mm512_storeu_ps(rinv + c + 16 * h, reciprocal(dv[h]));
             }
         }
-    switch (f->bits * 2 + (f->zero_point != 0)) { /* as encode_token_bf16's */
-    case 16: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 0, codes, row_bytes, ahead); break;
-    case 17: column_codes(src, stride, rows, n, f, d, rinv, z, 8, 1, codes, row_bytes, ahead); break;
-    case 8: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 0, codes, row_bytes, ahead); break;
-    case 9: column_codes(src, stride, rows, n, f, d, rinv, z, 4, 1, codes, row_bytes, ahead); break;
-    case 4: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 0, codes, row_bytes, ahead); break;
-    default: column_codes(src, stride, rows, n, f, d, rinv, z, 2, 1, codes, row_bytes, ahead); break;
-    }
+#define COLUMN_CODES(B, Z) \
+    column_codes(src, stride, rows, n, f, d, rinv, z, B, Z, codes, row_bytes, ahead)
+    KVS_INTQ_EACH_WIDTH(f->bits, f->zero_point, COLUMN_CODES);
+#undef COLUMN_CODES
     return 1;
 }
 

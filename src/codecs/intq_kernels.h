@@ -158,4 +158,19 @@ const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
  * every other entry NULL. It does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx2(void);
 
+/* The fused encoders' loops in one copy per code width (2, 4, 8) and zero
+ * point, so neither is a branch inside them: CALL(bits, zp) with both
+ * constants, chosen by the row format's. */
+#define KVS_INTQ_EACH_WIDTH(bits, zp, CALL) \
+    do { \
+        switch ((bits) * 2 + ((zp) != 0)) { \
+        case 16: CALL(8, 0); break; \
+        case 17: CALL(8, 1); break; \
+        case 8: CALL(4, 0); break; \
+        case 9: CALL(4, 1); break; \
+        case 4: CALL(2, 0); break; \
+        default: CALL(2, 1); break; \
+        } \
+    } while (0)
+
 #endif /* KVSERDE_INTQ_KERNELS_H */
