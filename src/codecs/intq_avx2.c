@@ -144,6 +144,15 @@ KVS_AI int16_t hmax16(__m256i v)
     return (int16_t)(_mm_cvtsi128_si32(_mm_minpos_epu16(b)) ^ 0x7FFF);
 }
 
+/* Whether a group or channel with these keys (or magnitudes) is the
+ * portable code's: not finite (a key or magnitude past the largest finite
+ * one), or with a zero point a minimum of +-0 (keys 0 and -1), whose sign
+ * the stored zero point keeps. */
+KVS_AI int keys_refused(int16_t mn, int16_t mx, int zp)
+{
+    return mx >= 0x7F80 || (zp && (mn <= -0x7F81 || mn == 0 || mn == -1));
+}
+
 /* A group's statistics in the 16-bit patterns (group % 32 == 0): with a
  * zero point the keys' minimum and maximum, else the largest magnitude. */
 KVS_AI void group_stats16(const uint8_t *p, uint64_t group, int zp, int16_t *mn, int16_t *mx)
@@ -263,7 +272,7 @@ KVS_AI int grid16(__m256i v, __m256 ie, __m256 io, __m256 ze, __m256 zo, __m256 
 }
 
 /* grid16's constant for a row format's mid (intq_avx512.c's grid_of). */
-KVS_AI __m256 grid_of(float mid) { return _mm256_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f); }
+KVS_AI __m256 grid_of(float mid) { return _mm256_set1_ps(kvs_intq_grid(mid)); }
 
 /* The codes of a row, group by group (bits and zp constants in each
  * copy), 32 at a time by grid16 and the chunks it leaves by chunk32 once
@@ -273,7 +282,6 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mi
                         const float *d, const float *rinv, const float *z, unsigned bits,
                         int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
 {
-    enum { WINDOW = 64 };
     const __m256 magic = _mm256_set1_ps(0x1.8p23f);
     const __m256 grid = grid_of(mid);
     const __m256i imid = _mm256_set1_epi32((int)mid);
@@ -296,9 +304,9 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, uint64_t group, float mi
             int nb = grid16(_mm256_loadu_si256((const __m256i *)(src + 2 * e + 32)), ri, ri, zz,
                             zz, grid, bits, zp, &b);
             pack_pairs(a, b, bits, out + e * bits / 8);
-            near |= (uint64_t)(na | nb) << (j % WINDOW);
-            if (j % WINDOW == WINDOW - 1 || e + 32 == n)
-                for (uint64_t first = j - j % WINDOW; near; near &= near - 1) {
+            near |= (uint64_t)(na | nb) << (j % KVS_INTQ_NEAR_WINDOW);
+            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1 || e + 32 == n)
+                for (uint64_t first = j - j % KVS_INTQ_NEAR_WINDOW; near; near &= near - 1) {
                     uint64_t ee = 32 * (first + (uint64_t)__builtin_ctzll(near)), kk = ee / group;
                     chunk32(src, ee, _mm256_set1_ps(d[kk]), _mm256_set1_ps(rinv[kk]),
                             _mm256_set1_ps(z[kk]), kmid, imid, bits, zp, out);
@@ -319,11 +327,7 @@ static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowf
     int zp = f->zero_point, f16 = f->scale_f16;
     for (uint64_t k = 0; k < ng; k++) {
         group_stats16(src + 2 * k * f->group, f->group, zp, &mn[k], &mx[k]);
-        /* not finite (a key or magnitude past the largest finite one), or
-         * with a zero point a minimum of +-0 (keys 0 and -1), whose sign
-         * the stored zero point keeps: the portable code's */
-        if (mx[k] >= 0x7F80) return 0;
-        if (zp && (mn[k] <= -0x7F81 || mn[k] == 0 || mn[k] == -1)) return 0;
+        if (keys_refused(mn[k], mx[k], zp)) return 0;
     }
     const __m256 steps = _mm256_set1_ps(f->steps);
     for (uint64_t b = 0; b * 8 < ng; b++) {
@@ -439,7 +443,6 @@ KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uin
                          const float *z, unsigned bits, int zp, uint8_t *codes,
                          uint64_t row_bytes, const uint8_t *ahead)
 {
-    enum { WINDOW = 64 };
     const __m256 magic = _mm256_set1_ps(0x1.8p23f), grid = grid_of(f->mid);
     const __m256i imid = _mm256_set1_epi32((int)f->mid);
     const __m256i kmid = _mm256_sub_epi32(_mm256_castps_si256(magic), imid);
@@ -452,9 +455,10 @@ KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uin
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
             near |= (uint64_t)column_chunk(x, c, d, rinv, z, grid, kmid, imid, bits, zp, nan,
                                            codes + t * row_bytes)
-                    << (j % WINDOW);
-            if (j % WINDOW == WINDOW - 1 || (t == rows - 1 && c + 32 == n))
-                for (uint64_t b = j - j % WINDOW; near; near &= near - 1) {
+                    << (j % KVS_INTQ_NEAR_WINDOW);
+            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1 ||
+                (t == rows - 1 && c + 32 == n))
+                for (uint64_t b = j - j % KVS_INTQ_NEAR_WINDOW; near; near &= near - 1) {
                     uint64_t jj = b + (uint64_t)__builtin_ctzll(near), tt = jj / per_row;
                     column_chunk(src + tt * stride, 32 * (jj % per_row), d, rinv, z, grid, kmid,
                                  imid, bits, zp, 1, codes + tt * row_bytes);
@@ -471,12 +475,8 @@ static int encode_channel_bf16(const uint8_t *src, uint64_t stride, uint64_t row
     int16_t *mn = keys, *mx = keys + n;
     int zp = f->zero_point, f16 = f->scale_f16;
     for (uint64_t c = 0; c < n; c += 16) column_stats(src + 2 * c, stride, rows, zp, mn + c, mx + c);
-    /* not finite, or with a zero point a minimum of +-0: the portable
-     * code's (encode_token_bf16's tests) */
-    for (uint64_t c = 0; c < n; c++) {
-        if (mx[c] >= 0x7F80) return 0;
-        if (zp && (mn[c] <= -0x7F81 || mn[c] == 0 || mn[c] == -1)) return 0;
-    }
+    for (uint64_t c = 0; c < n; c++)
+        if (keys_refused(mn[c], mx[c], zp)) return 0;
     /* every channel's scales known to fit before any is stored; then
      * computed again, for the stored bits */
     const __m256 steps = _mm256_set1_ps(f->steps);

@@ -352,19 +352,18 @@ KVS_AI __mmask16 pair_grid(__m512 xe, __m512 xo, __m512 ie, __m512 io, __m512 ze
 }
 
 /* pair_grid's G for a row format's mid. */
-KVS_AI __m512 grid_of(float mid) { return _mm512_set1_ps(0x1.8p10f + (float)(int)mid + 0.5f); }
+KVS_AI __m512 grid_of(float mid) { return _mm512_set1_ps(kvs_intq_grid(mid)); }
 
 /* The fused encoders' chunks of 32 codes are made by pair_grid, a bit set
  * for each chunk it cannot make, and those chunks made again by
  * fused_pair (the same codes as the portable loop's, stored over the
- * first ones) once per window of 64 chunks: the branch then depends only
- * on the window's bits, where a branch per chunk waited on its products
+ * first ones) once per window of KVS_INTQ_NEAR_WINDOW chunks: the branch
+ * then depends only on the window's bits, where a branch per chunk waited on its products
  * and, mispredicted, threw away the chunks after it. Per 32 codes (int8,
  * no zero point) 10 vector instructions besides the load and the store,
  * where fused_pair and pack_pairs take 17; on AMD Zen 4 at 256 MiB the
  * int8 / int4 / int2 presets encode at 10.7 / 9.6 / 8.3 GB/s against 9.7 /
  * 8.2 / 7.0 before (docs/performance.md, 2026-12-07). */
-#define NEAR_WINDOW 64
 
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
@@ -715,7 +714,7 @@ KVS_AI void token_fixups(const uint8_t *src, uint64_t first, uint64_t near, uint
 
 /* The codes of a row, group by group (bits a constant in each copy, so
  * the loop has no branch on it), by pair_grid and the chunks it leaves
- * by fused_pair per window (NEAR_WINDOW); a row with a NaN reciprocal
+ * by fused_pair per window (KVS_INTQ_NEAR_WINDOW); a row with a NaN reciprocal
  * (a divisor whose reciprocal is not a normal float) by fused_pair. */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
@@ -738,15 +737,16 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f
                 continue;
             }
             near |= (uint64_t)codes32_quick(src, e, ri, zz, grid, bits, zp, out)
-                    << (j % NEAR_WINDOW);
-            if (j % NEAR_WINDOW == NEAR_WINDOW - 1) {
-                token_fixups(src, j - (NEAR_WINDOW - 1), near, f->group, d, rinv, z, mid, bits,
-                             zp, out);
+                    << (j % KVS_INTQ_NEAR_WINDOW);
+            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1) {
+                token_fixups(src, j - (KVS_INTQ_NEAR_WINDOW - 1), near, f->group, d, rinv, z,
+                             mid, bits, zp, out);
                 near = 0;
             }
         }
     }
-    token_fixups(src, j - j % NEAR_WINDOW, near, f->group, d, rinv, z, mid, bits, zp, out);
+    token_fixups(src, j - j % KVS_INTQ_NEAR_WINDOW, near, f->group, d, rinv, z, mid, bits, zp,
+                 out);
 }
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
@@ -919,9 +919,10 @@ KVS_AI void column_codes(const uint8_t *src, uint64_t stride, uint64_t rows, uin
             if (ahead) _mm_prefetch((const char *)(ahead + t * stride + 2 * c), _MM_HINT_T1);
             near |= (uint64_t)column_chunk(x, c, d, rinv, z, mid, grid, bits, zp, !nan, 0,
                                            codes + t * row_bytes)
-                    << (j % NEAR_WINDOW);
-            if (j % NEAR_WINDOW == NEAR_WINDOW - 1 || (t == rows - 1 && c + 32 == n)) {
-                for (uint64_t b = j - j % NEAR_WINDOW; near; near &= near - 1) {
+                    << (j % KVS_INTQ_NEAR_WINDOW);
+            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1 ||
+                (t == rows - 1 && c + 32 == n)) {
+                for (uint64_t b = j - j % KVS_INTQ_NEAR_WINDOW; near; near &= near - 1) {
                     uint64_t jj = b + (uint64_t)__builtin_ctzll(near), tt = jj / per_row;
                     column_chunk(src + tt * stride, 32 * (jj % per_row), d, rinv, z, mid, grid,
                                  bits, zp, 0, 1, codes + tt * row_bytes);

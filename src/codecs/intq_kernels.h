@@ -158,6 +158,14 @@ const kvs_intq_kernels *kvs_intq_kernels_avx512(void);
  * every other entry NULL. It does not check the CPU. */
 const kvs_intq_kernels *kvs_intq_kernels_avx2(void);
 
+/* The fused encoders' codes by one FMA each (intq_avx512.c's pair_grid,
+ * which argues it; intq_avx2.c's grid16): the sum's constant,
+ * 1.5 x 2^10 + the integer part of mid + 1/2, and the count of 32-code
+ * chunks whose flags are gathered before the chunks flagged are made again
+ * by the exact path (a window). */
+static inline float kvs_intq_grid(float mid) { return 0x1.8p10f + (float)(int)mid + 0.5f; }
+#define KVS_INTQ_NEAR_WINDOW 64
+
 /* The fused encoders' loops in one copy per code width (2, 4, 8) and zero
  * point, so neither is a branch inside them: CALL(bits, zp) with both
  * constants, chosen by the row format's. */
