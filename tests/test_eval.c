@@ -28,7 +28,15 @@
  *   token (V's settings): K token 0's group {1.0625, 1} gives 1.0625 twice,
  *   so K's error is the same, but token 1's scores are the original ones:
  *   attention is exact. Size per slice: header 28 + 18 + 18 + 4 + 4 = 72,
- *   payload 4 + 16 + 2 + 4 = 26. */
+ *   payload 4 + 16 + 2 + 4 = 26.
+ *   --objects chunk: the whole KV_2LTD [2, 1, 2, 4] tensor as one object,
+ *   K per channel and V per token as with --objects layer (the same
+ *   errors), a header with four dims instead of three: 88 + 44 = 132 bytes.
+ *   With --skip k0 the one slice left is a [1, 2, 4] binary object (V's
+ *   settings, exact): header 80, payload 26.
+ * The pipeline [bytes, crc32c] with --objects chunk: one object, header
+ * 28 + 2 + 4 x 8 + 12 = 74 and payload 32 + 4; with --skip v0 the K slice as
+ * [1, 2, 4]: header 66, payload 16 + 4. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -117,6 +125,27 @@ static double num(const json_t *r, const char *k) { return json_number_value(jso
 
 #define NEAR(a, b) (fabs((a) - (b)) <= 1e-6 * (1 + fabs(b)))
 
+/* The file's figures worked out in the header comment: K's SNR with one
+ * element off by 0.0625, and the attention output's SNR when token 1
+ * scores 1.0625 twice. */
+static double k_snr_one_off(void) { return 10 * log10((1.0625 * 1.0625 + 7) / (0.0625 * 0.0625)); }
+
+static double attn_snr_one_off(void)
+{
+    double p = 1 / (1 + exp(-0.0625)), o1 = 2 * p + 4 * (1 - p);
+    return 10 * log10((4 * 4 + 4 * o1 * o1) / (4 * (o1 - 3) * (o1 - 3)));
+}
+
+/* `eval --json ARGS`'s document (NULL when it failed) and its first row. */
+static json_t *run_json(const char *args, const json_t **row)
+{
+    char *out = run(args);
+    json_t *doc = out ? json_loads(out, 0, NULL) : NULL;
+    free(out);
+    *row = json_array_get(json_object_get(doc, "results"), 0);
+    return doc;
+}
+
 static void test_fp8_figures(void)
 {
     char *out = run("--json --serde '{\"type\": \"fp8\"}'");
@@ -169,40 +198,80 @@ static void test_lossless_figures(void)
 #define INT2 "'{\"type\":\"pipeline\",\"stages\":[{\"type\":\"int\",\"bits\":2,"   \
              "\"group\":2,\"zero_point\":false,\"scale_dtype\":\"float32\"}]}'"
 
-static void test_int_figures(void)
+/* INT2 on objects that hold K and V of the layer together (K per channel):
+ * stored bytes in all, and the errors of the header comment. */
+static void check_int2_whole_layer(const json_t *r, int stored)
 {
-    double k_snr = 10 * log10((1.0625 * 1.0625 + 7) / (0.0625 * 0.0625));
-    double p = 1 / (1 + exp(-0.0625)), o1 = 2 * p + 4 * (1 - p);
-    double sig = 4 * 4 + 4 * o1 * o1, noise = 4 * (o1 - 3) * (o1 - 3);
-    char *out = run("--json --objects layer --serde " INT2);
-    REQUIRE(out != NULL);
-    json_t *doc = json_loads(out, 0, NULL);
-    REQUIRE(doc != NULL);
-    const json_t *r = json_array_get(json_object_get(doc, "results"), 0);
-    CHECK(NEAR(num(r, "bits_per_element"), 8.0 * 124 / 16));
-    CHECK(NEAR(num(r, "ratio"), 32.0 / 124));
+    CHECK(NEAR(num(r, "bits_per_element"), 8.0 * stored / 16));
+    CHECK(NEAR(num(r, "ratio"), 32.0 / stored));
     CHECK(json_is_false(json_object_get(r, "lossless")));
-    CHECK(NEAR(num(r, "k_snr_db"), k_snr));
+    CHECK(NEAR(num(r, "k_snr_db"), k_snr_one_off()));
     CHECK(json_is_null(json_object_get(r, "v_snr_db")));
     CHECK(NEAR(num(r, "max_abs_err"), 0.0625));
-    CHECK(fabs(num(r, "attn_snr_db") - 10 * log10(sig / noise)) < 1e-3);
+    CHECK(fabs(num(r, "attn_snr_db") - attn_snr_one_off()) < 1e-3);
+}
+
+static void test_int_figures(void)
+{
+    const json_t *r;
+    json_t *doc = run_json("--json --objects layer --serde " INT2, &r);
+    REQUIRE(r != NULL);
+    check_int2_whole_layer(r, 124);
     json_decref(doc);
-    free(out);
-    out = run("--json --serde " INT2);
-    REQUIRE(out != NULL);
-    doc = json_loads(out, 0, NULL);
-    REQUIRE(doc != NULL);
-    r = json_array_get(json_object_get(doc, "results"), 0);
+    doc = run_json("--json --serde " INT2, &r);
+    REQUIRE(r != NULL);
     CHECK(NEAR(num(r, "bits_per_element"), 8.0 * 2 * 98 / 16));
-    CHECK(NEAR(num(r, "k_snr_db"), k_snr));
+    CHECK(NEAR(num(r, "k_snr_db"), k_snr_one_off()));
     CHECK(json_is_null(json_object_get(r, "v_snr_db")));
     CHECK(json_is_null(json_object_get(r, "attn_snr_db"))); /* exact */
     json_decref(doc);
-    free(out);
     /* layer objects report layers */
-    out = run("--objects layer --per-slice --serde " INT2);
+    char *out = run("--objects layer --per-slice --serde " INT2);
     REQUIRE(out != NULL);
     CHECK(strstr(out, "    KV0   ratio 0.2581 (lossy)") != NULL);
+    free(out);
+}
+
+#define CRC_PIPELINE "'{\"type\":\"pipeline\",\"stages\":[{\"type\":\"bytes\"},"   \
+                     "{\"type\":\"crc32c\"}]}'"
+
+/* --objects chunk: one object per file, each slice charged an equal share. */
+static void test_chunk_objects(void)
+{
+    const json_t *r;
+    json_t *doc = run_json("--json --objects chunk --serde " CRC_PIPELINE, &r);
+    REQUIRE(r != NULL);
+    CHECK(NEAR(num(r, "bits_per_element"), 8.0 * 110 / 16));
+    CHECK(json_is_true(json_object_get(r, "lossless")));
+    CHECK(json_is_false(json_object_get(r, "calibrated")));
+    json_decref(doc);
+    doc = run_json("--json --objects chunk --skip v0 --serde " CRC_PIPELINE, &r);
+    REQUIRE(r != NULL);
+    CHECK(NEAR(num(r, "bits_per_element"), 8.0 * 86 / 8));
+    CHECK(NEAR(num(r, "ratio"), 16.0 / 86));
+    json_decref(doc);
+    doc = run_json("--json --objects chunk --serde " INT2, &r);
+    REQUIRE(r != NULL);
+    check_int2_whole_layer(r, 132);
+    json_decref(doc);
+    char *out = run("--objects chunk --per-slice --skip k0 --serde " INT2);
+    REQUIRE(out != NULL);
+    CHECK(strstr(out, "--serde        106.000  0.1509 yes ") != NULL);
+    CHECK(strstr(out, "    V0   ratio 0.1509\n") != NULL);
+    free(out);
+    /* everything skipped: no object, no figures */
+    doc = run_json("--json --objects chunk --skip k0,v0 --serde " CRC_PIPELINE, &r);
+    REQUIRE(r != NULL);
+    CHECK(json_is_null(json_object_get(r, "bits_per_element")));
+    CHECK(json_is_null(json_object_get(r, "encode_gbps")));
+    json_decref(doc);
+    int st = 0;
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "eval --objects chunks --serde " CRC_PIPELINE " %s", file);
+    out = run_status(cmd, &st);
+    REQUIRE(out != NULL);
+    CHECK(st == 2);
+    CHECK(strcmp(out, "kvserde eval: --objects takes slice, layer or chunk; got 'chunks'\n") == 0);
     free(out);
 }
 
@@ -399,6 +468,7 @@ int main(void)
     RUN(test_fp8_figures);
     RUN(test_lossless_figures);
     RUN(test_int_figures);
+    RUN(test_chunk_objects);
     RUN(test_sweep_and_table);
     RUN(test_calibration);
     unlink(file);

@@ -1,7 +1,8 @@
 /* kvserde eval - run serdes over KV safetensors files and report size,
  * speed and fidelity (docs/cli.md). Each (K or V, layer) slice of the `kv`
  * tensor [2, layers, tokens, hidden] is one object [tokens, hidden] (what a
- * connector stores per layer), serialized and deserialized on this thread. */
+ * connector stores per layer), or with --objects layer or chunk each layer's
+ * K and V or each file's `kv`, serialized and deserialized on this thread. */
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -152,6 +153,7 @@ typedef struct acc {
 typedef struct opts {
     int json, sweep, per_slice;
     int layer_objects; /* --objects layer: one KV_2TD [2, tokens, hidden] object per layer */
+    int chunk_objects; /* --objects chunk: one object per file (its slices not skipped) */
     const char *serde;
     const char *plot; /* --plot FILE.svg */
     int heads, kv_heads, head_dim;
@@ -165,7 +167,7 @@ static int usage(FILE *out, int rc)
 {
     fprintf(out,
             "usage: kvserde eval [--json] [--per-slice] [--skip k0,v0,...] [--heads N]\n"
-            "                    [--kv-heads N] [--head-dim N] [--objects slice|layer]\n"
+            "                    [--kv-heads N] [--head-dim N] [--objects slice|layer|chunk]\n"
             "                    [--calibration FILE]... [--plot FILE.svg]\n"
             "                    (--serde JSON | --sweep) FILE...\n\n"
             "Runs a serde (or, with --sweep, every preset `kvserde list` shows) over the `kv`\n"
@@ -179,7 +181,10 @@ static int usage(FILE *out, int rc)
             "num_kv_heads, head_dim) or the flags. --objects layer stores each layer's K and V\n"
             "as one KV_2TD object [2, tokens, hidden] instead (what a serde that treats K and V\n"
             "differently, such as the int stage, needs; --skip then leaves out the layer, and\n"
-            "--per-slice reports layers, as KV).\n\n"
+            "--per-slice reports layers, as KV). --objects chunk stores each file's `kv` as\n"
+            "one object, what a cache stores per chunk: the KV_2LTD tensor [2, layers, tokens,\n"
+            "hidden], or with --skip the slices left in, in order, as one [slices, tokens,\n"
+            "hidden] object (memory format binary); each slice is charged an equal share.\n\n"
             "--calibration FILE (repeatable, or FILE,FILE,...) first calibrates the transform\n"
             "stage on those files (never on the files evaluated: a file given both ways is\n"
             "refused); --sweep then adds the calibrated presets (xform-*), and \"%s\"\n"
@@ -292,10 +297,11 @@ static int round_trip(const kvs_serde_pair *p, const void *src, size_t nbytes,
     return rc;
 }
 
-/* One file through one config: 0 (with --sweep also when the config refuses
+/* One file through one config (its serde p, made once for all the files, as
+ * an engine keeps its serde): 0 (with --sweep also when the config refuses
  * these tensors: a->skipped says why) or -1 (reported). */
 static int eval_file(const char *path, const kvs_st_file *f, const char *serde_json,
-                     const opts *o, acc *a)
+                     const kvs_serde_pair *p, const opts *o, acc *a)
 {
     const kvs_st_tensor *kv = kvs_st_find(f, "kv");
     kvs_dtype dt;
@@ -309,42 +315,52 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
     }
     int L = (int)kv->shape[1], T = (int)kv->shape[2], H = (int)kv->shape[3];
     size_t es = kvs_dtype_size(dt), slice = (size_t)T * H * es;
-    kvs_serde_pair p;
-    if (kvs_serde_create_pair(serde_json, &p) != KVS_OK) {
-        fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
-        return -1;
-    }
-    int whole = takes_whole_chunk(serde_json);
+    /* One object per file (a transform serde, or --objects chunk): the whole
+     * KV_2LTD tensor, or, when --skip leaves slices out, the others in
+     * order (K layers, then V layers) as one [S, tokens, hidden] object of
+     * memory format binary; each slice is charged an equal share of the
+     * blob. */
+    int whole = takes_whole_chunk(serde_json) || o->chunk_objects, S = 0;
+    for (int kvi = 0; whole && kvi < 2; kvi++)
+        for (int layer = 0; layer < L; layer++) S += !o->skip[kvi][layer];
+    int stacked = whole && S < 2 * L;
     kvs_layout l = {0};
-    const int64_t dims[2] = {T, H}, wdims[4] = {2, L, T, H};
-    int rc = whole ? kvs_layout_add_group(&l, 4, wdims, dt) : kvs_layout_add_group(&l, 2, dims, dt);
-    size_t cap = 0, wn = 0, bsize = whole ? 2 * (size_t)L * slice : slice;
-    if (rc == KVS_OK) rc = kvs_estimate_serialized_size(p.serializer, &l, &cap);
+    const int64_t dims[2] = {T, H}, wdims[4] = {2, L, T, H}, sdims[3] = {S, T, H};
+    int rc = !whole     ? kvs_layout_add_group(&l, 2, dims, dt)
+             : stacked ? kvs_layout_add_group(&l, 3, sdims, dt)
+                       : kvs_layout_add_group(&l, 4, wdims, dt);
+    size_t cap = 0, wn = 0, bsize = whole ? (size_t)S * slice : slice;
+    if (rc == KVS_OK && (!whole || S > 0)) rc = kvs_estimate_serialized_size(p->serializer, &l, &cap);
     if (rc == KVS_EINVAL && o->sweep) {
         /* A preset that cannot take this layout (ggml blocks need a hidden
          * size that is a multiple of 32, a Hadamard rotation one it divides)
          * is reported as skipped, so one
          * preset does not stop the sweep. */
         if (!a->skipped[0]) snprintf(a->skipped, sizeof a->skipped, "%.200s: %.380s", path, kvs_last_error());
-        kvs_serde_pair_destroy(&p);
         return 0;
     }
     uint8_t *blob = malloc(cap ? cap : 1), *back = malloc(bsize ? bsize : 1);
+    uint8_t *stack = stacked ? malloc(bsize ? bsize : 1) : NULL;
     float *orig = malloc(sizeof(float) * 2 * (size_t)L * T * H);
     float *rest = malloc(sizeof(float) * 2 * (size_t)L * T * H);
-    if (rc || !blob || !back || !orig || !rest) {
+    if (rc || !blob || !back || !orig || !rest || (stacked && !stack)) {
         fprintf(stderr, "kvserde eval: %s\n", rc ? kvs_last_error() : "out of memory");
         rc = -1;
         goto out;
     }
+    for (int kvi = 0, at = 0; stacked && kvi < 2; kvi++)
+        for (int layer = 0; layer < L; layer++)
+            if (!o->skip[kvi][layer])
+                memcpy(stack + (size_t)at++ * slice, kv->data + ((size_t)kvi * L + layer) * slice,
+                       slice);
     if (rc == 0) {
         map_pages(kv->data, NULL, 2 * (size_t)L * slice);
         map_pages(NULL, blob, cap);
         map_pages(NULL, back, bsize);
     }
-    if (rc == 0 && whole) {
-        /* one KV_2LTD object; each slice is charged its share of the blob */
-        rc = round_trip(&p, kv->data, bsize, &l, KVS_FMT_KV_2LTD, blob, cap, back, &wn, a);
+    if (rc == 0 && whole && S > 0) {
+        rc = round_trip(p, stacked ? stack : kv->data, bsize, &l,
+                        stacked ? KVS_FMT_BINARY : KVS_FMT_KV_2LTD, blob, cap, back, &wn, a);
         if (rc) {
             fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
             rc = -1;
@@ -352,7 +368,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
     }
     /* Objects: one slice (K or V of a layer) each, or with --objects layer
      * one KV_2TD [2, T, H] object per layer (both slices copied into pair);
-     * a transform serde took the whole chunk above. */
+     * or the file's one object above. */
     int layer_objects = o->layer_objects && !whole;
     int nobj_kv = layer_objects ? 1 : 2;
     uint8_t *pair = layer_objects ? malloc(2 * slice + 1) : NULL;
@@ -367,7 +383,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         kvs_layout_add_group(&ol, 3, dims3, dt);
     }
     size_t ocap = cap, oslice = slice * (size_t)(3 - nobj_kv);
-    if (layer_objects && kvs_estimate_serialized_size(p.serializer, &ol, &ocap) != KVS_OK) {
+    if (layer_objects && kvs_estimate_serialized_size(p->serializer, &ol, &ocap) != KVS_OK) {
         fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
         rc = -1;
     }
@@ -379,6 +395,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
     }
     uint8_t *oback = layer_objects ? malloc(oslice + 1) : back;
     if (layer_objects && oback) map_pages(NULL, oback, oslice);
+    int at = 0; /* a whole object's slices so far */
     for (int kvi = 0; kvi < nobj_kv && rc == 0 && blob && oback; kvi++)
         for (int layer = 0; layer < L && rc == 0; layer++) {
             size_t idx = (size_t)kvi * L + layer;
@@ -389,7 +406,7 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
                 const uint8_t *sp = kv->data + ix * slice;
                 for (size_t i = 0; i < (size_t)T * H; i++) of[i] = to_float(sp + i * es, dt);
             }
-            int skipped = !whole && (o->skip[kvi][layer] || (layer_objects && o->skip[1][layer]));
+            int skipped = o->skip[kvi][layer] || (layer_objects && o->skip[1][layer]);
             if (skipped) {
                 for (int h = 0; h < 3 - nobj_kv; h++) {
                     size_t ix = (size_t)(kvi + h) * L + layer;
@@ -405,11 +422,12 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
             size_t n = 0;
             const uint8_t *got = oback;
             if (whole) {
-                got = back + idx * slice;
-                n = wn / (2 * (size_t)L) + (idx < wn % (2 * (size_t)L));
+                got = back + (size_t)at * slice;
+                n = wn / (size_t)S + ((size_t)at < wn % (size_t)S);
+                at++;
             } else {
                 kvs_memory_format fmt = layer_objects ? KVS_FMT_KV_2TD : KVS_FMT_BINARY;
-                rc = round_trip(&p, src, oslice, &ol, fmt, blob, cap, oback, &n, a);
+                rc = round_trip(p, src, oslice, &ol, fmt, blob, cap, oback, &n, a);
             }
             if (rc) {
                 fprintf(stderr, "kvserde eval: %s: %s\n", path, kvs_last_error());
@@ -478,11 +496,11 @@ static int eval_file(const char *path, const kvs_st_file *f, const char *serde_j
         free(ar);
     }
 out:
+    free(stack);
     free(blob);
     free(back);
     free(orig);
     free(rest);
-    kvs_serde_pair_destroy(&p);
     return rc;
 }
 
@@ -713,11 +731,13 @@ int kvs_cmd_eval(int argc, char **argv)
         }
         else if (i + 1 < argc && strcmp(a, "--objects") == 0) {
             const char *v = argv[++i];
-            if (strcmp(v, "slice") != 0 && strcmp(v, "layer") != 0) {
-                fprintf(stderr, "kvserde eval: --objects takes slice or layer; got '%s'\n", v);
+            if (strcmp(v, "slice") != 0 && strcmp(v, "layer") != 0 && strcmp(v, "chunk") != 0) {
+                fprintf(stderr, "kvserde eval: --objects takes slice, layer or chunk; got '%s'\n",
+                        v);
                 return 2;
             }
             o.layer_objects = strcmp(v, "layer") == 0;
+            o.chunk_objects = strcmp(v, "chunk") == 0;
         }
         else if (i + 1 < argc && strcmp(a, "--skip") == 0) {
             if (parse_skip(argv[++i], &o)) return 2;
@@ -789,10 +809,17 @@ int kvs_cmd_eval(int argc, char **argv)
         for (int kvi = 0; kvi < 2; kvi++)
             for (int l = 0; l < MAX_LAYERS; l++) accs[c].slice_exact[kvi][l] = 1;
         const char *json = configs[c];
+        kvs_serde_pair p;
+        if (kvs_serde_create_pair(json, &p) != KVS_OK) {
+            fprintf(stderr, "kvserde eval: %s\n", kvs_last_error());
+            rc = 1;
+            break;
+        }
         for (int f = 0; f < nfiles && rc == 0; f++) {
-            if (eval_file(argv[i + f], &files[f], json, &o, &accs[c])) rc = 1;
+            if (eval_file(argv[i + f], &files[f], json, &p, &o, &accs[c])) rc = 1;
             progress(bar, c * (size_t)nfiles + (size_t)f + 1, ncfg * (size_t)nfiles);
         }
+        kvs_serde_pair_destroy(&p);
     }
     if (rc == 0) {
         json_t *results = json_array();
