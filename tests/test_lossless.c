@@ -1515,8 +1515,8 @@ static size_t flips_kernel_bad(void)
 
 /* The kind 2 estimate's VBMI2 pass over a row (lossless_refs.h): rows of
  * 0-100 elements, half of them repeated, at every flag offset 0-7: the
- * flags, the nonzero differences in order, the counts, and nothing set
- * past the row's flags. */
+ * flags, the nonzero differences in order, the counts, nothing set past
+ * the row's flags and no byte written outside the differences appended. */
 static size_t row_diffs_bad(void)
 {
     uint8_t row[2 * 100], above[2 * 100], ex[100], exa[100], fl[24], nz[100], want_nz[100];
@@ -1531,6 +1531,7 @@ static size_t row_diffs_bad(void)
                 exa[i] = lcg(&s) % 4 ? ex[i] : (uint8_t)lcg(&s);
             }
             memset(fl, 0, sizeof fl);
+            memset(nz, 0xA5, sizeof nz);
             size_t nnz = 3, same = 5, c = kvs_llx_row_diffs_avx512vbmi2(row, above, ex, exa, n, fl,
                                                                        off, nz, &nnz, &same);
             bad += c != n / 32 * 32;
@@ -1544,6 +1545,7 @@ static size_t row_diffs_bad(void)
             }
             for (size_t b = off + c; b < 8 * sizeof fl; b++) bad += fl[b / 8] >> (b % 8) & 1;
             bad += nnz != m || same != eq || memcmp(nz + 3, want_nz + 3, m - 3) != 0;
+            for (size_t i = 0; i < sizeof nz; i++) bad += (i < 3 || i >= m) && nz[i] != 0xA5;
         }
     return bad;
 }
