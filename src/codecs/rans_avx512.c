@@ -14,11 +14,12 @@
 
 #define RANS_L (1u << 15)
 
-/* Sixteen contexts, at most top, shifted to their tables' offsets. */
-static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
+/* Sixteen contexts, at most top (in every lane), shifted to their tables'
+ * offsets. */
+static inline __m512i ctx_of(const uint8_t *ctx16, __m512i top, int shift)
 {
     __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)ctx16));
-    return _mm512_slli_epi32(_mm512_min_epu32(c, _mm512_set1_epi32((int)top)), shift);
+    return _mm512_slli_epi32(_mm512_min_epu32(c, top), shift);
 }
 
 /* Sixteen symbols out of the states X; 32 bytes at *pp are readable.
@@ -35,15 +36,14 @@ static inline __m512i ctx_of(const uint8_t *ctx16, uint32_t top, int shift)
  * a constant in each copy: level 3 whole chunks decode 4-10 % faster,
  * docs/performance.md). */
 static inline __attribute__((always_inline)) __m512i
-dec_half(const kvs_rans_dec_tables *d, __m512i X, const uint8_t *ctx16, uint8_t *sym16,
+dec_half(const uint32_t *slot, __m512i top, __m512i X, const uint8_t *ctx16, uint8_t *sym16,
          const uint8_t **pp, int mullo)
 {
     const __m512i slots = _mm512_set1_epi32(KVS_RANS_TOTAL - 1);
     __m512i idx = _mm512_and_si512(X, slots);
     if (ctx16) /* (X & slots) | the context's offset */
-        idx = _mm512_ternarylogic_epi32(X, slots, ctx_of(ctx16, d->top, KVS_RANS_SCALE_BITS),
-                                        0xEA);
-    __m512i e = _mm512_i32gather_epi32(idx, (const void *)d->slot, 4);
+        idx = _mm512_ternarylogic_epi32(X, slots, ctx_of(ctx16, top, KVS_RANS_SCALE_BITS), 0xEA);
+    __m512i e = _mm512_i32gather_epi32(idx, (const void *)slot, 4);
     __m512i q = _mm512_srli_epi32(X, KVS_RANS_SCALE_BITS);
     if (mullo) {
         X = _mm512_mullo_epi32(_mm512_srli_epi32(e, KVS_RANS_DEC_F_SHIFT), q);
@@ -82,11 +82,15 @@ dec_groups(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp, const 
            const uint8_t *ctx, uint8_t *sym, size_t n, int mullo)
 {
     const uint8_t *p = *pp;
+    /* the table's address and top in registers: the symbols' byte stores
+     * could alias *d, and GCC read them again for every half */
+    const uint32_t *slot = d->slot;
+    const __m512i top = _mm512_set1_epi32((int)d->top);
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
     size_t i = 0;
     for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
-        X0 = dec_half(d, X0, ctx ? ctx + i : NULL, sym + i, &p, mullo);
-        X1 = dec_half(d, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p, mullo);
+        X0 = dec_half(slot, top, X0, ctx ? ctx + i : NULL, sym + i, &p, mullo);
+        X1 = dec_half(slot, top, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p, mullo);
     }
     _mm512_storeu_si512(x, X0);
     _mm512_storeu_si512(x + 16, X1);
@@ -105,19 +109,27 @@ static inline __attribute__((always_inline)) void dec_joint(kvs_rans_dec_run run
 {
     kvs_rans_dec_run *a = &run[0], *b = &run[1];
     const uint8_t *pa = a->p, *pb = b->p;
+    /* the runs' fields in registers: the symbols' byte stores could alias
+     * the runs and their tables, and GCC read every field again for every
+     * half (four loads, a test and a broadcast from memory each) */
+    const uint32_t *sa = a->d->slot, *sb = b->d->slot;
+    const __m512i ta = _mm512_set1_epi32((int)a->d->top), tb = _mm512_set1_epi32((int)b->d->top);
+    const uint8_t *ca = a->ctx, *cb = b->ctx, *ea = a->end, *eb = b->end;
+    uint8_t *ya = a->sym, *yb = b->sym;
+    const size_t n = a->n < b->n ? a->n : b->n;
     __m512i A0 = _mm512_loadu_si512(a->x), A1 = _mm512_loadu_si512(a->x + 16);
     __m512i B0 = _mm512_loadu_si512(b->x), B1 = _mm512_loadu_si512(b->x + 16);
     size_t i = 0;
     /* While both streams have a whole group: four chains, not two. Each
      * stream's halves stay in their order (they share its word pointer);
      * the two streams' steps are independent and overlap. */
-    for (; i + KVS_RANS_LANES <= a->n && i + KVS_RANS_LANES <= b->n &&
-           a->end - pa >= 2 * KVS_RANS_LANES && b->end - pb >= 2 * KVS_RANS_LANES;
+    for (; i + KVS_RANS_LANES <= n && ea - pa >= 2 * KVS_RANS_LANES &&
+           eb - pb >= 2 * KVS_RANS_LANES;
          i += KVS_RANS_LANES) {
-        A0 = dec_half(a->d, A0, a->ctx ? a->ctx + i : NULL, a->sym + i, &pa, mullo);
-        B0 = dec_half(b->d, B0, b->ctx ? b->ctx + i : NULL, b->sym + i, &pb, mullo);
-        A1 = dec_half(a->d, A1, a->ctx ? a->ctx + i + 16 : NULL, a->sym + i + 16, &pa, mullo);
-        B1 = dec_half(b->d, B1, b->ctx ? b->ctx + i + 16 : NULL, b->sym + i + 16, &pb, mullo);
+        A0 = dec_half(sa, ta, A0, ca ? ca + i : NULL, ya + i, &pa, mullo);
+        B0 = dec_half(sb, tb, B0, cb ? cb + i : NULL, yb + i, &pb, mullo);
+        A1 = dec_half(sa, ta, A1, ca ? ca + i + 16 : NULL, ya + i + 16, &pa, mullo);
+        B1 = dec_half(sb, tb, B1, cb ? cb + i + 16 : NULL, yb + i + 16, &pb, mullo);
     }
     _mm512_storeu_si512(a->x, A0);
     _mm512_storeu_si512(a->x + 16, A1);
@@ -172,7 +184,7 @@ static inline void enc_entries(const kvs_rans_enc_tables *e, const uint8_t *sym1
         _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i high = _mm512_add_epi32(low, _mm512_set1_epi32(1));
     __m512i k = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sym16));
-    if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, e->top, 8));
+    if (ctx16) k = _mm512_or_si512(k, ctx_of(ctx16, _mm512_set1_epi32((int)e->top), 8));
     __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(k), (const void *)e->wide, 8);
     __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(k, 1), (const void *)e->wide, 8);
     *info = _mm512_permutex2var_epi32(g0, low, g1);
