@@ -118,12 +118,14 @@ static float element(const uint8_t *p, kvs_dtype dt)
 }
 
 /* a (the first decode) and b (the decode of its re-serialization) hold the
- * same values: equal, both NaN, or (saturating fp8) +-inf became +-max. */
+ * same values: equal, both NaN, or (saturating fp8) +-inf became +-max. An
+ * object of no bytes may have no data (a and b NULL), which memcmp must not
+ * be given. */
 static void same_values(const kvs_layout *layout, const uint8_t *a, const uint8_t *b,
                         int saturate)
 {
     size_t nbytes = (size_t)kvs_layout_nbytes(layout);
-    if (memcmp(a, b, nbytes) == 0) return;
+    if (nbytes == 0 || memcmp(a, b, nbytes) == 0) return;
     for (uint32_t g = 0; g < layout->ngroups; g++) {
         kvs_dtype dt = layout->groups[g].dtype;
         size_t es = kvs_dtype_size(dt), off = (size_t)kvs_layout_group_offset(layout, g);
