@@ -24,8 +24,10 @@ static inline __m512i ctx_of(const uint8_t *ctx16, __m512i top, int shift)
 
 /* Sixteen symbols out of the states X; 32 bytes at *pp are readable.
  * The 32 states are only two dependency chains (a gather, a multiply, the
- * renormalisation), so the kernel waits on their latency, not on its
- * ports: each step from one state to the next is kept short. The slot
+ * renormalisation), so on Intel's cores the kernel waits on their latency,
+ * not on its ports: each step from one state to the next is kept short (on
+ * AMD's Zen 4 its gathers' throughput bounds it instead: a second stream's
+ * chains hide 9 %, docs/performance.md). The slot
  * index is one ternary-logic op. On Intel's cores the product f (x >> M)
  * is taken as two vpmuludq (5 cycles) on the even and odd lanes, not one
  * vpmulld (10): the entries' frequency sits on top (rans.h), so one shift
