@@ -354,17 +354,6 @@ KVS_AI __mmask16 pair_grid(__m512 xe, __m512 xo, __m512 ie, __m512 io, __m512 ze
 /* pair_grid's G for a row format's mid. */
 KVS_AI __m512 grid_of(float mid) { return _mm512_set1_ps(kvs_intq_grid(mid)); }
 
-/* The fused encoders' chunks of 32 codes are made by pair_grid, a bit set
- * for each chunk it cannot make, and those chunks made again by
- * fused_pair (the same codes as the portable loop's, stored over the
- * first ones) once per window of KVS_INTQ_NEAR_WINDOW chunks: the branch
- * then depends only on the window's bits, where a branch per chunk waited on its products
- * and, mispredicted, threw away the chunks after it. Per 32 codes (int8,
- * no zero point) 10 vector instructions besides the load and the store,
- * where fused_pair and pack_pairs take 17; on AMD Zen 4 at 256 MiB the
- * int8 / int4 / int2 presets encode at 10.7 / 9.6 / 8.3 GB/s against 9.7 /
- * 8.2 / 7.0 before (docs/performance.md, 2026-12-07). */
-
 /* The same as bytes. */
 KVS_AI __m128i codes16(__m512 x, __m512 r, __m512 rinv, __m512 z, __m512 lo, __m512 hi,
                        __m512 mid)
@@ -688,14 +677,15 @@ KVS_AI void codes32_packed(const uint8_t *src, uint64_t e, __m512 r, __m512 ri, 
     pack_pairs(ev, od, bits, out + e * bits / 8);
 }
 
-/* codes32_packed by pair_grid: nonzero where fused_pair must make them
- * (grid: grid_of(mid)). */
-KVS_AI int codes32_quick(const uint8_t *src, uint64_t e, __m512 ri, __m512 zz, __m512 grid,
-                         unsigned bits, int zp, uint8_t *out)
+/* The codes of the 32 bfloat16 v by pair_grid (reciprocals and zeros of
+ * the even and odd elements ie, io, ze, zo; grid: grid_of(mid)), packed
+ * at out: nonzero where fused_pair must make them. */
+KVS_AI int grid_chunk(__m512i v, __m512 ie, __m512 io, __m512 ze, __m512 zo, __m512 grid,
+                      unsigned bits, int zp, uint8_t *out)
 {
-    __m512i v = _mm512_loadu_si512(src + 2 * e), we, wo;
-    __mmask16 near = pair_grid(even_ps(v), odd_ps(v), ri, ri, zz, zz, grid, zp, &we, &wo);
-    pack_grid(we, wo, bits, out + e * bits / 8);
+    __m512i we, wo;
+    __mmask16 near = pair_grid(even_ps(v), odd_ps(v), ie, io, ze, zo, grid, zp, &we, &wo);
+    pack_grid(we, wo, bits, out);
     return near != 0;
 }
 
@@ -713,9 +703,19 @@ KVS_AI void token_fixups(const uint8_t *src, uint64_t first, uint64_t near, uint
 }
 
 /* The codes of a row, group by group (bits a constant in each copy, so
- * the loop has no branch on it), by pair_grid and the chunks it leaves
- * by fused_pair per window (KVS_INTQ_NEAR_WINDOW); a row with a NaN reciprocal
- * (a divisor whose reciprocal is not a normal float) by fused_pair. */
+ * the loop has no branch on it); a row with a NaN reciprocal (a divisor
+ * whose reciprocal is not a normal float) by fused_pair. Otherwise the
+ * chunks of 32 codes are made by pair_grid, a bit set for each chunk it
+ * cannot make, and those chunks made again by fused_pair (the same codes
+ * as the portable loop's, stored over the first ones) once per window of
+ * KVS_INTQ_NEAR_WINDOW chunks and at the row's end: the branch then
+ * depends only on the window's bits, where a branch per chunk waited on
+ * its products and, mispredicted, threw away the chunks after it. Per 32
+ * codes (int8, no zero point) 10 vector instructions besides the load and
+ * the store, where fused_pair and pack_pairs take 17; on AMD Zen 4 at 256
+ * MiB the int8 / int4 / int2 presets encode at 10.7 / 9.6 / 8.3 GB/s
+ * against 9.7 / 8.2 / 7.0 before (docs/performance.md, 2026-12-07).
+ * column_codes does the same over a block's rows. */
 KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
                         const float *d, const float *rinv, const float *z, unsigned bits,
                         int zp, uint8_t *out, const uint8_t *ahead, const uint8_t *codes_ahead)
@@ -736,17 +736,16 @@ KVS_AI void token_codes(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f
                 codes32_packed(src, e, _mm512_set1_ps(d[k]), ri, zz, mid, bits, zp, out);
                 continue;
             }
-            near |= (uint64_t)codes32_quick(src, e, ri, zz, grid, bits, zp, out)
+            near |= (uint64_t)grid_chunk(_mm512_loadu_si512(src + 2 * e), ri, ri, zz, zz, grid,
+                                         bits, zp, out + e * bits / 8)
                     << (j % KVS_INTQ_NEAR_WINDOW);
-            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1) {
-                token_fixups(src, j - (KVS_INTQ_NEAR_WINDOW - 1), near, f->group, d, rinv, z,
-                             mid, bits, zp, out);
+            if (j % KVS_INTQ_NEAR_WINDOW == KVS_INTQ_NEAR_WINDOW - 1 || e + 32 == n) {
+                token_fixups(src, j - j % KVS_INTQ_NEAR_WINDOW, near, f->group, d, rinv, z, mid,
+                             bits, zp, out);
                 near = 0;
             }
         }
     }
-    token_fixups(src, j - j % KVS_INTQ_NEAR_WINDOW, near, f->group, d, rinv, z, mid, bits, zp,
-                 out);
 }
 
 static int encode_token_bf16(const uint8_t *src, uint64_t n, const kvs_intq_rowfmt *f,
@@ -881,14 +880,10 @@ KVS_AI int column_chunk(const uint8_t *x, uint64_t c, const float *d, const floa
                         int paired, uint8_t *out)
 {
     __m512i v = _mm512_loadu_si512(x + 2 * c);
-    if (quick) {
-        __m512i we, wo;
-        __mmask16 near = pair_grid(even_ps(v), odd_ps(v), _mm512_loadu_ps(rinv + c),
-                                   _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c),
-                                   _mm512_loadu_ps(z + c + 16), grid, zp, &we, &wo);
-        pack_grid(we, wo, bits, out + c * bits / 8);
-        return near != 0;
-    }
+    if (quick)
+        return grid_chunk(v, _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(rinv + c + 16),
+                          _mm512_loadu_ps(z + c), _mm512_loadu_ps(z + c + 16), grid, bits, zp,
+                          out + c * bits / 8);
     __m512i ev, od;
     fused_pair(even_ps(v), odd_ps(v), _mm512_loadu_ps(d + c), _mm512_loadu_ps(d + c + 16),
                _mm512_loadu_ps(rinv + c), _mm512_loadu_ps(rinv + c + 16), _mm512_loadu_ps(z + c),
