@@ -24,6 +24,11 @@
  * 2^16 (the rows are told apart as words). */
 uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
                                        unsigned hash_bits, uint32_t r, uint32_t *cand);
+/* Tests: how the AVX-512 finder tells its samples' rows apart, 0 by word
+ * rotations, 1 by conflict detection (AVX512CD), -1 the form for this
+ * CPU's vendor (the default: conflicts on AMD's cores); the same
+ * candidates either way. */
+void kvs_llx_set_ref_conflicts(int form);
 /* The same with AVX2 (lossless_refs_avx2.c). */
 uint32_t kvs_llx_ref_candidates_avx2(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
                                      unsigned hash_bits, uint32_t r, uint32_t *cand);

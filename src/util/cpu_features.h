@@ -13,16 +13,17 @@
 #define KVSERDE_UTIL_CPU_FEATURES_H
 
 #define KVS_CPU_AVX2 1u        /* AVX2, FMA, BMI2, F16C */
-#define KVS_CPU_AVX512 2u      /* KVS_CPU_AVX2 and AVX-512 F, BW, DQ, VL, BF16, VBMI */
+#define KVS_CPU_AVX512 2u      /* KVS_CPU_AVX2 and AVX-512 F, BW, DQ, CD, VL, BF16, VBMI */
 #define KVS_CPU_AVX512FP16 4u  /* KVS_CPU_AVX512 and AVX512-FP16 */
 #define KVS_CPU_AVX512VBMI2 8u /* KVS_CPU_AVX512 and AVX512-VBMI2 */
 /* AMX-TILE and AMX-BF16, and the OS enables the tile state in XCR0. A
  * process must still ask the kernel for the permission to use it
  * (arch_prctl ARCH_REQ_XCOMP_PERM; basis_products.c does, on first need). */
 #define KVS_CPU_AMX_BF16 16u
-/* Not an instruction set: the vendor is AMD. For the scalar loops whose
- * fastest form was measured to differ between AMD's cores and Intel's (the
- * lossless encoder's histograms, lossless_exponent.c). */
+/* Not an instruction set: the vendor is AMD. For the loops whose fastest
+ * form was measured to differ between AMD's cores and Intel's (the lossless
+ * encoder's histograms, lossless_exponent.c; the rANS decoder's product,
+ * rans_avx512.c; the row finder's de-duplication, lossless_refs_avx512.c). */
 #define KVS_CPU_AMD 32u
 
 /* The sets above this CPU runs, and KVS_CPU_AMD (0 off x86-64).
