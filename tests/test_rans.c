@@ -348,6 +348,75 @@ static void test_tables_across_sets(void)
     free(b);
 }
 
+/* kvs_rans_encode_tail, on every set this CPU runs: the stream
+ * kvs_rans_encode writes, left at the end of the buffer (its offset the
+ * buffer less the stream), whether it warms nothing, fewer bytes than the
+ * groups reach or more (windowed tables, with 4 contexts, and the
+ * gathered ones with 64; symbol counts with and without a tail group, and
+ * odd and even group counts); and the same refusals. */
+static void test_encode_tail(void)
+{
+    static const size_t sizes[] = {0, 1, 31, 32, 33, 95, 1000, 4096 + 7, 65536 + 64};
+    static const unsigned nctxs[] = {4, KVS_RANS_MAX_CTX};
+    size_t nmax = 65536 + 64, cap = kvs_rans_bound(nmax);
+    uint8_t *sym = malloc(nmax), *ctx = malloc(nmax), *a = malloc(cap), *b = malloc(cap);
+    uint8_t *warm = malloc(1 << 20);
+    memset(warm, 0x5C, 1 << 20);
+    size_t at = 0;
+    static kvs_rans_enc_tables e;
+    kvs_rans_freqs t[KVS_RANS_MAX_CTX];
+    int cases = 0;
+    for (int isa = KVS_RANS_SCALAR; isa <= KVS_RANS_AVX512; isa++) {
+        if (!use_isa(isa)) {
+            printf("test_encode_tail: no %s here: not run\n", isa_name[isa]);
+            continue;
+        }
+        for (size_t q = 0; q < sizeof nctxs / sizeof nctxs[0]; q++)
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+                size_t n = sizes[z], ma = 0;
+                make_data(SKEWED, nctxs[q], n ? n : 1, 11 * n + q, sym, ctx, t);
+                kvs_rans_enc_init(&e, t, nctxs[q]);
+                CHECK_OK(kvs_rans_encode(&e, sym, ctx, n, a, cap, &ma));
+                static const size_t warm_lens[] = {0, 100, 1 << 20};
+                for (int v = 0; v < 4; v++) {
+                    const uint8_t *wp = v < 3 ? warm : NULL;
+                    size_t wl = v < 3 ? warm_lens[v] : 12345;
+                    memset(b, 0xEE, cap);
+                    CHECK_OK(kvs_rans_encode_tail(&e, sym, ctx, n, b, cap, wp, wl, &at));
+                    if (cap - at != ma || memcmp(b + at, a, ma) != 0)
+                        KVS_FAIL_("%s, %u contexts, %zu symbols, warm %zu: %zu bytes at %zu, "
+                                  "kvs_rans_encode's %zu", isa_name[isa], nctxs[q], n, wl,
+                                  cap - at, at, ma);
+                    cases++;
+                }
+            }
+        /* the refusals: a short buffer, a symbol without a code */
+        make_data(SKEWED, 4, 1000, 5, sym, ctx, t);
+        kvs_rans_enc_init(&e, t, 4);
+        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, kvs_rans_bound(1000) - 1, warm,
+                                       64, &at),
+                  KVS_ENOSPC, "rans: output holds 2129 bytes, 1000 symbols need 2130");
+        t[ctx[500]].f[sym[500]] = 0;
+        t[ctx[500]].f[(uint8_t)(sym[500] + 1)]++;
+        kvs_rans_enc_init(&e, t, 4);
+        size_t first = 0; /* the first symbol of that context and value */
+        while (ctx[first] != ctx[500] || sym[first] != sym[500]) first++;
+        char msg[120];
+        snprintf(msg, sizeof msg,
+                 "rans: symbol %u at %zu has frequency 0 in the table of context %u", sym[500],
+                 first, ctx[500]);
+        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, cap, warm, 1 << 20, &at),
+                  KVS_EINVAL, msg);
+    }
+    CHECK(cases >= 2 * 9 * 4);
+    kvs_rans_set_simd(1);
+    free(sym);
+    free(ctx);
+    free(a);
+    free(b);
+    free(warm);
+}
+
 /* The AVX-512 encoder's byte form (rans.h): taken when every context's
  * coded symbols fit a window of 256 >> ceil(log2 nctx) symbols, also one
  * that wraps past 255, and not when one needs a symbol more or there are
@@ -744,6 +813,7 @@ int main(void)
     RUN(test_kernels_agree);
     RUN(test_tables_across_sets);
     RUN(test_window_tables);
+    RUN(test_encode_tail);
     RUN(test_pair_decode);
     RUN(test_dec_products);
     RUN(test_dec_tables_agree);

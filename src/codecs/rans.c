@@ -436,12 +436,13 @@ static inline uint32_t enc_put(uint32_t x, uint32_t info, uint8_t **pp)
 
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode)
+                                uint32_t *nocode, const uint8_t *warm, size_t warm_len)
 {
     uint8_t *p = *pp;
     uint32_t bad = 0;
-    for (size_t g = groups; g-- > 0;) {
+    for (size_t g = groups, w = 0; g-- > 0; w += 64) {
         size_t i = g * KVS_RANS_LANES;
+        if (w < warm_len) __builtin_prefetch(warm + w);
         for (int l = KVS_RANS_LANES - 1; l >= 0; l--) {
             unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
             uint32_t info = e->info[k];
@@ -453,8 +454,9 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
     *nocode |= bad;
 }
 
-int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                    size_t n, uint8_t *out, size_t cap, size_t *outn)
+int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                         size_t n, uint8_t *out, size_t cap, const uint8_t *warm,
+                         size_t warm_len, size_t *at)
 {
     if (cap < kvs_rans_bound(n))
         return kvs_set_error(KVS_ENOSPC, "rans: output holds %zu bytes, %zu symbols need %zu",
@@ -470,20 +472,32 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
         nocode |= (info >> 13 & 0x1FFF) == 0;
         x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, &p);
     }
-    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode);
+    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode, warm,
+                          warm ? warm_len : 0);
     if (nocode) {
-        size_t at = 0;
-        while (at < n && e->info[CTX_AT(ctx, at, e->top) * 256u + sym[at]] >> 13 & 0x1FFF)
-            at++;
+        size_t i = 0;
+        while (i < n && e->info[CTX_AT(ctx, i, e->top) * 256u + sym[i]] >> 13 & 0x1FFF) i++;
         return kvs_set_error(KVS_EINVAL,
                              "rans: symbol %u at %zu has frequency 0 in the table of context %u",
-                             at < n ? sym[at] : 0, at, at < n ? CTX_AT(ctx, at, e->top) : 0);
+                             i < n ? sym[i] : 0, i, i < n ? CTX_AT(ctx, i, e->top) : 0);
     }
-    size_t words = (size_t)(out + cap - p);
-    memmove(out + 4 * KVS_RANS_LANES, p, words);
+    /* the states before the words: at most 2n + 2 bytes of words end at
+     * out + cap >= out + 4 * KVS_RANS_LANES + 2n + 2 */
+    p -= 4 * KVS_RANS_LANES;
     for (int l = 0; l < KVS_RANS_LANES; l++)
-        for (int b = 0; b < 4; b++) out[4 * l + b] = (uint8_t)(x[l] >> (8 * b));
-    *outn = 4 * KVS_RANS_LANES + words;
+        for (int b = 0; b < 4; b++) p[4 * l + b] = (uint8_t)(x[l] >> (8 * b));
+    *at = (size_t)(p - out);
+    return KVS_OK;
+}
+
+int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
+                    size_t n, uint8_t *out, size_t cap, size_t *outn)
+{
+    size_t at = 0;
+    int rc = kvs_rans_encode_tail(e, sym, ctx, n, out, cap, NULL, 0, &at);
+    if (rc) return rc;
+    *outn = cap - at;
+    memmove(out, out + at, *outn);
     return KVS_OK;
 }
 

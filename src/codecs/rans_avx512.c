@@ -275,7 +275,8 @@ static inline void win_entries(const kvs_rans_enc_tables *e, const uint8_t *sym6
  * one; either change alone gave 1.7 and 1.85). */
 /* groups >= 1, from the wide form (rans.h). */
 static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                            size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode)
+                            size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
+                            const uint8_t *warm, size_t warm_len)
 {
     uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
@@ -284,8 +285,9 @@ static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, co
     size_t last = (groups - 1) * KVS_RANS_LANES;
     enc_entries(e, sym + last + 16, ctx ? ctx + last + 16 : NULL, &info1, &rcp1);
     enc_entries(e, sym + last, ctx ? ctx + last : NULL, &info0, &rcp0);
-    for (size_t g = groups; g-- > 0;) {
+    for (size_t g = groups, w = 0; g-- > 0; w += 64) {
         __m512i ninfo0 = info0, nrcp0 = rcp0, ninfo1 = info1, nrcp1 = rcp1;
+        if (w < warm_len) _mm_prefetch((const char *)warm + w, _MM_HINT_T0);
         if (g > 0) {
             size_t i = (g - 1) * KVS_RANS_LANES;
             enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &ninfo1, &nrcp1);
@@ -305,13 +307,15 @@ static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, co
  * entries looked up before these are coded. An odd top group goes first
  * by the gathers. */
 static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                           size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode)
+                           size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
+                           const uint8_t *warm, size_t warm_len)
 {
-    size_t g = groups;
+    size_t g = groups, w = 0;
     if (g & 1) {
         size_t i = (g - 1) * KVS_RANS_LANES;
-        enc_groups_wide(e, sym + i, ctx ? ctx + i : NULL, 1, x, pp, nocode);
+        enc_groups_wide(e, sym + i, ctx ? ctx + i : NULL, 1, x, pp, nocode, warm, warm_len);
         g--;
+        w = 64;
     }
     uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
@@ -321,8 +325,12 @@ static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, con
         __m512i info[4], rcp[4];
         size_t i = (g - 2) * KVS_RANS_LANES;
         win_entries(e, sym + i, ctx ? ctx + i : NULL, info, rcp, &outside);
-        for (; g; g -= 2) {
+        for (; g; g -= 2, w += 128) {
             __m512i ninfo[4], nrcp[4];
+            if (w < warm_len) {
+                _mm_prefetch((const char *)warm + w, _MM_HINT_T0);
+                if (w + 64 < warm_len) _mm_prefetch((const char *)warm + w + 64, _MM_HINT_T0);
+            }
             if (g > 2) {
                 i = (g - 4) * KVS_RANS_LANES;
                 win_entries(e, sym + i, ctx ? ctx + i : NULL, ninfo, nrcp, &outside);
@@ -344,12 +352,12 @@ static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, con
 
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode)
+                                uint32_t *nocode, const uint8_t *warm, size_t warm_len)
 {
     if (!e->wide_ok || groups == 0) /* no groups, or tables built for other kernels (rans.h) */
-        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode);
+        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
     else if (e->win_ok)
-        enc_groups_win(e, sym, ctx, groups, x, pp, nocode);
+        enc_groups_win(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
     else
-        enc_groups_wide(e, sym, ctx, groups, x, pp, nocode);
+        enc_groups_wide(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
 }

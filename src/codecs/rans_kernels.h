@@ -6,7 +6,9 @@
  * lane first) on the states x[0..32), storing words downwards from *pp (the
  * 16 bytes below each word it keeps must be writable: the AVX2 kernel
  * stores a whole vector that ends at its words); sets *nocode when
- * a symbol has frequency 0 (the stream is then garbage). Decoding runs
+ * a symbol has frequency 0 (the stream is then garbage); prefetches the
+ * lines of warm[0..warm_len), one a group, as far as the groups go
+ * (kvs_rans_encode_tail). Decoding runs
  * groups from symbol 0 while a whole group and 64 stream bytes remain, and
  * returns the symbols it decoded. */
 #ifndef KVSERDE_CODECS_RANS_KERNELS_H
@@ -20,7 +22,7 @@
 
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode);
+                                uint32_t *nocode, const uint8_t *warm, size_t warm_len);
 size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 /* Two streams' groups at once (kvs_rans_decode2): each run ends where
@@ -46,7 +48,8 @@ void kvs_rans_dec_groups2(kvs_rans_dec_run run[2]);
  * NULL where the set has none. */
 typedef struct kvs_rans_kernels {
     void (*enc_groups)(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                       size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode);
+                       size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
+                       const uint8_t *warm, size_t warm_len);
     size_t (*dec_groups)(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                          const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
     void (*dec_joint)(kvs_rans_dec_run run[2]);
@@ -56,14 +59,14 @@ typedef struct kvs_rans_kernels {
 #if KVS_HAVE_X86
 void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                              uint32_t *nocode);
+                              uint32_t *nocode, const uint8_t *warm, size_t warm_len);
 size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                 const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 void kvs_rans_dec_fill_avx2(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode);
+                                uint32_t *nocode, const uint8_t *warm, size_t warm_len);
 size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);

@@ -817,7 +817,7 @@ static void write_map(const uint8_t *v, uint32_t period, unsigned per, uint8_t *
  * written. */
 static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
                           size_t nref, size_t repeats, uint32_t h[LLX_GROUPS][256], double k1,
-                          uint8_t *rec)
+                          const kvs_llx_warm *warm, uint8_t *rec)
 {
     size_t rows = (k + period - 1) / period, u = k - repeats, nfl = 0;
     size_t map_bytes = (period + 3) / 4;
@@ -963,20 +963,21 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     kvs_rans_freqs tabs[LLX_GROUPS + 1];
     for (unsigned q = 0; q < LLX_GROUPS; q++) tabs[q] = t2[c2][q / per];
     tabs[LLX_DIFF_CTX] = td;
-    size_t m = 0, mf = 0;
+    size_t cap = kvs_rans_bound(u), sym_at = 0, flag_cap = kvs_rans_bound(nfb), flag_at = 0;
     kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + 1);
-    if (kvs_rans_encode(&w->enc, w->sym, w->sym_ctx, u, w->stream, kvs_rans_bound(u), &m) !=
-        KVS_OK)
+    if (kvs_rans_encode_tail(&w->enc, w->sym, w->sym_ctx, u, w->stream, cap, warm->at,
+                             warm->len, &sym_at) != KVS_OK)
         return 0; /* cannot happen: every counted symbol has a code */
     if (flags_coded) {
         kvs_rans_enc_init(&w->enc, &tf, 1);
-        if (kvs_rans_encode(&w->enc, fl, NULL, nfb, w->flag_stream, kvs_rans_bound(nfb), &mf) !=
-            KVS_OK)
+        if (kvs_rans_encode_tail(&w->enc, fl, NULL, nfb, w->flag_stream, flag_cap, NULL, 0,
+                                 &flag_at) != KVS_OK)
             return 0;
     } else {
-        memcpy(w->flag_stream, fl, nfb);
-        mf = nfb;
+        flag_at = flag_cap - nfb;
+        memcpy(w->flag_stream + flag_at, fl, nfb);
     }
+    size_t m = cap - sym_at, mf = flag_cap - flag_at;
     uint8_t form[KVS_RANS_FREQS_MAX];
     size_t tables = kvs_rans_freqs_write(&td, form) + 1 +
                     (flags_coded ? kvs_rans_freqs_write(&tf, form) : 0);
@@ -1001,8 +1002,8 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     *p++ = (uint8_t)flags_coded;
     if (flags_coded) p += kvs_rans_freqs_write(&tf, p);
     put_le32(p, (uint32_t)mf), p += 4;
-    memcpy(p, w->flag_stream, mf), p += mf;
-    memcpy(p, w->stream, m), p += m;
+    memcpy(p, w->flag_stream + flag_at, mf), p += mf;
+    memcpy(p, w->stream + sym_at, m), p += m;
     return (size_t)(p - rec);
 }
 
@@ -1157,17 +1158,19 @@ static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
  * bytes, or 0 (rec untouched) when it would not be smaller than raw. */
 static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
                            const kvs_rans_freqs *coarse, unsigned ng,
-                           const kvs_rans_freqs ts[LLX_SIGN_CLASSES], uint8_t *rec)
+                           const kvs_rans_freqs ts[LLX_SIGN_CLASSES], const kvs_llx_warm *warm,
+                           uint8_t *rec)
 {
     unsigned per = LLX_GROUPS / ng;
     kvs_rans_freqs tabs[LLX_GROUPS + LLX_SIGN_CLASSES];
     for (unsigned q = 0; q < LLX_GROUPS; q++) tabs[q] = coarse[q / per];
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tabs[LLX_SIGN_CTX + q] = ts[q];
     kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + LLX_SIGN_CLASSES);
-    size_t m = 0;
-    if (kvs_rans_encode(&w->enc, w->exp, w->ctx, k + n, w->stream, kvs_rans_bound(k + n), &m) !=
-        KVS_OK)
+    size_t cap = kvs_rans_bound(k + n), at = 0;
+    if (kvs_rans_encode_tail(&w->enc, w->exp, w->ctx, k + n, w->stream, cap, warm->at, warm->len,
+                             &at) != KVS_OK)
         return 0; /* cannot happen: every counted symbol has a code */
+    size_t m = cap - at;
     uint8_t form[KVS_RANS_FREQS_MAX];
     size_t map_bytes = (period + 3) / 4, tables = 0;
     for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&coarse[j], form);
@@ -1182,12 +1185,13 @@ static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t
     write_map(w->sclass, period, 1, p), p += map_bytes;
     for (unsigned j = 0; j < ng; j++) p += kvs_rans_freqs_write(&coarse[j], p);
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) p += kvs_rans_freqs_write(&ts[q], p);
-    memcpy(p, w->stream, m), p += m;
+    memcpy(p, w->stream + at, m), p += m;
     return (size_t)(p - rec);
 }
 
 unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                              uint32_t period, unsigned tools, uint8_t *rec, size_t *used)
+                              uint32_t period, unsigned tools, const kvs_llx_warm *warm,
+                              uint8_t *rec, size_t *used)
 {
     uint32_t phase = (uint32_t)(first % period);
     size_t map_bytes = (period + 3) / 4;
@@ -1228,13 +1232,14 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         k3 = k1 - 8.0 * (double)k + 8.0 * (double)((7 * k + 7) / 8) +
              sign_plan(w, k, period, nn, ts);
     }
-    size_t n = nref ? encode_refs(w, src, k, period, nref, repeats, h, k3 < k1 ? k3 : k1, rec) : 0;
+    size_t n =
+        nref ? encode_refs(w, src, k, period, nref, repeats, h, k3 < k1 ? k3 : k1, warm, rec) : 0;
     if (n) {
         *used = n;
         return KVS_LLX_REFS;
     }
     unsigned ng = 1u << choice, per = LLX_GROUPS / ng;
-    n = k3 < k1 ? encode_signs(w, k, period, nn, t[choice], ng, ts, rec) : 0;
+    n = k3 < k1 ? encode_signs(w, k, period, nn, t[choice], ng, ts, warm, rec) : 0;
     if (n) {
         *used = n;
         return KVS_LLX_SIGNS;
@@ -1245,10 +1250,11 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
     kvs_rans_freqs fine[LLX_GROUPS];
     for (unsigned q = 0; q < LLX_GROUPS; q++) fine[q] = t[choice][q / per];
     kvs_rans_enc_init(&w->enc, fine, LLX_GROUPS);
-    size_t m = 0;
-    if (kvs_rans_encode(&w->enc, w->exp, ng > 1 ? w->ctx : NULL, k, w->stream,
-                        kvs_rans_bound(k), &m) != KVS_OK)
+    size_t cap = kvs_rans_bound(k), at = 0;
+    if (kvs_rans_encode_tail(&w->enc, w->exp, ng > 1 ? w->ctx : NULL, k, w->stream, cap, warm->at,
+                             warm->len, &at) != KVS_OK)
         goto store_raw; /* cannot happen: every counted symbol has a code */
+    size_t m = cap - at;
     size_t tables = 0;
     for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&t[choice][j], form);
     size_t head = 1 + k + 1 + (ng > 1 ? map_bytes : 0);
@@ -1259,7 +1265,7 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
     if (ng > 1) write_map(w->group, period, per, rec + 2 + k);
     uint8_t *tp = rec + head;
     for (unsigned j = 0; j < ng; j++) tp += kvs_rans_freqs_write(&t[choice][j], tp);
-    memcpy(tp, w->stream, m);
+    memcpy(tp, w->stream + at, m);
     *used = total;
     return 0;
 store_raw:

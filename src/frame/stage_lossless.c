@@ -332,8 +332,15 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
         size_t used = 0;
         unsigned tools = (j->level >= LL_REFS_LEVEL ? KVS_LLX_REFS : 0) |
                          (j->level >= LL_SIGNS_LEVEL ? KVS_LLX_SIGNS : 0);
+        /* the next block of this range is read while this one codes */
+        kvs_llx_warm next = {NULL, 0};
+        if (b + 1 < b1) {
+            uint64_t left = j->nelems - (e0 + k);
+            next.at = j->in + (e0 + k) * 2;
+            next.len = 2 * (size_t)(left < LL_BLOCK_ELEMS ? left : LL_BLOCK_ELEMS);
+        }
         j->kinds[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period, tools,
-                                                    j->out + pos, &used);
+                                                    &next, j->out + pos, &used);
         j->stored[b] = (uint32_t)used;
         j->at[b] = pos;
         if (j->crc) j->crc[b] = kvs_crc32c(0, j->out + pos, used);
