@@ -350,10 +350,11 @@ static void test_tables_across_sets(void)
 
 /* kvs_rans_encode_tail, on every set this CPU runs: the stream
  * kvs_rans_encode writes, left at the end of the buffer (its offset the
- * buffer less the stream), whether it warms nothing, fewer bytes than the
- * groups reach or more (windowed tables, with 4 contexts, and the
- * gathered ones with 64; symbol counts with and without a tail group, and
- * odd and even group counts); and the same refusals. */
+ * buffer less the stream), whether it warms nothing, ranges shorter than
+ * the groups reach or longer, or only a range to write (windowed tables,
+ * with 4 contexts, and the gathered ones with 64; symbol counts with and
+ * without a tail group, and odd and even group counts); and the same
+ * refusals. */
 static void test_encode_tail(void)
 {
     static const size_t sizes[] = {0, 1, 31, 32, 33, 95, 1000, 4096 + 7, 65536 + 64};
@@ -377,15 +378,18 @@ static void test_encode_tail(void)
                 make_data(SKEWED, nctxs[q], n ? n : 1, 11 * n + q, sym, ctx, t);
                 kvs_rans_enc_init(&e, t, nctxs[q]);
                 CHECK_OK(kvs_rans_encode(&e, sym, ctx, n, a, cap, &ma));
-                static const size_t warm_lens[] = {0, 100, 1 << 20};
-                for (int v = 0; v < 4; v++) {
-                    const uint8_t *wp = v < 3 ? warm : NULL;
-                    size_t wl = v < 3 ? warm_lens[v] : 12345;
+                /* none, empty ranges, short ones, long ones, one to write */
+                const kvs_rans_warm warms[4] = {{warm, 0, warm, 0},
+                                                {warm, 100, warm + 4096, 100},
+                                                {warm, 1 << 20, warm, 1 << 20},
+                                                {NULL, 0, warm + 64, 12345}};
+                for (int v = 0; v < 5; v++) {
                     memset(b, 0xEE, cap);
-                    CHECK_OK(kvs_rans_encode_tail(&e, sym, ctx, n, b, cap, wp, wl, &at));
+                    const kvs_rans_warm *wv = v ? &warms[v - 1] : NULL;
+                    CHECK_OK(kvs_rans_encode_tail(&e, sym, ctx, n, b, cap, wv, &at));
                     if (cap - at != ma || memcmp(b + at, a, ma) != 0)
-                        KVS_FAIL_("%s, %u contexts, %zu symbols, warm %zu: %zu bytes at %zu, "
-                                  "kvs_rans_encode's %zu", isa_name[isa], nctxs[q], n, wl,
+                        KVS_FAIL_("%s, %u contexts, %zu symbols, warm %d: %zu bytes at %zu, "
+                                  "kvs_rans_encode's %zu", isa_name[isa], nctxs[q], n, v,
                                   cap - at, at, ma);
                     cases++;
                 }
@@ -393,8 +397,8 @@ static void test_encode_tail(void)
         /* the refusals: a short buffer, a symbol without a code */
         make_data(SKEWED, 4, 1000, 5, sym, ctx, t);
         kvs_rans_enc_init(&e, t, 4);
-        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, kvs_rans_bound(1000) - 1, warm,
-                                       64, &at),
+        const kvs_rans_warm all = {warm, 1 << 20, warm, 1 << 20};
+        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, kvs_rans_bound(1000) - 1, &all, &at),
                   KVS_ENOSPC, "rans: output holds 2129 bytes, 1000 symbols need 2130");
         t[ctx[500]].f[sym[500]] = 0;
         t[ctx[500]].f[(uint8_t)(sym[500] + 1)]++;
@@ -405,10 +409,10 @@ static void test_encode_tail(void)
         snprintf(msg, sizeof msg,
                  "rans: symbol %u at %zu has frequency 0 in the table of context %u", sym[500],
                  first, ctx[500]);
-        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, cap, warm, 1 << 20, &at),
+        CHECK_ERR(kvs_rans_encode_tail(&e, sym, ctx, 1000, b, cap, &all, &at),
                   KVS_EINVAL, msg);
     }
-    CHECK(cases >= 2 * 9 * 4);
+    CHECK(cases >= 2 * 9 * 5);
     kvs_rans_set_simd(1);
     free(sym);
     free(ctx);

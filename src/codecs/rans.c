@@ -436,13 +436,13 @@ static inline uint32_t enc_put(uint32_t x, uint32_t info, uint8_t **pp)
 
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode, const uint8_t *warm, size_t warm_len)
+                                uint32_t *nocode, const kvs_rans_warm *warm)
 {
     uint8_t *p = *pp;
     uint32_t bad = 0;
-    for (size_t g = groups, w = 0; g-- > 0; w += 64) {
+    for (size_t g = groups, line = 0; g-- > 0; line++) {
         size_t i = g * KVS_RANS_LANES;
-        if (w < warm_len) __builtin_prefetch(warm + w);
+        kvs_rans_warm_group(warm, line);
         for (int l = KVS_RANS_LANES - 1; l >= 0; l--) {
             unsigned k = CTX_AT(ctx, i + l, e->top) * 256u + sym[i + l];
             uint32_t info = e->info[k];
@@ -455,9 +455,10 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
 }
 
 int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                         size_t n, uint8_t *out, size_t cap, const uint8_t *warm,
-                         size_t warm_len, size_t *at)
+                         size_t n, uint8_t *out, size_t cap, const kvs_rans_warm *warm,
+                         size_t *at)
 {
+    static const kvs_rans_warm none = {NULL, 0, NULL, 0};
     if (cap < kvs_rans_bound(n))
         return kvs_set_error(KVS_ENOSPC, "rans: output holds %zu bytes, %zu symbols need %zu",
                              cap, n, kvs_rans_bound(n));
@@ -472,8 +473,7 @@ int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const
         nocode |= (info >> 13 & 0x1FFF) == 0;
         x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, &p);
     }
-    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode, warm,
-                          warm ? warm_len : 0);
+    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode, warm ? warm : &none);
     if (nocode) {
         size_t i = 0;
         while (i < n && e->info[CTX_AT(ctx, i, e->top) * 256u + sym[i]] >> 13 & 0x1FFF) i++;
@@ -494,7 +494,7 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
                     size_t n, uint8_t *out, size_t cap, size_t *outn)
 {
     size_t at = 0;
-    int rc = kvs_rans_encode_tail(e, sym, ctx, n, out, cap, NULL, 0, &at);
+    int rc = kvs_rans_encode_tail(e, sym, ctx, n, out, cap, NULL, &at);
     if (rc) return rc;
     *outn = cap - at;
     memmove(out, out + at, *outn);

@@ -133,15 +133,26 @@ static inline size_t kvs_rans_bound(size_t n)
 int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                     size_t n, uint8_t *out, size_t cap, size_t *outn);
 
+/* Memory a caller touches after coding, which the encoder's kernels bring
+ * into cache while they code, a line of each range per group of 32
+ * symbols (a kernel is a long stretch of arithmetic that leaves the memory
+ * idle): bytes it reads next (the lossless stage's next block, whose split
+ * into fields waited on memory) and bytes it writes next (the records'
+ * area ahead). A length of 0: none. */
+typedef struct kvs_rans_warm {
+    const uint8_t *read;
+    size_t read_len;
+    const uint8_t *write;
+    size_t write_len;
+} kvs_rans_warm;
+
 /* kvs_rans_encode for a caller that copies the stream on: the stream is
  * left where the coder built it, at the end of out: out[*at .. cap) (the
- * same bytes; one copy of them fewer). While coding, the kernels also
- * bring warm[0..warm_len) into cache, a line per 32 symbols (warm NULL:
- * none): the bytes the caller reads next, such as the lossless stage's
- * next block, whose first pass otherwise waits on memory. */
+ * same bytes; one copy of them fewer); warm (NULL: none) is brought into
+ * cache meanwhile. */
 int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
-                         size_t n, uint8_t *out, size_t cap, const uint8_t *warm,
-                         size_t warm_len, size_t *at);
+                         size_t n, uint8_t *out, size_t cap, const kvs_rans_warm *warm,
+                         size_t *at);
 
 /* Decode exactly n symbols from in[0..len) into sym (ctx as for encode; the
  * same contexts the encoder used). KVS_ECORRUPT, with a message naming

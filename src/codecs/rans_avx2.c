@@ -155,10 +155,10 @@ static inline __m256i enc_oct(__m256i info, __m256i rcp, __m256i X, uint8_t **pp
  * of real KV under 4 contexts: 1.75 -> 1.50 TSC ticks a symbol. */
 void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                              uint32_t *nocode, const uint8_t *warm, size_t warm_len)
+                              uint32_t *nocode, const kvs_rans_warm *warm)
 {
     if (!e->wide_ok) { /* tables built for other kernels (rans.h) */
-        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
+        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode, warm);
         return;
     }
     pthread_once(&tables_once, tables_init);
@@ -175,9 +175,9 @@ void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
         for (int v = 3; v >= 0; v--)
             enc_entries(e, sym + i + 8 * v, ctx ? ctx + i + 8 * v : NULL, &info[v], &rcp[v]);
     }
-    for (size_t g = groups, w = 0; g-- > 0; w += 64) {
+    for (size_t g = groups, line = 0; g-- > 0; line++) {
         __m256i ni[4], nr[4];
-        if (w < warm_len) _mm_prefetch((const char *)warm + w, _MM_HINT_T0);
+        kvs_rans_warm_group(warm, line);
         if (g) {
             size_t i = (g - 1) * KVS_RANS_LANES;
             for (int v = 3; v >= 0; v--)

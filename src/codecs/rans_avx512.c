@@ -273,10 +273,11 @@ static inline void win_entries(const kvs_rans_enc_tables *e, const uint8_t *sym6
  * symbol, together with the wide entries: two 64-bit gathers of eight
  * cost less than the 32-bit gather of sixteen whose f indexes a second
  * one; either change alone gave 1.7 and 1.85). */
-/* groups >= 1, from the wide form (rans.h). */
+/* groups >= 1, from the wide form (rans.h); line: warm's line for the
+ * first of them. */
 static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                             size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
-                            const uint8_t *warm, size_t warm_len)
+                            const kvs_rans_warm *warm, size_t line)
 {
     uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
@@ -285,9 +286,9 @@ static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, co
     size_t last = (groups - 1) * KVS_RANS_LANES;
     enc_entries(e, sym + last + 16, ctx ? ctx + last + 16 : NULL, &info1, &rcp1);
     enc_entries(e, sym + last, ctx ? ctx + last : NULL, &info0, &rcp0);
-    for (size_t g = groups, w = 0; g-- > 0; w += 64) {
+    for (size_t g = groups; g-- > 0; line++) {
         __m512i ninfo0 = info0, nrcp0 = rcp0, ninfo1 = info1, nrcp1 = rcp1;
-        if (w < warm_len) _mm_prefetch((const char *)warm + w, _MM_HINT_T0);
+        kvs_rans_warm_group(warm, line);
         if (g > 0) {
             size_t i = (g - 1) * KVS_RANS_LANES;
             enc_entries(e, sym + i + 16, ctx ? ctx + i + 16 : NULL, &ninfo1, &nrcp1);
@@ -308,14 +309,13 @@ static void enc_groups_wide(const kvs_rans_enc_tables *e, const uint8_t *sym, co
  * by the gathers. */
 static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                            size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
-                           const uint8_t *warm, size_t warm_len)
+                           const kvs_rans_warm *warm)
 {
-    size_t g = groups, w = 0;
+    size_t g = groups, line = 0;
     if (g & 1) {
         size_t i = (g - 1) * KVS_RANS_LANES;
-        enc_groups_wide(e, sym + i, ctx ? ctx + i : NULL, 1, x, pp, nocode, warm, warm_len);
+        enc_groups_wide(e, sym + i, ctx ? ctx + i : NULL, 1, x, pp, nocode, warm, line++);
         g--;
-        w = 64;
     }
     uint8_t *p = *pp;
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
@@ -325,12 +325,10 @@ static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, con
         __m512i info[4], rcp[4];
         size_t i = (g - 2) * KVS_RANS_LANES;
         win_entries(e, sym + i, ctx ? ctx + i : NULL, info, rcp, &outside);
-        for (; g; g -= 2, w += 128) {
+        for (; g; g -= 2, line += 2) {
             __m512i ninfo[4], nrcp[4];
-            if (w < warm_len) {
-                _mm_prefetch((const char *)warm + w, _MM_HINT_T0);
-                if (w + 64 < warm_len) _mm_prefetch((const char *)warm + w + 64, _MM_HINT_T0);
-            }
+            kvs_rans_warm_group(warm, line);
+            kvs_rans_warm_group(warm, line + 1);
             if (g > 2) {
                 i = (g - 4) * KVS_RANS_LANES;
                 win_entries(e, sym + i, ctx ? ctx + i : NULL, ninfo, nrcp, &outside);
@@ -352,12 +350,12 @@ static void enc_groups_win(const kvs_rans_enc_tables *e, const uint8_t *sym, con
 
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode, const uint8_t *warm, size_t warm_len)
+                                uint32_t *nocode, const kvs_rans_warm *warm)
 {
     if (!e->wide_ok || groups == 0) /* no groups, or tables built for other kernels (rans.h) */
-        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
+        kvs_rans_enc_groups_scalar(e, sym, ctx, groups, x, pp, nocode, warm);
     else if (e->win_ok)
-        enc_groups_win(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
+        enc_groups_win(e, sym, ctx, groups, x, pp, nocode, warm);
     else
-        enc_groups_wide(e, sym, ctx, groups, x, pp, nocode, warm, warm_len);
+        enc_groups_wide(e, sym, ctx, groups, x, pp, nocode, warm, 0);
 }

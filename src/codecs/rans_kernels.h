@@ -6,9 +6,9 @@
  * lane first) on the states x[0..32), storing words downwards from *pp (the
  * 16 bytes below each word it keeps must be writable: the AVX2 kernel
  * stores a whole vector that ends at its words); sets *nocode when
- * a symbol has frequency 0 (the stream is then garbage); prefetches the
- * lines of warm[0..warm_len), one a group, as far as the groups go
- * (kvs_rans_encode_tail). Decoding runs
+ * a symbol has frequency 0 (the stream is then garbage); brings the g-th
+ * line of each of warm's ranges into cache with the g-th group it codes
+ * (kvs_rans_warm_group). Decoding runs
  * groups from symbol 0 while a whole group and 64 stream bytes remain, and
  * returns the symbols it decoded. */
 #ifndef KVSERDE_CODECS_RANS_KERNELS_H
@@ -20,9 +20,21 @@
  * frequency f when x >= ((L >> scale) << 16) f = f << KVS_RANS_XMAX_SHIFT. */
 #define KVS_RANS_XMAX_SHIFT (31 - KVS_RANS_SCALE_BITS)
 
+/* The g-th line of each of warm's ranges (kvs_rans_encode_tail), with the
+ * g-th group an encoding kernel codes. Always inlined: GCC 12 takes a
+ * function of prefetches alone for one without effects and deletes its
+ * calls before it would inline them. */
+static inline __attribute__((always_inline)) void kvs_rans_warm_group(const kvs_rans_warm *warm,
+                                                                      size_t g)
+{
+    size_t at = 64 * g;
+    if (at < warm->read_len) __builtin_prefetch(warm->read + at, 0);
+    if (at < warm->write_len) __builtin_prefetch(warm->write + at, 1);
+}
+
 void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode, const uint8_t *warm, size_t warm_len);
+                                uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 /* Two streams' groups at once (kvs_rans_decode2): each run ends where
@@ -49,7 +61,7 @@ void kvs_rans_dec_groups2(kvs_rans_dec_run run[2]);
 typedef struct kvs_rans_kernels {
     void (*enc_groups)(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                        size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
-                       const uint8_t *warm, size_t warm_len);
+                       const kvs_rans_warm *warm);
     size_t (*dec_groups)(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                          const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
     void (*dec_joint)(kvs_rans_dec_run run[2]);
@@ -59,14 +71,14 @@ typedef struct kvs_rans_kernels {
 #if KVS_HAVE_X86
 void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                              uint32_t *nocode, const uint8_t *warm, size_t warm_len);
+                              uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                 const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 void kvs_rans_dec_fill_avx2(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
-                                uint32_t *nocode, const uint8_t *warm, size_t warm_len);
+                                uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
                                   const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);

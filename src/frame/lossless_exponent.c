@@ -817,7 +817,7 @@ static void write_map(const uint8_t *v, uint32_t period, unsigned per, uint8_t *
  * written. */
 static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32_t period,
                           size_t nref, size_t repeats, uint32_t h[LLX_GROUPS][256], double k1,
-                          const kvs_llx_warm *warm, uint8_t *rec)
+                          const kvs_rans_warm *warm, uint8_t *rec)
 {
     size_t rows = (k + period - 1) / period, u = k - repeats, nfl = 0;
     size_t map_bytes = (period + 3) / 4;
@@ -965,12 +965,12 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     tabs[LLX_DIFF_CTX] = td;
     size_t cap = kvs_rans_bound(u), sym_at = 0, flag_cap = kvs_rans_bound(nfb), flag_at = 0;
     kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + 1);
-    if (kvs_rans_encode_tail(&w->enc, w->sym, w->sym_ctx, u, w->stream, cap, warm->at,
-                             warm->len, &sym_at) != KVS_OK)
+    if (kvs_rans_encode_tail(&w->enc, w->sym, w->sym_ctx, u, w->stream, cap, warm,
+                             &sym_at) != KVS_OK)
         return 0; /* cannot happen: every counted symbol has a code */
     if (flags_coded) {
         kvs_rans_enc_init(&w->enc, &tf, 1);
-        if (kvs_rans_encode_tail(&w->enc, fl, NULL, nfb, w->flag_stream, flag_cap, NULL, 0,
+        if (kvs_rans_encode_tail(&w->enc, fl, NULL, nfb, w->flag_stream, flag_cap, NULL,
                                  &flag_at) != KVS_OK)
             return 0;
     } else {
@@ -1158,7 +1158,7 @@ static size_t pack_mantissas(const uint8_t *sm, size_t k, uint8_t *out)
  * bytes, or 0 (rec untouched) when it would not be smaller than raw. */
 static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
                            const kvs_rans_freqs *coarse, unsigned ng,
-                           const kvs_rans_freqs ts[LLX_SIGN_CLASSES], const kvs_llx_warm *warm,
+                           const kvs_rans_freqs ts[LLX_SIGN_CLASSES], const kvs_rans_warm *warm,
                            uint8_t *rec)
 {
     unsigned per = LLX_GROUPS / ng;
@@ -1167,8 +1167,7 @@ static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t
     for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tabs[LLX_SIGN_CTX + q] = ts[q];
     kvs_rans_enc_init(&w->enc, tabs, LLX_GROUPS + LLX_SIGN_CLASSES);
     size_t cap = kvs_rans_bound(k + n), at = 0;
-    if (kvs_rans_encode_tail(&w->enc, w->exp, w->ctx, k + n, w->stream, cap, warm->at, warm->len,
-                             &at) != KVS_OK)
+    if (kvs_rans_encode_tail(&w->enc, w->exp, w->ctx, k + n, w->stream, cap, warm, &at) != KVS_OK)
         return 0; /* cannot happen: every counted symbol has a code */
     size_t m = cap - at;
     uint8_t form[KVS_RANS_FREQS_MAX];
@@ -1190,7 +1189,7 @@ static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t
 }
 
 unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                              uint32_t period, unsigned tools, const kvs_llx_warm *warm,
+                              uint32_t period, unsigned tools, const kvs_rans_warm *warm,
                               uint8_t *rec, size_t *used)
 {
     uint32_t phase = (uint32_t)(first % period);
@@ -1251,8 +1250,8 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
     for (unsigned q = 0; q < LLX_GROUPS; q++) fine[q] = t[choice][q / per];
     kvs_rans_enc_init(&w->enc, fine, LLX_GROUPS);
     size_t cap = kvs_rans_bound(k), at = 0;
-    if (kvs_rans_encode_tail(&w->enc, w->exp, ng > 1 ? w->ctx : NULL, k, w->stream, cap, warm->at,
-                             warm->len, &at) != KVS_OK)
+    if (kvs_rans_encode_tail(&w->enc, w->exp, ng > 1 ? w->ctx : NULL, k, w->stream, cap, warm,
+                             &at) != KVS_OK)
         goto store_raw; /* cannot happen: every counted symbol has a code */
     size_t m = cap - at;
     size_t tables = 0;

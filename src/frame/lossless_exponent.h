@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codecs/rans.h"
+
 /* The largest period the group map is kept for (the encoder uses period 1
  * above it; a reader refuses a larger one). */
 #define KVS_LLX_MAX_PERIOD 4096u
@@ -46,24 +48,15 @@ void kvs_llx_scratch_give(kvs_llx_scratch *w);
 #define KVS_LLX_REFS 1u
 #define KVS_LLX_SIGNS 2u
 
-/* Bytes the encoder brings into cache while it codes a block: the caller's
- * next block (kvs_rans_encode_tail's warm; at NULL: none). The source of
- * a KV chunk arrives from memory, and a block's first pass (the split into
- * fields) otherwise waits on it: level 3 whole chunks encode 2-3 % faster
- * on Zen 4 (docs/performance.md). */
-typedef struct kvs_llx_warm {
-    const uint8_t *at;
-    size_t len;
-} kvs_llx_warm;
-
 /* Code the k elements at src (2k bytes, little-endian u16) into rec
  * (KVS_LLX_RECORD_MAX(k) bytes); *used = the record's bytes. k <= max_k.
- * tools: the kinds it may try (KVS_LLX_REFS, KVS_LLX_SIGNS); warm: see
- * kvs_llx_warm. Returns the kind the record uses among those
- * (KVS_LLX_REFS or KVS_LLX_SIGNS), 0 for kinds 0 and 1 (what payload
- * version 2 holds). */
+ * tools: the kinds it may try (KVS_LLX_REFS, KVS_LLX_SIGNS); warm: the
+ * memory the caller touches next, brought into cache while the block's
+ * symbols are coded (kvs_rans_warm; NULL none). Returns the kind the
+ * record uses among those (KVS_LLX_REFS or KVS_LLX_SIGNS), 0 for kinds 0
+ * and 1 (what payload version 2 holds). */
 unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint64_t first,
-                              uint32_t period, unsigned tools, const kvs_llx_warm *warm,
+                              uint32_t period, unsigned tools, const kvs_rans_warm *warm,
                               uint8_t *rec, size_t *used);
 
 /* Decode record rec[0..len) of block `block` (for messages) into the 2k

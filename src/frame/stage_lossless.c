@@ -332,15 +332,19 @@ static int enc_range_rans(const enc_job *j, uint64_t b0, uint64_t b1)
         size_t used = 0;
         unsigned tools = (j->level >= LL_REFS_LEVEL ? KVS_LLX_REFS : 0) |
                          (j->level >= LL_SIGNS_LEVEL ? KVS_LLX_SIGNS : 0);
-        /* the next block of this range is read while this one codes */
-        kvs_llx_warm next = {NULL, 0};
+        /* While this block's symbols are coded: the next block of the
+         * range, and the record area from past this block's split field
+         * (its stream's place and the next block's split field, within
+         * the range's slots: a record is at most 1 + 2k bytes). */
+        kvs_rans_warm warm = {NULL, 0, j->out + pos + 1 + k, k};
         if (b + 1 < b1) {
             uint64_t left = j->nelems - (e0 + k);
-            next.at = j->in + (e0 + k) * 2;
-            next.len = 2 * (size_t)(left < LL_BLOCK_ELEMS ? left : LL_BLOCK_ELEMS);
+            size_t k_next = (size_t)(left < LL_BLOCK_ELEMS ? left : LL_BLOCK_ELEMS);
+            warm.read = j->in + (e0 + k) * 2, warm.read_len = 2 * k_next;
+            warm.write_len += 1 + 2 * k_next;
         }
         j->kinds[b] = (uint8_t)kvs_llx_encode_block(w, j->in + e0 * 2, k, e0, j->period, tools,
-                                                    &next, j->out + pos, &used);
+                                                    &warm, j->out + pos, &used);
         j->stored[b] = (uint32_t)used;
         j->at[b] = pos;
         if (j->crc) j->crc[b] = kvs_crc32c(0, j->out + pos, used);
