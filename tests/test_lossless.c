@@ -1513,6 +1513,40 @@ static size_t flips_kernel_bad(void)
     return bad;
 }
 
+/* Kind 3's nibble histograms per sign class (lossless_flips.h) against
+ * their definition: periods below, at and above its 64 lanes, row counts
+ * below, at and past the 255 its byte counters hold between folds, classes
+ * and values drawn; added to what h held. */
+static size_t nibble_hists_bad(void)
+{
+    static const uint32_t periods[] = {2, 3, 45, 64, 100, 130, 256};
+    static const size_t row_counts[] = {1, 4, 254, 255, 256, 600};
+    enum { MAX_N = 600 * 256 };
+    uint8_t *nib = malloc(MAX_N), cls[256];
+    uint64_t s = 31337;
+    size_t bad = 0;
+    for (size_t a = 0; a < sizeof periods / sizeof periods[0]; a++)
+        for (size_t b = 0; b < sizeof row_counts / sizeof row_counts[0]; b++) {
+            uint32_t p = periods[a];
+            size_t n = row_counts[b] * p;
+            for (uint32_t c = 0; c < p; c++) cls[c] = (uint8_t)(lcg(&s) % 4);
+            /* mostly 0, as a class of kept signs has them, and all 0 in
+             * every other channel of class 0 (a count of every row) */
+            for (size_t i = 0; i < n; i++)
+                nib[i] = lcg(&s) % 3 || (cls[i % p] == 0 && i % p % 2 == 0)
+                             ? 0
+                             : (uint8_t)(lcg(&s) % 16);
+            uint32_t h[4][16], want[4][16];
+            for (int q = 0; q < 4; q++)
+                for (int v = 0; v < 16; v++) h[q][v] = want[q][v] = (uint32_t)(q * 16 + v);
+            for (size_t i = 0; i < n; i++) want[cls[i % p]][nib[i]]++;
+            kvs_llx_nibble_hists_avx512(nib, n, p, cls, h);
+            bad += memcmp(h, want, sizeof h) != 0;
+        }
+    free(nib);
+    return bad;
+}
+
 /* The AVX-512 finder's candidates of a row (lossless_refs.h) in both its
  * forms (word rotations, conflict detection), against their definition:
  * row r - 1 first (r > 0), then the first sample of each other row that two
@@ -1723,6 +1757,7 @@ static void test_encoder_kernels(void)
     CHECK(split_kernels_bad() == 0);
     CHECK(first_absent_bad(1) == 0);
     CHECK(flips_kernel_bad() == 0);
+    CHECK(nibble_hists_bad() == 0);
     CHECK(ref_candidates_bad() == 0);
     if (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) CHECK(row_diffs_bad() == 0);
     else printf("test_encoder_kernels: no AVX-512 VBMI2 here: the row pass not compared\n");

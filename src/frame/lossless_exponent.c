@@ -1040,6 +1040,50 @@ static size_t sign_nibbles(const uint8_t *sm, size_t k, uint32_t period, uint8_t
     return groups * period;
 }
 
+/* The histograms of the n sign nibbles (rows of period) per sign class
+ * (w->sclass), into h. */
+static void nibble_hists(kvs_llx_scratch *w, const uint8_t *nib, size_t n, uint32_t period,
+                         uint32_t h[LLX_SIGN_CLASSES][16])
+{
+    memset(h, 0, LLX_SIGN_CLASSES * sizeof h[0]);
+#if KVS_HAVE_X86
+    if (kvs_rans_avx512_in_use()) {
+        kvs_llx_nibble_hists_avx512(nib, n, period, w->sclass, h);
+        return;
+    }
+#endif
+    /* First every nibble's key, class x 16 | nibble (into w->key, its n <=
+     * max_k / 4 + KVS_LLX_MAX_PERIOD bytes within the 2 max_k there), then
+     * the counts into 16 partial histograms (nibble i in i mod 16): most
+     * nibbles are 0 in class 0, and one counter would chain its increments
+     * (that pass was a tenth of level 3's encoder); keys stored 16 at a
+     * time and read back at once do not forward, which made the counting
+     * twice as slow. */
+    uint32_t h16[16][LLX_SIGN_CLASSES * 16];
+    memset(h16, 0, sizeof h16);
+    uint8_t cls[KVS_LLX_MAX_PERIOD]; /* the class x 16 of each channel */
+    uint8_t *restrict kb = (uint8_t *)w->key;
+    for (uint32_t c = 0; c < period; c++) cls[c] = (uint8_t)(w->sclass[c] << 4);
+    for (size_t j = 0; j < n; j += period) {
+        uint32_t c = 0;
+#ifdef __SSE2__
+        for (; c + 16 <= period; c += 16)
+            _mm_storeu_si128((__m128i *)(kb + j + c),
+                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(cls + c)),
+                                          _mm_loadu_si128((const __m128i *)(nib + j + c))));
+#endif
+        for (; c < period; c++) kb[j + c] = (uint8_t)(cls[c] | nib[j + c]);
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 16 /* each count then one add to a fixed offset */
+        for (unsigned t = 0; t < 16; t++) h16[t][kb[i + t]]++;
+    for (; i < n; i++) h16[i & 15][kb[i]]++;
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
+        for (unsigned v = 0; v < 16; v++)
+            for (unsigned t = 0; t < 16; t++) h[q][v] += h16[t][q << 4 | v];
+}
+
 /* Kind 3's sign classes (w->sclass, by how often a channel's sign flips:
  * at most 1 row in 10, 1 in 4, 2 in 5, more), the contexts of the n
  * nibbles at w->exp + k (after the exponents' in w->ctx) and their tables
@@ -1081,37 +1125,10 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
         w->sclass[c] =
             (uint8_t)(10 * f <= rows ? 0 : 4 * f <= rows ? 1 : 5 * f <= 2 * rows ? 2 : 3);
     }
-    /* The histogram of (class, nibble): first every nibble's key, class x
-     * 16 | nibble (into w->key, its n <= max_k / 4 + KVS_LLX_MAX_PERIOD
-     * bytes within the 2 max_k there), then the counts into 16 partial
-     * histograms (nibble i in i mod 16): most nibbles are 0 in class 0, and
-     * one counter would chain its increments (that pass was a tenth of
-     * level 3's encoder); keys stored 16 at a time and read back at once
-     * do not forward, which made the counting twice as slow. */
-    uint32_t h16[16][LLX_SIGN_CLASSES * 16], h[LLX_SIGN_CLASSES][256];
-    memset(h16, 0, sizeof h16);
-    uint8_t *restrict cls = w->ctx + k; /* the class x 16 of each channel, then the contexts */
-    uint8_t *restrict kb = (uint8_t *)w->key;
-    for (uint32_t c = 0; c < period; c++) cls[c] = (uint8_t)(w->sclass[c] << 4);
-    for (size_t j = 0; j < n; j += period) {
-        uint32_t c = 0;
-#ifdef __SSE2__
-        for (; c + 16 <= period; c += 16)
-            _mm_storeu_si128((__m128i *)(kb + j + c),
-                             _mm_or_si128(_mm_loadu_si128((const __m128i *)(cls + c)),
-                                          _mm_loadu_si128((const __m128i *)(nib + j + c))));
-#endif
-        for (; c < period; c++) kb[j + c] = (uint8_t)(cls[c] | nib[j + c]);
-    }
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-#pragma GCC unroll 16 /* each count then one add to a fixed offset */
-        for (unsigned t = 0; t < 16; t++) h16[t][kb[i + t]]++;
-    for (; i < n; i++) h16[i & 15][kb[i]]++;
+    uint32_t hn[LLX_SIGN_CLASSES][16], h[LLX_SIGN_CLASSES][256];
+    nibble_hists(w, nib, n, period, hn);
     memset(h, 0, sizeof h);
-    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
-        for (unsigned v = 0; v < 16; v++)
-            for (unsigned t = 0; t < 16; t++) h[q][v] += h16[t][q << 4 | v];
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) memcpy(h[q], hn[q], sizeof hn[q]);
     /* the contexts repeat every period */
     uint8_t *ctx = w->ctx + k;
     for (uint32_t c = 0; c < period && n; c++) ctx[c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
