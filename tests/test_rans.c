@@ -159,6 +159,7 @@ static void test_table_form(void)
     size_t n = kvs_rans_freqs_write(&t, form);
     static const uint8_t want[] = {3, 5, 0x83, 0xE8, 0, 24};
     CHECK_EQ_INT((int)n, (int)sizeof want);
+    CHECK_EQ_INT((int)kvs_rans_freqs_size(&t), (int)sizeof want);
     CHECK(memcmp(form, want, sizeof want) == 0);
     size_t used = 0;
     CHECK_OK(kvs_rans_freqs_read(form, n + 3, "t", &back, &used));
@@ -169,9 +170,27 @@ static void test_table_form(void)
     u.f[255] = KVS_RANS_TOTAL;
     n = kvs_rans_freqs_write(&u, form);
     CHECK_EQ_INT((int)n, 4);
+    CHECK_EQ_INT((int)kvs_rans_freqs_size(&u), 4);
     CHECK(form[0] == 255 && form[1] == 255 && form[2] == 0x84 && form[3] == 0);
     CHECK_OK(kvs_rans_freqs_read(form, n, "t", &back, &used));
     CHECK(memcmp(&u, &back, sizeof u) == 0);
+    /* the size alone is the form's on tables of 1 to 256 symbols, of
+     * frequencies on both sides of the two-byte threshold (127, 128) */
+    uint64_t seed = 5;
+    for (int trial = 0; trial < 500; trial++) {
+        kvs_rans_freqs r = {{0}};
+        unsigned left = KVS_RANS_TOTAL, lo = (unsigned)(lcg(&seed) % 256);
+        for (unsigned s = lo; s < 256 && left; s++) {
+            unsigned f = trial % 2 ? 127 + (unsigned)(lcg(&seed) % 3) : (unsigned)(lcg(&seed) % 9);
+            f = f > left || s == 255 ? left : f;
+            r.f[s] = (uint16_t)f;
+            left -= f;
+        }
+        if (left) r.f[lo] = (uint16_t)(r.f[lo] + left);
+        if (kvs_rans_freqs_size(&r) != kvs_rans_freqs_write(&r, form))
+            KVS_FAIL_("trial %d: size %zu, form %zu bytes", trial, kvs_rans_freqs_size(&r),
+                      kvs_rans_freqs_write(&r, form));
+    }
 
     CHECK_ERR(kvs_rans_freqs_read(want, 1, "t", &back, &used), KVS_ECORRUPT,
               "t: frequency table truncated (1 of 2 bytes)");

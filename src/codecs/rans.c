@@ -155,7 +155,9 @@ double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
     return bits;
 }
 
-size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out)
+/* The table form's first and last symbol: the first and last with a
+ * frequency (0 and 0 for a table of none). */
+static void freqs_span(const kvs_rans_freqs *t, int *lo_out, int *hi_out)
 {
     int lo = 0, hi = 255;
     /* four frequencies a test first: an exponent table starts near symbol
@@ -165,6 +167,22 @@ size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out)
     while (lo < 255 && t->f[lo] == 0) lo++;
     while (hi - 4 > lo && (t->f[hi] | t->f[hi - 1] | t->f[hi - 2] | t->f[hi - 3]) == 0) hi -= 4;
     while (hi > lo && t->f[hi] == 0) hi--;
+    *lo_out = lo, *hi_out = hi;
+}
+
+size_t kvs_rans_freqs_size(const kvs_rans_freqs *t)
+{
+    int lo, hi;
+    freqs_span(t, &lo, &hi);
+    size_t n = 2;
+    for (int s = lo; s <= hi; s++) n += 1 + (t->f[s] >= 128);
+    return n;
+}
+
+size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out)
+{
+    int lo, hi;
+    freqs_span(t, &lo, &hi);
     size_t at = 0;
     out[at++] = (uint8_t)lo;
     out[at++] = (uint8_t)hi;

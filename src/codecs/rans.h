@@ -108,6 +108,8 @@ double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t);
 /* The compact table form into out (KVS_RANS_FREQS_MAX bytes suffice);
  * returns its byte count. */
 size_t kvs_rans_freqs_write(const kvs_rans_freqs *t, uint8_t *out);
+/* Its byte count alone, for the encoder's estimates. */
+size_t kvs_rans_freqs_size(const kvs_rans_freqs *t);
 
 /* Read one table form from in[0..n): KVS_OK with *used its bytes, or
  * KVS_ECORRUPT (truncated, lo > hi, a frequency above KVS_RANS_TOTAL, a sum

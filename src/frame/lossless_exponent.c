@@ -772,7 +772,6 @@ static void exponent_hists(kvs_llx_scratch *w, size_t k, uint32_t period, uint32
 static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map_bytes,
                             kvs_rans_freqs t[3][LLX_GROUPS], int *choice)
 {
-    uint8_t form[KVS_RANS_FREQS_MAX];
     double best = 0;
     *choice = 0;
     for (int g = 0; g < (use_map ? 3 : 1); g++) {
@@ -785,7 +784,7 @@ static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map
                 for (unsigned q = j * per; q < (j + 1) * per; q++) m[s] += h[q][s];
             }
             kvs_rans_normalize(m, &t[g][j]);
-            bits += kvs_rans_cost_bits(m, &t[g][j]) + 8.0 * (double)kvs_rans_freqs_write(&t[g][j], form);
+            bits += kvs_rans_cost_bits(m, &t[g][j]) + 8.0 * (double)kvs_rans_freqs_size(&t[g][j]);
         }
         if (g == 0 || bits < best) best = bits, *choice = g;
     }
@@ -795,9 +794,8 @@ static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map
 /* A table's coded cost of h and its bytes, in bits. */
 static double table_bits(const uint32_t h[256], kvs_rans_freqs *t)
 {
-    uint8_t form[KVS_RANS_FREQS_MAX];
     kvs_rans_normalize(h, t);
-    return kvs_rans_cost_bits(h, t) + 8.0 * (double)kvs_rans_freqs_write(t, form);
+    return kvs_rans_cost_bits(h, t) + 8.0 * (double)kvs_rans_freqs_size(t);
 }
 
 /* A 2-bit value per channel, v[c] / per (the group map, the sign classes). */
@@ -978,10 +976,9 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
         memcpy(w->flag_stream + flag_at, fl, nfb);
     }
     size_t m = cap - sym_at, mf = flag_cap - flag_at;
-    uint8_t form[KVS_RANS_FREQS_MAX];
-    size_t tables = kvs_rans_freqs_write(&td, form) + 1 +
-                    (flags_coded ? kvs_rans_freqs_write(&tf, form) : 0);
-    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&t2[c2][j], form);
+    size_t tables =
+        kvs_rans_freqs_size(&td) + 1 + (flags_coded ? kvs_rans_freqs_size(&tf) : 0);
+    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_size(&t2[c2][j]);
     size_t total = 1 + 4 + u + 1 + (ng > 1 ? map_bytes : 0) + (rows + 7) / 8 + 2 * nref + tables +
                    4 + mf + m;
     if (total >= 1 + 2 * k) return 0;
@@ -1187,10 +1184,9 @@ static size_t encode_signs(kvs_llx_scratch *w, size_t k, uint32_t period, size_t
     if (kvs_rans_encode_tail(&w->enc, w->exp, w->ctx, k + n, w->stream, cap, warm, &at) != KVS_OK)
         return 0; /* cannot happen: every counted symbol has a code */
     size_t m = cap - at;
-    uint8_t form[KVS_RANS_FREQS_MAX];
     size_t map_bytes = (period + 3) / 4, tables = 0;
-    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&coarse[j], form);
-    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tables += kvs_rans_freqs_write(&ts[q], form);
+    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_size(&coarse[j]);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) tables += kvs_rans_freqs_size(&ts[q]);
     size_t total = 1 + (7 * k + 7) / 8 + 1 + (ng > 1 ? map_bytes : 0) + map_bytes + tables + m;
     if (total >= 1 + 2 * k) return 0;
     uint8_t *p = rec;
@@ -1233,7 +1229,6 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         for (int g = 0; g < LLX_GROUPS; g++)
             for (int s = 0; s < 256; s++) hall[g][s] += hr[g][s];
     kvs_rans_freqs t[3][LLX_GROUPS];
-    uint8_t form[KVS_RANS_FREQS_MAX];
     int choice = 0;
     double best = choose_groups(hall, use_map, map_bytes, t, &choice);
     /* kind, G and the states besides the estimate (map and tables in it) */
@@ -1272,7 +1267,7 @@ unsigned kvs_llx_encode_block(kvs_llx_scratch *w, const uint8_t *src, size_t k, 
         goto store_raw; /* cannot happen: every counted symbol has a code */
     size_t m = cap - at;
     size_t tables = 0;
-    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_write(&t[choice][j], form);
+    for (unsigned j = 0; j < ng; j++) tables += kvs_rans_freqs_size(&t[choice][j]);
     size_t head = 1 + k + 1 + (ng > 1 ? map_bytes : 0);
     size_t total = head + tables + m;
     if (total >= raw) goto store_raw;
