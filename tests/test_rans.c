@@ -55,6 +55,8 @@ static void test_normalize(void)
     kvs_rans_normalize(c, &t); /* nothing counted: symbol 0 takes all */
     CHECK_EQ_INT(t.f[0], KVS_RANS_TOTAL);
     CHECK_EQ_INT(freq_sum(&t), KVS_RANS_TOTAL);
+    /* ... costing nothing but its form's 4 bytes */
+    CHECK(kvs_rans_normalize_estimate(c, &t) == 32.0 && t.f[0] == KVS_RANS_TOTAL);
     c[7] = 5;
     kvs_rans_normalize(c, &t);
     CHECK_EQ_INT(t.f[7], KVS_RANS_TOTAL);
@@ -125,7 +127,8 @@ static void normalize_ref(const uint32_t count[256], uint16_t f[256])
 
 /* kvs_rans_normalize against normalize_ref: 3000 random count vectors,
  * sparse and dense, counts of 1 beside large ones (rounded up, then taken
- * back), equal counts (equal fractions), totals from 1 to about 2^40. */
+ * back), equal counts (equal fractions), totals from 1 to about 2^40; and
+ * kvs_rans_normalize_estimate against the table, cost and size apart. */
 static void test_normalize_definition(void)
 {
     uint64_t s = 99;
@@ -147,6 +150,13 @@ static void test_normalize_definition(void)
         normalize_ref(c, want);
         if (memcmp(t.f, want, sizeof want) != 0 && bad++ < 3)
             fprintf(stderr, "normalize: vector %d (form %u, %u symbols) differs\n", n, form, used);
+        /* the estimate: the same table, its cost and form's bytes */
+        kvs_rans_freqs te;
+        double est = kvs_rans_normalize_estimate(c, &te);
+        double bits = kvs_rans_cost_bits(c, &t) + 8.0 * (double)kvs_rans_freqs_size(&t);
+        if ((memcmp(&te, &t, sizeof t) != 0 || est != bits) && bad++ < 3)
+            fprintf(stderr, "normalize_estimate: vector %d: %.3f bits, %.3f apart\n", n, est,
+                    bits);
     }
     CHECK_EQ_INT(bad, 0);
 }

@@ -69,10 +69,13 @@ static int counted_symbols(const uint32_t count[256], uint8_t sym[256])
     return nz;
 }
 
-void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
+/* kvs_rans_normalize of the counts whose nz counted symbols are sym (in
+ * order). */
+static void normalize_counted(const uint32_t count[256], const uint8_t *sym, int nz,
+                              kvs_rans_freqs *out)
 {
     uint64_t total = 0;
-    for (int s = 0; s < 256; s++) total += count[s];
+    for (int j = 0; j < nz; j++) total += count[sym[j]];
     memset(out, 0, sizeof *out);
     if (total == 0) {
         out->f[0] = KVS_RANS_TOTAL;
@@ -82,9 +85,8 @@ void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
      * least 1), and what is left goes one each to the symbols with the
      * largest fractions, the lower symbol first among equal ones (fewer
      * are left than symbols have a fraction). */
-    uint8_t sym[256];
     uint64_t rem[256];
-    int nz = counted_symbols(count, sym), sum = 0;
+    int sum = 0;
     /* q / total by a product with 1 / total, then mended: the product is
      * within one of the quotient (q < 2^53), and a 64-bit division per
      * symbol was most of this function's time (a block's encoder
@@ -116,18 +118,26 @@ void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
         d = 0;
     }
     /* Rounding rare symbols up to 1 overspent: take it back from the largest
-     * frequencies, an eighth of one at a time (sum > M >= the symbols, so
-     * some frequency is above 1 until d reaches 0). */
+     * frequencies (the lowest such symbol: only counted ones have any), an
+     * eighth of one at a time (sum > M >= the symbols, so some frequency is
+     * above 1 until d reaches 0). */
     while (d < 0) {
-        int big = 0;
-        for (int s = 1; s < 256; s++)
-            if (out->f[s] > out->f[big]) big = s;
+        int big = sym[0];
+        for (int j = 1; j < nz; j++)
+            if (out->f[sym[j]] > out->f[big]) big = sym[j];
         int take = (out->f[big] + 7) / 8;
         if (take > out->f[big] - 1) take = out->f[big] - 1;
         if (take > -d) take = -d;
         out->f[big] = (uint16_t)(out->f[big] - take);
         d += take;
     }
+}
+
+void kvs_rans_normalize(const uint32_t count[256], kvs_rans_freqs *out)
+{
+    uint8_t sym[256];
+    int nz = counted_symbols(count, sym);
+    normalize_counted(count, sym, nz, out);
 }
 
 /* -log2(f / M) for every frequency f: a block's encoder costs a few
@@ -141,11 +151,11 @@ static void code_bits_init(void)
         code_bits[f] = (float)(KVS_RANS_SCALE_BITS - log2((double)f));
 }
 
-double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
+/* kvs_rans_cost_bits over the nz counted symbols sym. */
+static double cost_counted(const uint32_t count[256], const uint8_t *sym, int nz,
+                           const kvs_rans_freqs *t)
 {
     pthread_once(&code_bits_once, code_bits_init);
-    uint8_t sym[256];
-    int nz = counted_symbols(count, sym);
     double bits = 0;
     for (int j = 0; j < nz; j++) {
         unsigned s = sym[j];
@@ -153,6 +163,21 @@ double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
         bits += (double)count[s] * code_bits[t->f[s]];
     }
     return bits;
+}
+
+double kvs_rans_cost_bits(const uint32_t count[256], const kvs_rans_freqs *t)
+{
+    uint8_t sym[256];
+    int nz = counted_symbols(count, sym);
+    return cost_counted(count, sym, nz, t);
+}
+
+double kvs_rans_normalize_estimate(const uint32_t count[256], kvs_rans_freqs *out)
+{
+    uint8_t sym[256];
+    int nz = counted_symbols(count, sym);
+    normalize_counted(count, sym, nz, out);
+    return cost_counted(count, sym, nz, out) + 8.0 * (double)kvs_rans_freqs_size(out);
 }
 
 /* The table form's first and last symbol: the first and last with a

@@ -783,19 +783,11 @@ static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map
                 m[s] = 0;
                 for (unsigned q = j * per; q < (j + 1) * per; q++) m[s] += h[q][s];
             }
-            kvs_rans_normalize(m, &t[g][j]);
-            bits += kvs_rans_cost_bits(m, &t[g][j]) + 8.0 * (double)kvs_rans_freqs_size(&t[g][j]);
+            bits += kvs_rans_normalize_estimate(m, &t[g][j]);
         }
         if (g == 0 || bits < best) best = bits, *choice = g;
     }
     return best;
-}
-
-/* A table's coded cost of h and its bytes, in bits. */
-static double table_bits(const uint32_t h[256], kvs_rans_freqs *t)
-{
-    kvs_rans_normalize(h, t);
-    return kvs_rans_cost_bits(h, t) + 8.0 * (double)kvs_rans_freqs_size(t);
 }
 
 /* A 2-bit value per channel, v[c] / per (the group map, the sign classes). */
@@ -911,9 +903,9 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
     for (int s = 0; s < 256; s++) hf[s] = hf4[0][s] + hf4[1][s] + hf4[2][s] + hf4[3][s];
     /* the flags coded (their table and states) or raw, whichever is
      * smaller: a small block's flag table costs more than it saves */
-    double flag_bits = table_bits(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;
+    double flag_bits = kvs_rans_normalize_estimate(hf, &tf) + 8.0 * 4 * KVS_RANS_LANES;
     int flags_coded = flag_bits < 8.0 * (double)nfb;
-    double k2 = groups_bits + table_bits(hd, &td) +
+    double k2 = groups_bits + kvs_rans_normalize_estimate(hd, &td) +
                 (flags_coded ? flag_bits : 8.0 * (double)nfb) + fixed_bits;
     if (k2 >= k1) return 0;
     u = 0;
@@ -1131,7 +1123,8 @@ static double sign_plan(kvs_llx_scratch *w, size_t k, uint32_t period, size_t n,
     for (uint32_t c = 0; c < period && n; c++) ctx[c] = (uint8_t)(LLX_SIGN_CTX + w->sclass[c]);
     for (size_t j = period; j < n; j += period) memcpy(ctx + j, ctx, period);
     double bits = 8.0 * (double)((period + 3) / 4);
-    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++) bits += table_bits(h[q], &ts[q]);
+    for (unsigned q = 0; q < LLX_SIGN_CLASSES; q++)
+        bits += kvs_rans_normalize_estimate(h[q], &ts[q]);
     return bits;
 }
 
