@@ -1392,13 +1392,12 @@ static void test_mantissa_kernels(void)
 }
 
 #if defined(__x86_64__)
-/* The split of elements into fields, channel sums, equal-element counts
- * and histogram keys (lossless_split.h, lossless_refs.h), every count
- * 0-100: the values that differ from their definitions' and the bytes
- * written past them. */
+/* The split of elements into fields, channel sums and histogram keys
+ * (lossless_split.h), every count 0-100: the values that differ from their
+ * definitions' and the bytes written past them. */
 static size_t split_kernels_bad(void)
 {
-    uint8_t src[2 * 104], exp[104], sm[104], row[104], b[2 * 104];
+    uint8_t src[2 * 104], exp[104], sm[104], row[104];
     uint16_t s16[104], want[104];
     uint64_t s = 777;
     size_t bad = 0;
@@ -1422,15 +1421,7 @@ static size_t split_kernels_bad(void)
         bad += c != k / 32 * 32;
         for (size_t i = 0; i < c; i++) want[i] = (uint16_t)(want[i] + row[i]);
         bad += memcmp(s16, want, sizeof s16) != 0;
-        /* equal words: one in three, by the low byte or the high one */
-        size_t eq = 0;
-        memcpy(b, src, sizeof b);
-        for (size_t i = 0; i < 104; i++) {
-            unsigned t = (unsigned)lcg(&s) % 3;
-            if (t) b[2 * i + (t == 2)] ^= (uint8_t)(1 + lcg(&s) % 255);
-            eq += i < k && t == 0;
-        }
-        bad += kvs_llx_count_equal_avx512(src, b, k) != eq;
+
         /* the keys, with contexts (row) and without */
         uint16_t key[104];
         for (int with = 0; with < 2; with++) {
@@ -1544,6 +1535,45 @@ static size_t nibble_hists_bad(void)
             bad += memcmp(h, want, sizeof h) != 0;
         }
     free(nib);
+    return bad;
+}
+
+/* The AVX-512 finder's best candidate of a row (lossless_refs.h) against
+ * its definition: rows of 1 to 100 elements (tails of the 32 a step) in
+ * blocks of up to 9 rows, every earlier row a candidate, each element
+ * equal to the row's one in three (by its low byte or its high one
+ * otherwise), ties (the first wins), no candidates. */
+static size_t best_candidate_bad(void)
+{
+    enum { P = 100, ROWS = 9 };
+    uint8_t blk[2 * P * ROWS];
+    uint32_t cand[ROWS];
+    uint64_t s = 4711;
+    size_t bad = 0;
+    for (size_t len = 1; len <= P; len++)
+        for (uint32_t nc = 0; nc < ROWS; nc++) {
+            const uint8_t *row = blk + 2 * (size_t)P * (ROWS - 1);
+            for (size_t i = 0; i < sizeof blk; i++) blk[i] = (uint8_t)lcg(&s);
+            for (uint32_t q = 0; q < nc; q++) {
+                cand[q] = (uint32_t)((q * 5 + len) % (ROWS - 1));
+                uint8_t *c = blk + 2 * (size_t)P * cand[q];
+                for (size_t i = 0; i < len; i++) {
+                    unsigned t = (unsigned)lcg(&s) % 3;
+                    c[2 * i] = row[2 * i], c[2 * i + 1] = row[2 * i + 1];
+                    if (t) c[2 * i + (t == 2)] ^= (uint8_t)(1 + lcg(&s) % 255);
+                }
+            }
+            size_t want = 0, most = 12345;
+            uint32_t want_q = 0;
+            for (uint32_t q = 0; q < nc; q++) {
+                size_t m = 0;
+                for (size_t i = 0; i < len; i++)
+                    m += memcmp(row + 2 * i, blk + 2 * ((size_t)P * cand[q] + i), 2) == 0;
+                if (m > want) want = m, want_q = q;
+            }
+            uint32_t got = kvs_llx_best_candidate_avx512(row, blk, P, cand, nc, len, &most);
+            bad += got != want_q || most != want;
+        }
     return bad;
 }
 
@@ -1758,6 +1788,7 @@ static void test_encoder_kernels(void)
     CHECK(first_absent_bad(1) == 0);
     CHECK(flips_kernel_bad() == 0);
     CHECK(nibble_hists_bad() == 0);
+    CHECK(best_candidate_bad() == 0);
     CHECK(ref_candidates_bad() == 0);
     if (kvs_cpu_features() & KVS_CPU_AVX512VBMI2) CHECK(row_diffs_bad() == 0);
     else printf("test_encoder_kernels: no AVX-512 VBMI2 here: the row pass not compared\n");

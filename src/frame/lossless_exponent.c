@@ -456,15 +456,6 @@ static uint32_t ref_candidates(kvs_llx_scratch *w, const uint8_t *row, size_t le
     return n;
 }
 
-/* How many of the n u16 at a and b are equal (n <= KVS_LLX_MAX_PERIOD). */
-static size_t row_equal(const uint8_t *a, const uint8_t *b, size_t n)
-{
-#if KVS_HAVE_X86
-    if (kvs_rans_avx512_in_use()) return kvs_llx_count_equal_avx512(a, b, n);
-#endif
-    return count_equal(a, b, n);
-}
-
 /* The rows of a block that starts at a row: w->ref[r] = the distance to the
  * earlier row with the most elements equal to row r's, when at least
  * max(2, period / 64) are, else 0 (a row with a few repeats still codes
@@ -490,6 +481,7 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
      * as 16-bit words */
     int whole = ns == LLX_SAMPLES && rows < 0xFFFF;
     int simd = whole && kvs_rans_avx512_in_use(), avx2 = whole && !simd && rows_avx2();
+    int count_simd = kvs_rans_avx512_in_use();
 #endif
     memset(w->hash, 0, sizeof w->hash);
     memset(w->mark, 0, (rows + 1) * sizeof w->mark[0]);
@@ -510,10 +502,16 @@ static size_t find_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint32
 #endif
             nc = ref_candidates(w, row, len, ns, at_c, r, rows, cand);
         size_t best = 0, best_d = 0;
-        for (uint32_t q = 0; q < nc; q++) {
-            size_t m = row_equal(row, src + 2 * (size_t)cand[q] * period, len);
-            if (m > best) best = m, best_d = r - cand[q];
-        }
+#if KVS_HAVE_X86
+        if (count_simd) {
+            uint32_t q = kvs_llx_best_candidate_avx512(row, src, period, cand, nc, len, &best);
+            best_d = nc ? r - cand[q] : 0;
+        } else
+#endif
+            for (uint32_t q = 0; q < nc; q++) {
+                size_t m = count_equal(row, src + 2 * (size_t)cand[q] * period, len);
+                if (m > best) best = m, best_d = r - cand[q];
+            }
         w->ref[r] = best >= need && best_d <= LLX_MAX_DISTANCE ? (uint32_t)best_d : 0;
         nref += w->ref[r] != 0;
         *repeats += w->ref[r] ? best : 0;

@@ -33,8 +33,14 @@ void kvs_llx_set_ref_conflicts(int form);
 uint32_t kvs_llx_ref_candidates_avx2(const uint8_t *row, const uint32_t *at_c, uint32_t *hash,
                                      unsigned hash_bits, uint32_t r, uint32_t *cand);
 
-/* How many of the n u16 at a equal those at b. */
-size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n);
+/* Of the nc candidates cand (rows of the block at src, period u16 each),
+ * the one with the most of the len u16 at row equal to its own (len <=
+ * period), the first among equal counts: its index in cand, its count in
+ * *most (0 and 0 when nc is 0). One call a row: a call and the ISA's check
+ * per candidate cost level 3 2-3 % of its encoding on Zen 4. */
+uint32_t kvs_llx_best_candidate_avx512(const uint8_t *row, const uint8_t *src, size_t period,
+                                       const uint32_t *cand, uint32_t nc, size_t len,
+                                       size_t *most);
 
 /* AVX-512 VBMI2. The kind 2 estimate's counts of elements [0, c) of a row
  * of n u16 (c the largest multiple of 32 <= n) against the row above it

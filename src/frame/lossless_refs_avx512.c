@@ -139,7 +139,8 @@ uint32_t kvs_llx_ref_candidates_avx512(const uint8_t *row, const uint32_t *at_c,
     return nc;
 }
 
-size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n)
+/* How many of the n u16 at a and b are equal. */
+static size_t count_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
     /* 32 counts of up to n / 32 (n < 2^21: a block's row) as words */
     __m512i acc = _mm512_setzero_si512();
@@ -158,4 +159,18 @@ size_t kvs_llx_count_equal_avx512(const uint8_t *a, const uint8_t *b, size_t n)
     /* the words summed as u32 (each below 2^16) */
     __m512i lo = _mm512_and_si512(acc, _mm512_set1_epi32(0xFFFF));
     return (size_t)_mm512_reduce_add_epi32(_mm512_add_epi32(lo, _mm512_srli_epi32(acc, 16)));
+}
+
+uint32_t kvs_llx_best_candidate_avx512(const uint8_t *row, const uint8_t *src, size_t period,
+                                       const uint32_t *cand, uint32_t nc, size_t len,
+                                       size_t *most)
+{
+    uint32_t best_q = 0;
+    size_t best = 0;
+    for (uint32_t q = 0; q < nc; q++) {
+        size_t m = count_equal(row, src + 2 * (size_t)cand[q] * period, len);
+        if (m > best) best = m, best_q = q;
+    }
+    *most = best;
+    return best_q;
 }
