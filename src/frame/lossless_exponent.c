@@ -776,11 +776,13 @@ static double choose_groups(uint32_t h[LLX_GROUPS][256], int use_map, size_t map
         unsigned ng = 1u << g, per = LLX_GROUPS / ng;
         double bits = ng > 1 ? 8.0 * (double)map_bytes : 0;
         for (unsigned j = 0; j < ng; j++) {
+            /* the group's fine histograms summed a histogram at a time (a
+             * symbol at a time, the compiler kept it scalar: 2.7 % of the
+             * encoder) */
             uint32_t m[256];
-            for (int s = 0; s < 256; s++) {
-                m[s] = 0;
-                for (unsigned q = j * per; q < (j + 1) * per; q++) m[s] += h[q][s];
-            }
+            memcpy(m, h[j * per], sizeof m);
+            for (unsigned q = j * per + 1; q < (j + 1) * per; q++)
+                for (int s = 0; s < 256; s++) m[s] += h[q][s];
             bits += kvs_rans_normalize_estimate(m, &t[g][j]);
         }
         if (g == 0 || bits < best) best = bits, *choice = g;
@@ -885,10 +887,9 @@ static size_t encode_refs(kvs_llx_scratch *w, const uint8_t *src, size_t k, uint
 #pragma GCC unroll 16 /* each count then one add to a fixed offset */
         for (unsigned t = 0; t < 16; t++) hd16[t][w->sym[at + t]]++;
     for (; at < nnz; at++) hd16[at & 15][w->sym[at]]++;
-    for (int s = 0; s < 256; s++) {
-        hd[s] = 0;
-        for (int t = 0; t < 16; t++) hd[s] += hd16[t][s];
-    }
+    memcpy(hd, hd16[0], sizeof hd); /* a partial histogram at a time, as choose_groups */
+    for (int t = 1; t < 16; t++)
+        for (int s = 0; s < 256; s++) hd[s] += hd16[t][s];
     size_t nfb = (nfl + 7) / 8;
     /* four partial counts: the flag bytes are mostly 0 or 0xFF, and one
      * counter would chain its increments */
