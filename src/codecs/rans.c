@@ -546,6 +546,19 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
 
 /* ---- decode ---------------------------------------------------------- */
 
+static const kvs_rans_warm no_warm = {NULL, 0, NULL, 0};
+
+/* w's ranges from the line of the group that starts at symbol done (a
+ * whole number of groups) on. */
+static kvs_rans_warm warm_from(const kvs_rans_warm *w, size_t done)
+{
+    size_t at = 64 * (done / KVS_RANS_LANES);
+    kvs_rans_warm r = no_warm;
+    if (at < w->read_len) r.read = w->read + at, r.read_len = w->read_len - at;
+    if (at < w->write_len) r.write = w->write + at, r.write_len = w->write_len - at;
+    return r;
+}
+
 /* One symbol out of state x; *p is a word inside the stream (when the state
  * needs one) or ignored. Returns the new state, the symbol in *s, the
  * words used in *in (0 or 1). */
@@ -560,17 +573,20 @@ static inline uint32_t dec_step(const uint32_t *tab, uint32_t x, const uint8_t *
 }
 
 size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                  const kvs_rans_warm *warm)
 {
     const uint8_t *p = *pp;
     size_t i = 0;
-    for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES)
+    for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
+        kvs_rans_warm_group(warm, i / KVS_RANS_LANES);
         for (int l = 0; l < KVS_RANS_LANES; l++) {
             const uint32_t *tab = d->slot + CTX_AT(ctx, i + l, d->top) * KVS_RANS_TOTAL;
             uint32_t in;
             x[l] = dec_step(tab, x[l], p, &sym[i + l], &in);
             p += 2 * in;
         }
+    }
     *pp = p;
     return i;
 }
@@ -614,7 +630,7 @@ static int dec_rest(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t *p,
         memcpy(x0, x, sizeof x0);
         const uint8_t *q = pad;
         size_t more = kernels()->dec_groups(d, x, &q, pad + sizeof pad, ctx ? ctx + i : NULL,
-                                            sym + i, n - i);
+                                            sym + i, n - i, &no_warm);
         if ((size_t)(q - pad) <= left) {
             i += more;
             p += q - pad;
@@ -652,7 +668,7 @@ int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
     int rc = dec_states(in, len, what, x);
     if (rc) return rc;
     const uint8_t *p = in + 4 * KVS_RANS_LANES, *end = in + len;
-    size_t i = kernels()->dec_groups(d, x, &p, end, ctx, sym, n);
+    size_t i = kernels()->dec_groups(d, x, &p, end, ctx, sym, n, &no_warm);
     return dec_rest(d, x, p, end, ctx, sym, n, i, what);
 }
 
@@ -678,7 +694,8 @@ int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2])
                                     j->ctx ? j->ctx + s[t]->done : NULL,
                                     j->sym + s[t]->done,
                                     j->n - s[t]->done,
-                                    0};
+                                    0,
+                                    warm_from(&j->warm, s[t]->done)};
     }
     k->dec_joint(run);
     for (int t = 0; t < 2; t++) {
@@ -697,7 +714,8 @@ int kvs_rans_stream_finish(kvs_rans_dec_stream *s)
     const uint8_t *end = j->in + j->len;
     size_t i = s->done;
     const uint8_t *ctx = j->ctx ? j->ctx + i : NULL;
-    i += kernels()->dec_groups(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i);
+    kvs_rans_warm warm = warm_from(&j->warm, i);
+    i += kernels()->dec_groups(j->d, s->x, &s->p, end, ctx, j->sym + i, j->n - i, &warm);
     return dec_rest(j->d, s->x, s->p, end, j->ctx, j->sym, j->n, i, j->what);
 }
 
@@ -712,8 +730,9 @@ void kvs_rans_dec_groups2(kvs_rans_dec_run run[2])
     for (int s = 0; s < 2; s++) {
         kvs_rans_dec_run *r = &run[s];
         size_t i = r->done;
+        kvs_rans_warm warm = warm_from(&r->warm, i);
         r->done = i + k->dec_groups(r->d, r->x, &r->p, r->end, r->ctx ? r->ctx + i : NULL,
-                                    r->sym + i, r->n - i);
+                                    r->sym + i, r->n - i, &warm);
     }
 }
 
@@ -726,7 +745,7 @@ int kvs_rans_decode2(const kvs_rans_dec_job job[2])
         int rc = dec_states(j->in, j->len, j->what, x[s]);
         if (rc) return rc;
         run[s] = (kvs_rans_dec_run){j->d,   x[s],   j->in + 4 * KVS_RANS_LANES,
-                                    j->in + j->len, j->ctx, j->sym, j->n, 0};
+                                    j->in + j->len, j->ctx, j->sym, j->n, 0, j->warm};
     }
     kvs_rans_dec_groups2(run);
     for (int s = 0; s < 2; s++) {

@@ -170,7 +170,12 @@ int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const
 int kvs_rans_decode(const kvs_rans_dec_tables *d, const uint8_t *in, size_t len,
                     const uint8_t *ctx, uint8_t *sym, size_t n, const char *what);
 
-/* One stream for kvs_rans_decode2: kvs_rans_decode's arguments. */
+/* One stream for kvs_rans_decode2 and the streams below: kvs_rans_decode's
+ * arguments, and the memory the caller touches after it, brought into
+ * cache while its symbols are decoded (kvs_rans_warm; lengths 0: none): the
+ * lossless stage gives a block's destination, which it writes after every
+ * block of the object is checked (a cold destination had decoding run 7 %
+ * slower, docs/performance.md). */
 typedef struct kvs_rans_dec_job {
     const kvs_rans_dec_tables *d;
     const uint8_t *in;
@@ -179,6 +184,7 @@ typedef struct kvs_rans_dec_job {
     uint8_t *sym;
     size_t n;
     const char *what;
+    kvs_rans_warm warm;
 } kvs_rans_dec_job;
 
 /* Two independent streams decoded at once: the decoder's dependency chains
@@ -208,7 +214,7 @@ int kvs_rans_stream_start(kvs_rans_dec_stream *s, const kvs_rans_dec_job *job);
 int kvs_rans_streams_joint(kvs_rans_dec_stream *s[2]);
 /* The stream's remaining symbols and its end's checks: with start, what
  * kvs_rans_decode returns for the job (the same symbols, the same refusal
- * and message). */
+ * and message). Start and finish alone decode one job with its warm. */
 int kvs_rans_stream_finish(kvs_rans_dec_stream *s);
 
 #endif /* KVSERDE_CODECS_RANS_H */

@@ -80,7 +80,8 @@ static inline __m256i dec_oct(const kvs_rans_dec_tables *d, __m256i X, const uin
 }
 
 size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+                                const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                const kvs_rans_warm *warm)
 {
     pthread_once(&tables_once, tables_init);
     const uint8_t *p = *pp;
@@ -94,6 +95,7 @@ size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const
     /* a group takes at most 64 bytes, and each vector reads 16 from where
      * the ones before it left off: all inside the 64 */
     for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
+        kvs_rans_warm_group(warm, i / KVS_RANS_LANES);
         X0 = dec_oct(d, X0, ctx ? ctx + i : NULL, sym + i, &p);
         X1 = dec_oct(d, X1, ctx ? ctx + i + 8 : NULL, sym + i + 8, &p);
         X2 = dec_oct(d, X2, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p);

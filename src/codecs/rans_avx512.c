@@ -81,7 +81,7 @@ static int dec_mullo(void)
 
 static inline __attribute__((always_inline)) size_t
 dec_groups(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp, const uint8_t *end,
-           const uint8_t *ctx, uint8_t *sym, size_t n, int mullo)
+           const uint8_t *ctx, uint8_t *sym, size_t n, const kvs_rans_warm *warm, int mullo)
 {
     const uint8_t *p = *pp;
     /* the table's address and top in registers: the symbols' byte stores
@@ -91,6 +91,7 @@ dec_groups(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp, const 
     __m512i X0 = _mm512_loadu_si512(x), X1 = _mm512_loadu_si512(x + 16);
     size_t i = 0;
     for (; i + KVS_RANS_LANES <= n && end - p >= 2 * KVS_RANS_LANES; i += KVS_RANS_LANES) {
+        kvs_rans_warm_group(warm, i / KVS_RANS_LANES);
         X0 = dec_half(slot, top, X0, ctx ? ctx + i : NULL, sym + i, &p, mullo);
         X1 = dec_half(slot, top, X1, ctx ? ctx + i + 16 : NULL, sym + i + 16, &p, mullo);
     }
@@ -101,10 +102,11 @@ dec_groups(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp, const 
 }
 
 size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n)
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                  const kvs_rans_warm *warm)
 {
-    return dec_mullo() ? dec_groups(d, x, pp, end, ctx, sym, n, 1)
-                       : dec_groups(d, x, pp, end, ctx, sym, n, 0);
+    return dec_mullo() ? dec_groups(d, x, pp, end, ctx, sym, n, warm, 1)
+                       : dec_groups(d, x, pp, end, ctx, sym, n, warm, 0);
 }
 
 static inline __attribute__((always_inline)) void dec_joint(kvs_rans_dec_run run[2], int mullo)
@@ -125,9 +127,12 @@ static inline __attribute__((always_inline)) void dec_joint(kvs_rans_dec_run run
     /* While both streams have a whole group: four chains, not two. Each
      * stream's halves stay in their order (they share its word pointer);
      * the two streams' steps are independent and overlap. */
+    const kvs_rans_warm wa = a->warm, wb = b->warm;
     for (; i + KVS_RANS_LANES <= n && ea - pa >= 2 * KVS_RANS_LANES &&
            eb - pb >= 2 * KVS_RANS_LANES;
          i += KVS_RANS_LANES) {
+        kvs_rans_warm_group(&wa, i / KVS_RANS_LANES);
+        kvs_rans_warm_group(&wb, i / KVS_RANS_LANES);
         A0 = dec_half(sa, ta, A0, ca ? ca + i : NULL, ya + i, &pa, mullo);
         B0 = dec_half(sb, tb, B0, cb ? cb + i : NULL, yb + i, &pb, mullo);
         A1 = dec_half(sa, ta, A1, ca ? ca + i + 16 : NULL, ya + i + 16, &pa, mullo);

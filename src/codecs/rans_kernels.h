@@ -6,9 +6,9 @@
  * lane first) on the states x[0..32), storing words downwards from *pp (the
  * 16 bytes below each word it keeps must be writable: the AVX2 kernel
  * stores a whole vector that ends at its words); sets *nocode when
- * a symbol has frequency 0 (the stream is then garbage); brings the g-th
- * line of each of warm's ranges into cache with the g-th group it codes
- * (kvs_rans_warm_group). Decoding runs
+ * a symbol has frequency 0 (the stream is then garbage). Both directions
+ * bring the g-th line of each of warm's ranges into cache with the g-th
+ * group they code (kvs_rans_warm_group). Decoding runs
  * groups from symbol 0 while a whole group and 64 stream bytes remain, and
  * returns the symbols it decoded. */
 #ifndef KVSERDE_CODECS_RANS_KERNELS_H
@@ -36,7 +36,8 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_scalar(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                  const kvs_rans_warm *warm);
 /* Two streams' groups at once (kvs_rans_decode2): each run ends where
  * kvs_rans_dec_groups_* alone would have, with its states in x, its words
  * at p and the symbols it decoded in done. The scalar twin is the two
@@ -49,6 +50,7 @@ typedef struct kvs_rans_dec_run {
     uint8_t *sym;
     size_t n;
     size_t done;
+    kvs_rans_warm warm; /* from the line of the run's first group */
 } kvs_rans_dec_run;
 /* With the kernels in use: the groups both runs can take, together where
  * the set has a pair kernel, then each alone. */
@@ -63,7 +65,8 @@ typedef struct kvs_rans_kernels {
                        size_t groups, uint32_t *x, uint8_t **pp, uint32_t *nocode,
                        const kvs_rans_warm *warm);
     size_t (*dec_groups)(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                         const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+                         const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                         const kvs_rans_warm *warm);
     void (*dec_joint)(kvs_rans_dec_run run[2]);
     void (*dec_fill)(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 } kvs_rans_kernels;
@@ -73,14 +76,16 @@ void kvs_rans_enc_groups_avx2(const kvs_rans_enc_tables *e, const uint8_t *sym,
                               const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                               uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_avx2(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+                                const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                const kvs_rans_warm *warm);
 void kvs_rans_dec_fill_avx2(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 void kvs_rans_dec_joint_avx512(kvs_rans_dec_run run[2]);
 void kvs_rans_enc_groups_avx512(const kvs_rans_enc_tables *e, const uint8_t *sym,
                                 const uint8_t *ctx, size_t groups, uint32_t *x, uint8_t **pp,
                                 uint32_t *nocode, const kvs_rans_warm *warm);
 size_t kvs_rans_dec_groups_avx512(const kvs_rans_dec_tables *d, uint32_t *x, const uint8_t **pp,
-                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n);
+                                  const uint8_t *end, const uint8_t *ctx, uint8_t *sym, size_t n,
+                                  const kvs_rans_warm *warm);
 void kvs_rans_dec_fill_avx512(kvs_rans_dec_tables *d, const kvs_rans_freqs *t, unsigned nctx);
 #endif
 

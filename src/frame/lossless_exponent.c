@@ -1378,6 +1378,15 @@ typedef struct llx_pending {
     llx_out o;
 } llx_pending;
 
+/* What a block's stream warms while it decodes (kvs_rans_dec_job): the
+ * block's destination, written after every block of the object is
+ * checked. */
+static kvs_rans_warm block_warm(const llx_pending *pd)
+{
+    kvs_rans_warm warm = {NULL, 0, pd->dst, pd->dst ? 2 * pd->k : 0};
+    return warm;
+}
+
 /* A kind 2 record (row references), past its kind byte: up to its stream. */
 static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t k,
                       uint64_t first, uint32_t period, unsigned long long b, llx_pending *pd)
@@ -1484,7 +1493,8 @@ static int refs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_t
         fbit += n;
     }
     kvs_rans_dec_init(&w->dec, t, ng + 1);
-    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, w->sym_ctx, pd->o.sym, u, what};
+    pd->job = (kvs_rans_dec_job){&w->dec,  rec + at, len - at, w->sym_ctx, pd->o.sym,
+                                 u,         what,     block_warm(pd)};
     pd->sm = sm;
     pd->u = u;
     pd->rows = rows;
@@ -1640,7 +1650,8 @@ static int signs_parse(kvs_llx_scratch *w, const uint8_t *rec, size_t len, size_
     for (uint32_t c = 0; c < period; c++) ctx[k + c] = (uint8_t)(ng + w->sclass[c]);
     for (size_t j = period; j < nn; j += period) memcpy(ctx + k + j, ctx + k, period);
     kvs_rans_dec_init(&w->dec, t, ng + LLX_SIGN_CLASSES);
-    pd->job = (kvs_rans_dec_job){&w->dec, rec + at, len - at, ctx, pd->o.exp, k + nn, pd->what};
+    pd->job = (kvs_rans_dec_job){&w->dec,  rec + at, len - at,      ctx,
+                                 pd->o.exp, k + nn,   pd->what, block_warm(pd)};
     return KVS_OK;
 }
 
@@ -1765,8 +1776,8 @@ static int block_parse(kvs_llx_scratch *w, const llx_out *o, const kvs_llx_block
     if (rc) return rc;
     if (ng > 1) fill_ctx(w->group, period, (uint32_t)(first % period), k, w->ctx);
     kvs_rans_dec_init(&w->dec, t, ng);
-    pd->job = (kvs_rans_dec_job){&w->dec, rec + at,  len - at, ng > 1 ? w->ctx : NULL,
-                                 pd->o.exp, k,      pd->what};
+    pd->job = (kvs_rans_dec_job){&w->dec, rec + at,  len - at,      ng > 1 ? w->ctx : NULL,
+                                 pd->o.exp, k,      pd->what, block_warm(pd)};
     return KVS_OK;
 }
 
@@ -1788,10 +1799,12 @@ static int block_check(const llx_pending *pd)
     return pd->kind == LLX_SIGNS ? signs_check(pd) : KVS_OK;
 }
 
-/* A block's rANS stream, as block_parse set it up. */
+/* A block's rANS stream, as block_parse set it up (with its warm). */
 static int decode_job(const kvs_rans_dec_job *j)
 {
-    return kvs_rans_decode(j->d, j->in, j->len, j->ctx, j->sym, j->n, j->what);
+    kvs_rans_dec_stream s;
+    int rc = kvs_rans_stream_start(&s, j);
+    return rc ? rc : kvs_rans_stream_finish(&s);
 }
 
 /* A block read, its stream decoded and checked: nothing written but o. */
