@@ -141,12 +141,13 @@ static inline size_t kvs_rans_bound(size_t n)
 int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                     size_t n, uint8_t *out, size_t cap, size_t *outn);
 
-/* Memory a caller touches after coding, which the encoder's kernels bring
- * into cache while they code, a line of each range per group of 32
+/* Memory a caller touches after coding or decoding, which the kernels
+ * bring into cache meanwhile, a line of each range per group of 32
  * symbols (a kernel is a long stretch of arithmetic that leaves the memory
- * idle): bytes it reads next (the lossless stage's next block, whose split
- * into fields waited on memory) and bytes it writes next (the records'
- * area ahead). A length of 0: none. */
+ * idle): bytes it reads next (the lossless encoder's next block, whose
+ * split into fields waited on memory) and bytes it writes next (the
+ * records' area ahead; the decoded block's destination). A length of 0:
+ * none. */
 typedef struct kvs_rans_warm {
     const uint8_t *read;
     size_t read_len;
