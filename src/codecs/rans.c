@@ -497,11 +497,13 @@ void kvs_rans_enc_groups_scalar(const kvs_rans_enc_tables *e, const uint8_t *sym
     *nocode |= bad;
 }
 
+/* Nothing to warm (kvs_rans_warm), for the kernels' callers that have none. */
+static const kvs_rans_warm no_warm = {NULL, 0, NULL, 0};
+
 int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint8_t *ctx,
                          size_t n, uint8_t *out, size_t cap, const kvs_rans_warm *warm,
                          size_t *at)
 {
-    static const kvs_rans_warm none = {NULL, 0, NULL, 0};
     if (cap < kvs_rans_bound(n))
         return kvs_set_error(KVS_ENOSPC, "rans: output holds %zu bytes, %zu symbols need %zu",
                              cap, n, kvs_rans_bound(n));
@@ -516,7 +518,7 @@ int kvs_rans_encode_tail(const kvs_rans_enc_tables *e, const uint8_t *sym, const
         nocode |= (info >> 13 & 0x1FFF) == 0;
         x[i % KVS_RANS_LANES] = enc_put(x[i % KVS_RANS_LANES], info, &p);
     }
-    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode, warm ? warm : &none);
+    kernels()->enc_groups(e, sym, ctx, n / KVS_RANS_LANES, x, &p, &nocode, warm ? warm : &no_warm);
     if (nocode) {
         size_t i = 0;
         while (i < n && e->info[CTX_AT(ctx, i, e->top) * 256u + sym[i]] >> 13 & 0x1FFF) i++;
@@ -545,8 +547,6 @@ int kvs_rans_encode(const kvs_rans_enc_tables *e, const uint8_t *sym, const uint
 }
 
 /* ---- decode ---------------------------------------------------------- */
-
-static const kvs_rans_warm no_warm = {NULL, 0, NULL, 0};
 
 /* w's ranges from the line of the group that starts at symbol done (a
  * whole number of groups) on. */

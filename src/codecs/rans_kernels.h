@@ -20,8 +20,8 @@
  * frequency f when x >= ((L >> scale) << 16) f = f << KVS_RANS_XMAX_SHIFT. */
 #define KVS_RANS_XMAX_SHIFT (31 - KVS_RANS_SCALE_BITS)
 
-/* The g-th line of each of warm's ranges (kvs_rans_encode_tail), with the
- * g-th group an encoding kernel codes. Always inlined: GCC 12 takes a
+/* The g-th line of each of warm's ranges (kvs_rans_warm), with the g-th
+ * group a kernel codes or decodes. Always inlined: GCC 12 takes a
  * function of prefetches alone for one without effects and deletes its
  * calls before it would inline them. */
 static inline __attribute__((always_inline)) void kvs_rans_warm_group(const kvs_rans_warm *warm,

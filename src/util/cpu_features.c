@@ -51,7 +51,8 @@ static void read_features(void)
         f |= KVS_CPU_AVX2;
     if ((f & KVS_CPU_AVX2) && __builtin_cpu_supports("avx512f") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bf16") &&
         __builtin_cpu_supports("avx512vbmi"))
         f |= KVS_CPU_AVX512;
     if ((f & KVS_CPU_AVX512) && fp16) f |= KVS_CPU_AVX512FP16;
